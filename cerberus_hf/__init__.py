@@ -1,0 +1,29 @@
+"""cerberus-hf: draft heads (Cerberus, Medusa) that make Hugging Face decoders generate faster, exactly."""
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .candidate_generator import CerberusCandidateGenerator
+from .configuration_cerberus import HEAD_TYPES, CerberusConfig
+from .gate import EntropyGate, entropy
+from .heads import CerberusHeads, DraftHeads, MedusaHeads, build_heads
+from .modeling_cerberus import CerberusForCausalLM
+from .stats import GenerationStats
+
+AutoConfig.register(CerberusConfig.model_type, CerberusConfig, exist_ok=True)
+AutoModelForCausalLM.register(CerberusConfig, CerberusForCausalLM, exist_ok=True)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HEAD_TYPES",
+    "CerberusCandidateGenerator",
+    "CerberusConfig",
+    "CerberusForCausalLM",
+    "CerberusHeads",
+    "DraftHeads",
+    "EntropyGate",
+    "GenerationStats",
+    "MedusaHeads",
+    "build_heads",
+    "entropy",
+]

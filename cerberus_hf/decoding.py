@@ -1,0 +1,138 @@
+"""The draft-verify decoding loop, run by `generate()` as its `custom_generate` callable.
+
+`generate()` prepares everything as it would for plain decoding (generation config, logits processors,
+stopping criteria, cache, prefill inputs) and hands over here. Each step feeds the base model the last
+token plus the drafts in one forward pass, then walks the outputs in order exactly as plain decoding
+would: process the logits with the prefix so far, pick a token (argmax, or a sample from the processed
+distribution), append it, stop if a stopping criterion fires, and go on only while the picked token
+equals the draft at that position. Every emitted token is therefore chosen from the same distribution
+plain decoding would use at that prefix, so greedy output is identical and sampled output is
+distributed as the base's. The cache is then cut back to the tokens kept.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+from transformers import DynamicCache, GenerationConfig
+from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .candidate_generator import CerberusCandidateGenerator
+
+
+@contextmanager
+def capture_lm_head_input(model: nn.Module) -> Iterator[dict]:
+    """Record the input of the base's output projection on every forward: the last hidden state
+    exactly as the base turns it into logits (after the final norm, whatever the architecture)."""
+    captured: dict = {}
+
+    def hook(module, args):
+        captured["hidden"] = args[0]
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):
+    if input_ids.shape[0] != 1:
+        raise ValueError("The draft-verify loop decodes one sequence at a time; CerberusForCausalLM.generate splits batches.")
+    if not generation_config.use_cache:
+        raise ValueError("Speculative decoding needs the KV cache: use_cache=False is not supported.")
+    cache = model_kwargs.get("past_key_values")
+    if not isinstance(cache, DynamicCache):
+        raise ValueError(
+            f"Speculative decoding needs a DynamicCache it can roll back; got {type(cache).__name__}. "
+            "Static, quantized and offloaded caches are not supported: drop `cache_implementation` / "
+            "`past_key_values` from the call."
+        )
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise ValueError(
+            "output_attentions / output_hidden_states are not supported with draft heads: a verification "
+            "step computes several positions at once. Use the base model for them."
+        )
+
+
+def speculative_generate(
+    model: nn.Module,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    synced_gpus: bool = False,
+    streamer=None,
+    make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """Greedy or sampled decoding of one sequence with drafts from ``candidate_generator``.
+
+    Signature and return value follow transformers' `_sample`; ``streamer`` and
+    ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
+    final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
+    streamer to a custom decoding callable.
+    """
+    _check_supported(model, input_ids, generation_config, model_kwargs)
+    candidate_generator = make_candidate_generator(generation_config)
+    cache: DynamicCache = model_kwargs["past_key_values"]
+    do_sample = generation_config.do_sample
+    want_dict = generation_config.return_dict_in_generate
+    scores = () if (want_dict and generation_config.output_scores) else None
+    raw_logits = () if (want_dict and generation_config.output_logits) else None
+
+    with capture_lm_head_input(model) as captured:
+        outputs = model._prefill(input_ids, generation_config, model_kwargs)
+        if hasattr(cache, "activate_past_recording"):
+            cache.activate_past_recording()  # sliding-window layers must be able to roll back
+        step_logits = outputs.logits[:, -1:]
+        step_hidden = captured["hidden"][:, -1:]
+        drafts = input_ids.new_empty((1, 0))
+        finished = False
+        while True:
+            # Walk the verified positions: position j holds the base's prediction after the j-th draft.
+            for j in range(drafts.shape[1] + 1):
+                next_logits = step_logits[:, j].to(copy=True, dtype=torch.float32, device=input_ids.device)
+                next_scores = logits_processor(input_ids, next_logits)
+                if do_sample:
+                    next_token = torch.multinomial(torch.softmax(next_scores, dim=-1), num_samples=1)
+                else:
+                    next_token = next_scores.argmax(dim=-1, keepdim=True)
+                input_ids = torch.cat([input_ids, next_token], dim=-1)
+                if scores is not None:
+                    scores += (next_scores,)
+                if raw_logits is not None:
+                    raw_logits += (next_logits,)
+                if streamer is not None:
+                    streamer.put(next_token[0].cpu())
+                finished = bool(stopping_criteria(input_ids, next_scores).any())
+                if finished or j == drafts.shape[1] or next_token.item() != drafts[0, j].item():
+                    break
+            candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=j)
+            # The cache holds every fed position; keep the last token fed that was accepted and before.
+            cache.crop(-(drafts.shape[1] - j))
+            if finished:
+                break
+            candidates, _ = candidate_generator.get_candidates(
+                input_ids, last_hidden_state=step_hidden[:, j], next_token_logits=step_logits[:, j]
+            )
+            drafts = candidates[:, input_ids.shape[1] :]
+            step_input = torch.cat([input_ids[:, -1:], drafts], dim=-1)
+            past = input_ids.shape[1] - 1
+            position_ids = torch.arange(past, past + step_input.shape[1], device=input_ids.device)[None]
+            outputs = model(input_ids=step_input, past_key_values=cache, position_ids=position_ids, use_cache=True)
+            step_logits = outputs.logits
+            step_hidden = captured["hidden"]
+
+    if streamer is not None:
+        streamer.end()
+    if want_dict:
+        return GenerateDecoderOnlyOutput(
+            sequences=input_ids, scores=scores, logits=raw_logits, past_key_values=cache
+        )
+    return input_ids
