@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import functools
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -199,10 +201,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never). Batches are
         decoded row by row and re-padded as the base pads them.
         """
-        generation_config = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
+        if generation_config is not None:
+            generation_config = copy.deepcopy(generation_config)
         # Read the call's effective settings without changing what is passed on: generate() treats an
         # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
-        effective = copy.deepcopy(generation_config)
+        effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         model_kwargs = effective.update(**kwargs)
         _refuse_unsupported(effective, model_kwargs)
         stopping_criteria = StoppingCriteriaList(stopping_criteria or [])
@@ -212,8 +215,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             if tokenizer is None:
                 raise ValueError("stop_strings needs the tokenizer: call generate(..., tokenizer=tokenizer).")
             stopping_criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=effective.stop_strings))
-            generation_config.stop_strings = None
-            kwargs.pop("stop_strings", None)
+            kwargs["stop_strings"] = None
 
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         if input_ids is None or input_ids.dim() != 2:
@@ -232,14 +234,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
         gate = EntropyGate(self.config.gate_threshold if gate_threshold is _UNSET else gate_threshold)
         stats = GenerationStats()
-        results = []
-        for row in rows:
-            decode = functools.partial(
-                speculative_generate,
-                streamer=streamer,
-                make_candidate_generator=functools.partial(self._candidate_generator, gate=gate, stats=stats),
-            )
-            results.append(
+        decode = functools.partial(
+            speculative_generate,
+            streamer=streamer,
+            make_candidate_generator=functools.partial(self._candidate_generator, gate=gate, stats=stats),
+        )
+        with self._base_generation_defaults():
+            results = [
                 self.base.generate(
                     row,
                     generation_config=generation_config,
@@ -249,11 +250,23 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                     custom_generate=decode,
                     **kwargs,
                 )
-            )
+                for row in rows
+            ]
         self.generation_stats = stats
         if len(results) == 1:
             return results[0]
         return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
+
+    @contextmanager
+    def _base_generation_defaults(self) -> Iterator[None]:
+        """Let the base's generate() fill unset settings from this model's generation config (greedy by
+        default), as it would from its own."""
+        own = self.base.generation_config
+        self.base.generation_config = self.generation_config
+        try:
+            yield
+        finally:
+            self.base.generation_config = own
 
     def _candidate_generator(
         self, generation_config: GenerationConfig, gate: EntropyGate, stats: GenerationStats
