@@ -6,6 +6,8 @@ import math
 
 from transformers import PreTrainedConfig
 
+from .tree import TreeSpec
+
 # Kept here (not in heads.py) so that reading a config never needs torch modules built.
 HEAD_TYPES = ("medusa", "cerberus")
 HEAD_PROJECTIONS = ("shared", "own")
@@ -35,6 +37,9 @@ class CerberusConfig(PreTrainedConfig):
             ``"own"`` gives each head its own vocabulary projection (Medusa-1).
         gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
             ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
+        draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
+            (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
+            ``generate(draft_tree=...)`` overrides it per call.
     """
 
     model_type = "cerberus"
@@ -51,6 +56,7 @@ class CerberusConfig(PreTrainedConfig):
     num_layers: int = 1
     head_projection: str = "shared"
     gate_threshold: float | None = None
+    draft_tree: list | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_type not in HEAD_TYPES:
@@ -63,6 +69,9 @@ class CerberusConfig(PreTrainedConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.draft_tree is not None:
+            spec = TreeSpec.from_paths(self.draft_tree, self.num_heads)
+            self.draft_tree = [list(path) for path in spec.paths]
         if self.gate_threshold is not None:
             self.gate_threshold = float(self.gate_threshold)
             if math.isinf(self.gate_threshold) and self.gate_threshold > 0:

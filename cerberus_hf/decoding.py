@@ -22,7 +22,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .candidate_generator import CerberusCandidateGenerator
+from .candidate_generator import CerberusCandidateGenerator, Draft
 
 
 @contextmanager
@@ -60,6 +60,46 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
         )
 
 
+def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
+    """One base forward over the last token and the draft, at depth-based positions, under tree attention
+    (a chain needs only the model's own causal mask)."""
+    past = input_ids.shape[1] - 1
+    if draft is None:
+        step_input, offsets, mask = input_ids[:, -1:], torch.zeros(1, dtype=torch.long), None
+    else:
+        step_input = torch.cat([input_ids[:, -1:], draft.tokens[None]], dim=-1)
+        offsets = draft.tree.position_offsets
+        mask = None if draft.tree.is_chain else draft.tree.attention_mask(past, model.dtype, input_ids.device)
+    position_ids = (past + offsets.to(input_ids.device))[None]
+    return model(
+        input_ids=step_input, past_key_values=cache, position_ids=position_ids, attention_mask=mask, use_cache=True
+    )
+
+
+def _tree_attention_ok(model: nn.Module, input_ids: torch.LongTensor, draft: Draft) -> bool:
+    """Whether this step can verify a branching tree: it needs a 4D mask, which flash-attention kernels do
+    not take, and one mask serves every layer, so sliding-window layers must still see the whole context."""
+    if "flash" in str(getattr(model.config, "_attn_implementation", "")):
+        return False
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    return window is None or input_ids.shape[1] + len(draft.tokens) <= window
+
+
+def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[int]) -> None:
+    """Keep, of the last ``fed`` cached positions, those at indices ``keep`` (ascending); drop the rest.
+    A kept prefix is a crop; a branch of a tree is gathered."""
+    if keep == list(range(len(keep))):
+        cache.crop(-(fed - len(keep)))
+        return
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        start = layer.keys.shape[-2] - fed
+        index = torch.cat([torch.arange(start), start + torch.tensor(keep)]).to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+
+
 def speculative_generate(
     model: nn.Module,
     input_ids: torch.LongTensor,
@@ -92,12 +132,16 @@ def speculative_generate(
             cache.activate_past_recording()  # sliding-window layers must be able to roll back
         step_logits = outputs.logits[:, -1:]
         step_hidden = captured["hidden"][:, -1:]
-        drafts = input_ids.new_empty((1, 0))
-        finished = False
+        draft: Draft | None = None
         while True:
-            # Walk the verified positions: position j holds the base's prediction after the j-th draft.
-            for j in range(drafts.shape[1] + 1):
-                next_logits = step_logits[:, j].to(copy=True, dtype=torch.float32, device=input_ids.device)
+            # Walk the tree from the root (input position 0, the last token): each emitted token is picked
+            # from the base's prediction at the current node, then matched against that node's children.
+            draft_tokens = draft.tokens.tolist() if draft is not None else []
+            accepted: list[int] = []
+            node = -1
+            while True:
+                position = node + 1
+                next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
                 next_scores = logits_processor(input_ids, next_logits)
                 if do_sample:
                     next_token = torch.multinomial(torch.softmax(next_scores, dim=-1), num_samples=1)
@@ -111,21 +155,25 @@ def speculative_generate(
                 if streamer is not None:
                     streamer.put(next_token[0].cpu())
                 finished = bool(stopping_criteria(input_ids, next_scores).any())
-                if finished or j == drafts.shape[1] or next_token.item() != drafts[0, j].item():
+                if finished or draft is None:
                     break
-            candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=j)
-            # The cache holds every fed position; keep the last token fed that was accepted and before.
-            cache.crop(-(drafts.shape[1] - j))
+                token = next_token.item()
+                node = next((c for c in draft.tree.children[node + 1] if draft_tokens[c] == token), None)
+                if node is None:
+                    break
+                accepted.append(node)
+            candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=len(accepted))
+            if draft is not None:
+                keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=[0] + [n + 1 for n in accepted])
             if finished:
                 break
-            candidates, _ = candidate_generator.get_candidates(
-                input_ids, last_hidden_state=step_hidden[:, j], next_token_logits=step_logits[:, j]
+            last = accepted[-1] + 1 if accepted else 0
+            draft = candidate_generator.propose(
+                input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last]
             )
-            drafts = candidates[:, input_ids.shape[1] :]
-            step_input = torch.cat([input_ids[:, -1:], drafts], dim=-1)
-            past = input_ids.shape[1] - 1
-            position_ids = torch.arange(past, past + step_input.shape[1], device=input_ids.device)[None]
-            outputs = model(input_ids=step_input, past_key_values=cache, position_ids=position_ids, use_cache=True)
+            if draft is not None and not draft.tree.is_chain and not _tree_attention_ok(model, input_ids, draft):
+                draft = candidate_generator.fall_back_to_chain(draft)
+            outputs = _verify(model, cache, input_ids, draft)
             step_logits = outputs.logits
             step_hidden = captured["hidden"]
 

@@ -31,6 +31,7 @@ from .gate import EntropyGate
 from .heads import DraftHeads, build_heads
 from .real_models import describe_source
 from .stats import GenerationStats
+from .tree import TreeSpec
 
 _UNSET = object()
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
@@ -192,13 +193,16 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         stopping_criteria: StoppingCriteriaList | None = None,
         streamer=None,
         gate_threshold: float | None = _UNSET,
+        draft_tree: list[list[int]] | None = _UNSET,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
 
         Greedy search and multinomial sampling (with any logits processors) are supported; beam search,
         assisted generation and prompt lookup are refused. ``gate_threshold`` overrides the config's
-        entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never). Batches are
+        entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never); ``draft_tree``
+        overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
+        chain of every head's top-1). Batches are
         decoded row by row and re-padded as the base pads them.
         """
         if generation_config is not None:
@@ -233,11 +237,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             )
 
         gate = EntropyGate(self.config.gate_threshold if gate_threshold is _UNSET else gate_threshold)
+        tree_paths = self.config.draft_tree if draft_tree is _UNSET else draft_tree
+        tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths else None
         stats = GenerationStats()
         decode = functools.partial(
             speculative_generate,
             streamer=streamer,
-            make_candidate_generator=functools.partial(self._candidate_generator, gate=gate, stats=stats),
+            make_candidate_generator=functools.partial(self._candidate_generator, gate=gate, tree=tree, stats=stats),
         )
         with self._base_generation_defaults():
             results = [
@@ -269,10 +275,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             self.base.generation_config = own
 
     def _candidate_generator(
-        self, generation_config: GenerationConfig, gate: EntropyGate, stats: GenerationStats
+        self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None, stats: GenerationStats
     ) -> CerberusCandidateGenerator:
         return CerberusCandidateGenerator(
-            self.heads, self.base.get_output_embeddings(), gate, generation_config.max_length, stats
+            self.heads, self.base.get_output_embeddings(), gate, tree, generation_config.max_length, stats
         )
 
 

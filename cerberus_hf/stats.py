@@ -38,38 +38,27 @@ class GenerationStats:
         """Per head depth: accepted / proposed (a head only counts where every head before it was accepted)."""
         return [a / p if p else 0.0 for a, p in zip(self.accepted_per_head, self.proposed_per_head)]
 
-    def record_step(self, emitted: int, drafted: int) -> None:
-        """One verification (or plain) forward: ``emitted`` tokens kept out of ``drafted`` proposed + 1."""
+    def record_step(self, emitted: int, depth: int, nodes: int) -> None:
+        """One verification (or plain) forward that emitted ``emitted`` tokens after a draft of ``nodes``
+        tokens reaching ``depth`` heads deep (0 and 0 for a plain step)."""
         accepted = emitted - 1
         self.steps += 1
         self.new_tokens += emitted
         self.tokens_per_step.append(emitted)
-        self.drafted_tokens += drafted
+        self.drafted_tokens += nodes
         self.accepted_draft_tokens += accepted
-        for depth in range(drafted):
-            while len(self.proposed_per_head) <= depth:
+        for head in range(depth):
+            while len(self.proposed_per_head) <= head:
                 self.proposed_per_head.append(0)
                 self.accepted_per_head.append(0)
-            if depth <= accepted:
-                self.proposed_per_head[depth] += 1
-            if depth < accepted:
-                self.accepted_per_head[depth] += 1
+            if head <= accepted:
+                self.proposed_per_head[head] += 1
+            if head < accepted:
+                self.accepted_per_head[head] += 1
 
     def record_gate(self, drafted: bool) -> None:
         self.gate_decisions += 1
         self.draft_steps += int(drafted)
-
-    def merge(self, other: "GenerationStats") -> "GenerationStats":
-        """Sum of two calls' statistics (used for batches decoded row by row)."""
-        merged = GenerationStats(**{k: v for k, v in asdict(self).items()})
-        for name in ("steps", "new_tokens", "gate_decisions", "draft_steps", "drafted_tokens", "accepted_draft_tokens"):
-            setattr(merged, name, getattr(self, name) + getattr(other, name))
-        merged.tokens_per_step = self.tokens_per_step + other.tokens_per_step
-        width = max(len(self.proposed_per_head), len(other.proposed_per_head))
-        pad = lambda xs: xs + [0] * (width - len(xs))  # noqa: E731
-        merged.proposed_per_head = [a + b for a, b in zip(pad(self.proposed_per_head), pad(other.proposed_per_head))]
-        merged.accepted_per_head = [a + b for a, b in zip(pad(self.accepted_per_head), pad(other.accepted_per_head))]
-        return merged
 
     def as_dict(self) -> dict:
         """Plain numbers, the derived ones included, for logs and JSON."""
