@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Subcommand modules; each exposes add_cli(subparsers), which sets `func` on its parser.
-SUBCOMMAND_MODULES = ("demo",)
+SUBCOMMAND_MODULES = ("demo", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,216 @@
+"""`cerberus-hf bench`: every decoding method on the same prompts, interleaved, in one table.
+
+Speed is only comparable inside one run on a shared, noisy machine, so each prompt is decoded by every
+method back to back (the order rotating from prompt to prompt) and speedups are ratios to plain
+`generate()` measured in the same run. Every method's output is compared with plain greedy output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "mt_bench.jsonl"
+
+
+@dataclass
+class Method:
+    """A named way to decode: ``run(input_ids) -> (output_ids, GenerationStats | None)``."""
+
+    name: str
+    run: Callable
+    records: list[dict] = field(default_factory=list)
+
+
+def load_bench_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """First turns of a JSONL prompt file (objects with a ``turns`` list, as MT-Bench)."""
+    prompts = []
+    with open(path) as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                prompts.append(record["turns"][0] if "turns" in record else record["prompt"])
+    return prompts[:limit] if limit else prompts
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_methods(base, head_models: dict, max_new_tokens: int, variants: bool) -> list[Method]:
+    """Plain generate(), prompt lookup, and each head checkpoint with its chain/tree and gate variants."""
+    call = {"max_new_tokens": max_new_tokens, "do_sample": False}
+    methods = [
+        Method("plain generate()", lambda ids: (base.generate(ids, **call), None)),
+        Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)),
+    ]
+    for label, model in head_models.items():
+        options = [("", {})]
+        if variants:
+            options = [("chain, gate off", {"draft_tree": None, "gate_threshold": None})]
+            if model.config.gate_threshold is not None:
+                options.append(("chain, gate on", {"draft_tree": None}))
+            if model.config.draft_tree:
+                options.append(("tree, gate off", {"gate_threshold": None}))
+                if model.config.gate_threshold is not None:
+                    options.append(("tree, gate on", {}))
+
+        for suffix, overrides in options:
+            def run(ids, model=model, overrides=overrides):
+                out = model.generate(ids, **call, **overrides)
+                return out, model.generation_stats
+
+            methods.append(Method(f"{label} ({suffix})" if suffix else label, run))
+    return methods
+
+
+def run_bench(
+    base,
+    tokenizer,
+    head_models: dict,
+    prompts: list[str],
+    max_new_tokens: int = 128,
+    variants: bool = True,
+    warmup: int = 1,
+) -> dict:
+    """Decode every prompt with every method; returns per-method summaries and per-prompt records."""
+    device = base.device
+    methods = build_methods(base, head_models, max_new_tokens, variants)
+    encoded = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                      return_tensors="pt")["input_ids"].to(device)
+        for p in prompts
+    ]
+    for ids in encoded[:warmup]:
+        for method in methods:
+            method.run(ids)
+    for index, ids in enumerate(tqdm(encoded, desc="bench", unit="prompt")):
+        order = methods[index % len(methods):] + methods[: index % len(methods)]
+        outputs = {}
+        for method in order:
+            _sync(device)
+            start = time.perf_counter()
+            out, stats = method.run(ids)
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            outputs[method.name] = out
+            method.records.append({
+                "prompt": index,
+                "new_tokens": out.shape[1] - ids.shape[1],
+                "seconds": elapsed,
+                "steps": stats.steps if stats else None,
+                "draft_rate": stats.draft_rate if stats else None,
+                "proposed_per_head": stats.proposed_per_head if stats else None,
+                "accepted_per_head": stats.accepted_per_head if stats else None,
+            })
+        reference = outputs[methods[0].name]
+        for method in methods:
+            method.records[-1]["identical"] = bool(torch.equal(outputs[method.name], reference))
+    return summarize(methods)
+
+
+def summarize(methods: list[Method]) -> dict:
+    plain = methods[0]
+    plain_rate = sum(r["new_tokens"] for r in plain.records) / sum(r["seconds"] for r in plain.records)
+    rows = []
+    for method in methods:
+        recs = method.records
+        tokens = sum(r["new_tokens"] for r in recs)
+        seconds = sum(r["seconds"] for r in recs)
+        has_steps = all(r["steps"] is not None for r in recs)
+        proposed = _sum_lists([r["proposed_per_head"] for r in recs if r["proposed_per_head"]])
+        accepted = _sum_lists([r["accepted_per_head"] for r in recs if r["accepted_per_head"]])
+        rows.append({
+            "method": method.name,
+            "tokens_per_s": tokens / seconds,
+            "speedup": tokens / seconds / plain_rate,
+            "tau": tokens / sum(r["steps"] for r in recs) if has_steps else (1.0 if method is plain else None),
+            "draft_rate": (sum(r["draft_rate"] for r in recs) / len(recs)) if has_steps else None,
+            "identical": sum(r["identical"] for r in recs) / len(recs),
+            "head_acceptance": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+            "prompts": recs,
+        })
+    return {"methods": rows}
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    width = max((len(x) for x in lists), default=0)
+    return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
+
+
+def markdown_table(result: dict) -> str:
+    lines = ["| method | tokens/s | speedup | tau | draft rate | identical to greedy |", "|---|---|---|---|---|---|"]
+    for row in result["methods"]:
+        tau = f"{row['tau']:.2f}" if row["tau"] is not None else "n/a"
+        rate = f"{row['draft_rate']:.0%}" if row["draft_rate"] is not None else "n/a"
+        lines.append(f"| {row['method']} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | {tau} | {rate} | "
+                     f"{row['identical']:.0%} |")
+    return "\n".join(lines)
+
+
+def save_plot(result: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["methods"]
+    names = [r["method"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    axes[0].barh(names, [r["speedup"] for r in rows])
+    axes[0].axvline(1.0, color="grey", linestyle="--")
+    axes[0].set_xlabel("speedup over plain generate()")
+    axes[1].barh(names, [r["tau"] or 0.0 for r in rows])
+    axes[1].set_xlabel("tau (tokens per base forward)")
+    for r in rows:
+        if r["head_acceptance"]:
+            axes[2].plot(range(1, len(r["head_acceptance"]) + 1), r["head_acceptance"], marker="o", label=r["method"])
+    axes[2].set_xlabel("head")
+    axes[2].set_ylabel("acceptance rate")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def add_cli(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="compare decoding methods on a prompt set (table, JSON, plot)")
+    parser.add_argument("--heads", action="append", default=[], help="head checkpoint folder or Hub id (repeatable)")
+    parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL with a 'turns' list per line")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    parser.add_argument("--json", default=None, help="write every per-prompt figure here")
+    parser.add_argument("--plot", default=None, help="save a PNG plot here")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--no-variants", action="store_true", help="only each checkpoint's default configuration")
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from .modeling_cerberus import CerberusForCausalLM
+    from .real_models import load_packaged_model
+
+    base, tokenizer = load_packaged_model(dtype=getattr(torch, args.dtype))
+    base.to(args.device)
+    head_models = {}
+    for path in args.heads:
+        model = CerberusForCausalLM.from_pretrained(path, base_model=base)
+        head_models[f"{model.config.head_type} {Path(path).name}"] = model
+    prompts = load_bench_prompts(args.prompts, args.limit)
+    result = run_bench(base, tokenizer, head_models, prompts, args.max_new_tokens, variants=not args.no_variants)
+    result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
+                  max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"))
+    print(markdown_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        save_plot(result, args.plot)
+    return 0
