@@ -78,17 +78,27 @@ class CerberusCandidateGenerator(CandidateGenerator):
         are at most ``max_length - len - 1`` deep.
         """
         tree = self.tree.truncated(self.max_length - input_ids.shape[1] - 1)
-        drafting = tree is not None and self.gate.should_draft(next_token_logits)
+        logits = None
+        if tree is not None and self.gate.needs_heads:
+            logits = self._head_logits(last_hidden_state)
+        drafting = tree is not None and self.gate.should_draft(
+            next_token_logits, logits[0] if logits is not None else None
+        )
         self.stats.record_gate(drafting)
         if not drafting:
             self._last = None
             return None
-        hidden = last_hidden_state.to(next(self.heads.parameters()).dtype)
-        logits = self.heads(hidden, self.base_lm_head)[0, : tree.depth]  # [depth, vocab]
+        if logits is None:
+            logits = self._head_logits(last_hidden_state)
+        logits = logits[: tree.depth]  # [depth, vocab]
         top = logits.topk(tree.top_k, dim=-1).indices if tree.top_k > 1 else logits.argmax(dim=-1, keepdim=True)
         tokens = top[tree.head_index.to(top.device), tree.rank.to(top.device)].to(input_ids.dtype)
         self._last = Draft(tree, tokens)
         return self._last
+
+    def _head_logits(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
+        hidden = last_hidden_state.to(next(self.heads.parameters()).dtype)
+        return self.heads(hidden, self.base_lm_head)[0]  # [num_heads, vocab]
 
     def get_candidates(
         self,

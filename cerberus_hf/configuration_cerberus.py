@@ -6,6 +6,7 @@ import math
 
 from transformers import PreTrainedConfig
 
+from .gate import GATE_SIGNALS
 from .tree import TreeSpec
 
 # Kept here (not in heads.py) so that reading a config never needs torch modules built.
@@ -37,6 +38,8 @@ class CerberusConfig(PreTrainedConfig):
             ``"own"`` gives each head its own vocabulary projection (Medusa-1).
         gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
             ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
+        gate_signal: what the gate thresholds: ``"base_entropy"`` (the paper's), ``"head_entropy"`` or
+            ``"base_top1"`` (see `cerberus_hf.gate`).
         draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
             (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
             ``generate(draft_tree=...)`` overrides it per call.
@@ -56,6 +59,7 @@ class CerberusConfig(PreTrainedConfig):
     num_layers: int = 1
     head_projection: str = "shared"
     gate_threshold: float | None = None
+    gate_signal: str = "base_entropy"
     draft_tree: list | None = None
 
     def __post_init__(self, **kwargs):
@@ -69,6 +73,8 @@ class CerberusConfig(PreTrainedConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.gate_signal not in GATE_SIGNALS:
+            raise ValueError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
         if self.draft_tree is not None:
             spec = TreeSpec.from_paths(self.draft_tree, self.num_heads)
             self.draft_tree = [list(path) for path in spec.paths]

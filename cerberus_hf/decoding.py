@@ -22,6 +22,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .acceptance import TypicalAcceptance, pick_token
 from .candidate_generator import CerberusCandidateGenerator, Draft
 
 
@@ -109,6 +110,7 @@ def speculative_generate(
     synced_gpus: bool = False,
     streamer=None,
     make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
+    typical: TypicalAcceptance | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of one sequence with drafts from ``candidate_generator``.
@@ -116,7 +118,7 @@ def speculative_generate(
     Signature and return value follow transformers' `_sample`; ``streamer`` and
     ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
     final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
-    streamer to a custom decoding callable.
+    streamer to a custom decoding callable. ``typical`` opts into Medusa's (lossy) typical acceptance.
     """
     _check_supported(model, input_ids, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
@@ -143,10 +145,8 @@ def speculative_generate(
                 position = node + 1
                 next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
                 next_scores = logits_processor(input_ids, next_logits)
-                if do_sample:
-                    next_token = torch.multinomial(torch.softmax(next_scores, dim=-1), num_samples=1)
-                else:
-                    next_token = next_scores.argmax(dim=-1, keepdim=True)
+                children = draft.tree.children[node + 1] if draft is not None else []
+                next_token = pick_token(next_scores, do_sample, [draft_tokens[c] for c in children], typical)
                 input_ids = torch.cat([input_ids, next_token], dim=-1)
                 if scores is not None:
                     scores += (next_scores,)
@@ -158,7 +158,7 @@ def speculative_generate(
                 if finished or draft is None:
                     break
                 token = next_token.item()
-                node = next((c for c in draft.tree.children[node + 1] if draft_tokens[c] == token), None)
+                node = next((c for c in children if draft_tokens[c] == token), None)
                 if node is None:
                     break
                 accepted.append(node)

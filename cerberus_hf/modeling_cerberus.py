@@ -22,6 +22,7 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .acceptance import TypicalAcceptance
 from .base_model import check_base_compatible, greedy_generation_config, load_base_model
 from .candidate_generator import CerberusCandidateGenerator
 from .checkpoint import load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
@@ -194,6 +195,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         streamer=None,
         gate_threshold: float | None = _UNSET,
         draft_tree: list[list[int]] | None = _UNSET,
+        typical_acceptance: TypicalAcceptance | bool = False,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
@@ -202,7 +204,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         assisted generation and prompt lookup are refused. ``gate_threshold`` overrides the config's
         entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never); ``draft_tree``
         overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
-        chain of every head's top-1). Batches are
+        chain of every head's top-1). Without overrides, the settings `cerberus-hf calibrate` stored in
+        the generation config for this device type are used, else the config's.
+        ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
+        sampling, which is faster but NOT lossless. Batches are
         decoded row by row and re-padded as the base pads them.
         """
         if generation_config is not None:
@@ -236,13 +241,19 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 "at a time); generate each row on its own to get its scores."
             )
 
-        gate = EntropyGate(self.config.gate_threshold if gate_threshold is _UNSET else gate_threshold)
-        tree_paths = self.config.draft_tree if draft_tree is _UNSET else draft_tree
+        settings = self.decoding_settings()
+        gate = EntropyGate(
+            settings["gate_threshold"] if gate_threshold is _UNSET else gate_threshold, settings["gate_signal"]
+        )
+        tree_paths = settings["draft_tree"] if draft_tree is _UNSET else draft_tree
         tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths else None
+        if typical_acceptance is True:
+            typical_acceptance = TypicalAcceptance()
         stats = GenerationStats()
         decode = functools.partial(
             speculative_generate,
             streamer=streamer,
+            typical=typical_acceptance or None,
             make_candidate_generator=functools.partial(self._candidate_generator, gate=gate, tree=tree, stats=stats),
         )
         with self._base_generation_defaults():
@@ -262,6 +273,18 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if len(results) == 1:
             return results[0]
         return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
+
+    def decoding_settings(self, device_type: str | None = None) -> dict:
+        """Gate threshold, gate signal and draft tree used by default on a device type (this model's
+        when None): what calibration stored for it in ``generation_config.cerberus_calibration``,
+        falling back to the config's values."""
+        calibrated = getattr(self.generation_config, "cerberus_calibration", None) or {}
+        stored = calibrated.get(device_type or self.device.type, {})
+        return {
+            "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),
+            "gate_signal": stored.get("gate_signal", self.config.gate_signal),
+            "draft_tree": stored.get("draft_tree", self.config.draft_tree),
+        }
 
     @contextmanager
     def _base_generation_defaults(self) -> Iterator[None]:
