@@ -1,0 +1,106 @@
+"""Sampling stays lossless: the joint distribution of the first two sampled tokens matches the base's.
+
+A tiny Llama with a 12-token vocabulary makes the exact distribution cheap to compute (12 x 12 pairs)
+and a few thousand draws enough for a chi-square test; chain and tree drafting are both checked, with
+heads that really get drafts accepted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chi2
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+from cerberus_hf import CerberusForCausalLM
+
+V = 12
+DRAWS = 2500
+TEMPERATURE, TOP_K = 1.3, 8
+
+
+@pytest.fixture(scope="module")
+def base():
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=0, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    return model
+
+
+PROMPT = torch.tensor([[1, 5, 7, 3]])
+
+
+def expected_pairs(base) -> torch.Tensor:
+    """P(t1, t2) under the base with the same warpers generate() applies."""
+    warp = LogitsProcessorList([TemperatureLogitsWarper(TEMPERATURE), TopKLogitsWarper(TOP_K)])
+    with torch.no_grad():
+        first = torch.softmax(warp(PROMPT, base(PROMPT).logits[:, -1].float()), -1)[0]
+        table = torch.zeros(V, V, dtype=torch.float64)
+        for t1 in range(V):
+            ids = torch.cat([PROMPT, torch.tensor([[t1]])], dim=1)
+            second = torch.softmax(warp(ids, base(ids).logits[:, -1].float()), -1)[0]
+            table[t1] = first[t1].double() * second.double()
+    return table
+
+
+def chi_square(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    """Statistic and its 0.999 quantile, pooling cells with expected count < 5 into one."""
+    e = expected.flatten() * observed.sum()
+    o = observed.flatten().double()
+    small = e < 5
+    e = torch.cat([e[~small], e[small].sum()[None]])
+    o = torch.cat([o[~small], o[small].sum()[None]])
+    keep = e > 0
+    stat = float((((o - e) ** 2) / e)[keep].sum())
+    return stat, float(chi2.ppf(0.999, int(keep.sum()) - 1))
+
+
+def draw(model, **kwargs) -> tuple[torch.Tensor, int]:
+    counts = torch.zeros(V, V)
+    accepted = 0
+    torch.manual_seed(0)
+    for _ in range(DRAWS):
+        # Three new tokens, so that the second one can come from an accepted draft (the first comes from
+        # the prefill, and a step's last token is always the verifier's own).
+        out = model.generate(PROMPT, max_new_tokens=3, do_sample=True, temperature=TEMPERATURE, top_k=TOP_K,
+                             **kwargs)
+        counts[out[0, -3], out[0, -2]] += 1
+        accepted += model.generation_stats.accepted_draft_tokens
+    return counts, accepted
+
+
+@pytest.mark.parametrize("draft_tree", [None, [[0], [1], [2], [3]]], ids=["chain", "tree"])
+def test_sampling_matches_base_distribution(base, draft_tree):
+    model = CerberusForCausalLM.from_base(base, head_type="cerberus", num_heads=1)
+    counts, accepted = draw(model, draft_tree=draft_tree)
+    stat, bound = chi_square(counts, expected_pairs(base))
+    assert accepted > DRAWS // 20, f"drafts were accepted only {accepted} times: the test would not test much"
+    assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}: sampled pairs do not follow the base"
+
+
+def test_the_check_detects_a_wrong_distribution(base):
+    """The same test on plain sampling at another temperature must fail: the bound is not vacuous."""
+    counts = torch.zeros(V, V)
+    torch.manual_seed(0)
+    for _ in range(DRAWS):
+        out = base.generate(PROMPT, max_new_tokens=2, do_sample=True, temperature=TEMPERATURE * 0.5, top_k=TOP_K)
+        counts[out[0, -2], out[0, -1]] += 1
+    stat, bound = chi_square(counts, expected_pairs(base))
+    assert stat > bound
+
+
+def test_typical_acceptance_is_opt_in_and_accepts_more(base):
+    model = CerberusForCausalLM.from_base(base, head_type="cerberus", num_heads=1)
+    torch.manual_seed(1)
+    model.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=TEMPERATURE, draft_tree=[[0], [1], [2]])
+    exact = model.generation_stats.accepted_draft_tokens
+    torch.manual_seed(1)
+    out = model.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=TEMPERATURE,
+                         draft_tree=[[0], [1], [2]], typical_acceptance=True)
+    assert out.shape[1] == PROMPT.shape[1] + 20
+    assert model.generation_stats.accepted_draft_tokens >= exact
