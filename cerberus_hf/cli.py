@@ -6,8 +6,8 @@ import argparse
 import importlib
 import sys
 
-# Subcommand modules; each exposes add_cli(subparsers), which sets `func` on its parser.
-SUBCOMMAND_MODULES = ("demo", "bench")
+# Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
+SUBCOMMAND_MODULES = ("demo", "bench", "calibration")
 
 
 def build_parser() -> argparse.ArgumentParser:

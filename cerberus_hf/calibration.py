@@ -1,0 +1,325 @@
+"""`cerberus-hf calibrate`: fit the draft tree and the gate to the heads and to the device they run on.
+
+Three measurements, then two choices:
+
+1. The verification cost curve: wall time of one cached forward with ``n`` query tokens, ``n = 1..64``,
+   relative to ``n = 1`` (on a CPU it is far from flat; on a GPU nearly flat for dozens of tokens).
+2. For calibration sequences (the base's own continuations), the rank of the true token ``t + k + 2``
+   among head ``k``'s guesses at every position ``t``, and the candidate gate signals there.
+3. The time the heads take to draft one step.
+
+The tree: a node ``(r0, ..., rd)`` is accepted at a position exactly when the true tokens' ranks there
+start with that path, so the mean accepted length of a tree is the sum of its paths' empirical
+frequencies. Adding paths in order of frequency gives the best tree of each size (prefixes are at
+least as frequent as their extensions); the size kept maximises expected tokens per second,
+``(1 + accepted) / (cost(n + 1) + draft time)``.
+
+The gate: drafting at a position yields ``1 + accepted`` tokens for the tree's step time, not drafting
+yields 1 token for a plain step. For each signal, the threshold maximising total tokens over total time
+on the calibration positions is chosen; the signal kept is the one with the best such throughput. Rank
+correlation and AUC (for "at least one draft accepted") are reported per signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from .decoding import capture_lm_head_input
+from .gate import GATE_SIGNALS, gate_signal
+
+
+@dataclass
+class PositionRecord:
+    """What calibration keeps of one position: true-token ranks per head (-1 beyond ``top_k``) and signals."""
+
+    ranks: list[int]
+    signals: dict[str, float]
+
+
+@torch.no_grad()
+def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one cached forward with ``n`` new tokens for ``n = 1..max_tokens`` after a
+    ``context``-token prefix. Sizes are interleaved across repeats so drifting load hits all alike."""
+    device = base.device
+    vocab = base.get_output_embeddings().weight.shape[0]
+    limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
+    if limit:
+        context = max(1, min(context, limit - max_tokens - 1))
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
+    cache = DynamicCache(config=base.config)
+    base(input_ids=prefix, past_key_values=cache, use_cache=True)
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_tokens + 1)}
+    for _ in tqdm(range(repeats), desc="cost curve", unit="pass"):
+        for n in times:
+            tokens = torch.randint(0, vocab, (1, n), generator=generator).to(device)
+            positions = torch.arange(context, context + n, device=device)[None]
+            _sync(device)
+            start = time.perf_counter()
+            base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+            _sync(device)
+            times[n].append(time.perf_counter() - start)
+            cache.crop(-n)
+    return {n: statistics.median(values) for n, values in times.items()}
+
+
+@torch.no_grad()
+def measure_draft_time(model, repeats: int = 20) -> float:
+    """Median seconds for the heads to produce one step's logits (the drafting overhead)."""
+    hidden = torch.zeros(1, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    values = []
+    for _ in range(repeats):
+        _sync(model.device)
+        start = time.perf_counter()
+        model.draft_logits(hidden).topk(8, dim=-1)
+        _sync(model.device)
+        values.append(time.perf_counter() - start)
+    return statistics.median(values)
+
+
+@torch.no_grad()
+def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int = 10) -> list[PositionRecord]:
+    """Ranks of the true future tokens among the heads' guesses, and gate signals, at every position of
+    every ``(tokens, start)`` sequence from ``start`` on (e.g. the prompt length) that has all heads'
+    targets."""
+    records = []
+    num_heads = model.config.num_heads
+    for seq, skip in tqdm(sequences, desc="head ranks", unit="seq"):
+        ids = torch.tensor([seq], device=model.device)
+        with capture_lm_head_input(model.base) as captured:
+            logits = model.base(input_ids=ids).logits[0]
+        hidden = captured["hidden"][0]
+        head_logits = model.draft_logits(hidden)  # [len, heads, vocab]
+        top = head_logits.topk(top_k, dim=-1).indices  # [len, heads, top_k]
+        signals = {name: gate_signal(name, logits, head_logits[:, 0]).tolist() for name in GATE_SIGNALS}
+        for t in range(skip, len(seq) - num_heads - 1):
+            ranks = []
+            for k in range(num_heads):
+                hit = (top[t, k] == seq[t + k + 2]).nonzero()
+                ranks.append(int(hit[0, 0]) if len(hit) else -1)
+            records.append(PositionRecord(ranks, {name: values[t] for name, values in signals.items()}))
+    return records
+
+
+def rank_accuracy(records: list[PositionRecord], top_k: int) -> list[list[float]]:
+    """``acc[k][r]``: share of positions where head ``k``'s rank-``r`` guess is the true token."""
+    num_heads = len(records[0].ranks)
+    counts = [[0] * top_k for _ in range(num_heads)]
+    for record in records:
+        for k, rank in enumerate(record.ranks):
+            if rank >= 0:
+                counts[k][rank] += 1
+    return [[c / len(records) for c in row] for row in counts]
+
+
+def accepted_length(ranks: list[int], tree: set[tuple[int, ...]]) -> int:
+    """Drafts a tree gets accepted at a position whose true-token ranks are ``ranks``."""
+    depth = 0
+    while depth < len(ranks) and ranks[depth] >= 0 and tuple(ranks[: depth + 1]) in tree:
+        depth += 1
+    return depth
+
+
+def path_frequencies(records: list[PositionRecord]) -> list[tuple[tuple[int, ...], float]]:
+    """Every rank prefix seen, with the share of positions that start with it, most frequent first
+    (ties: shorter, then lexicographic, so a prefix always precedes its extensions)."""
+    counts: Counter = Counter()
+    for record in records:
+        for depth in range(1, len(record.ranks) + 1):
+            prefix = tuple(record.ranks[:depth])
+            if prefix[-1] < 0:
+                break
+            counts[prefix] += 1
+    return sorted(((p, c / len(records)) for p, c in counts.items()), key=lambda pc: (-pc[1], len(pc[0]), pc[0]))
+
+
+def build_tree(records: list[PositionRecord], cost: dict[int, float], draft_time: float, max_nodes: int = 63):
+    """The tree maximising expected tokens per second, and the table of every size considered."""
+    ranked = path_frequencies(records)[:max_nodes]
+    ranked = [(p, f) for p, f in ranked if len(p) == 1 or any(q == p[:-1] for q, _ in ranked)]
+    table, expected = [], 1.0
+    for n, (_, freq) in enumerate(ranked, start=1):
+        if n + 1 not in cost:
+            break
+        expected += freq
+        step = cost[n + 1] + draft_time
+        table.append({"nodes": n, "expected_tau": expected, "step_seconds": step, "tokens_per_s": expected / step})
+    if not table:
+        raise ValueError("No head guess was ever right on the calibration data: there is no tree worth drafting.")
+    best = max(table, key=lambda row: row["tokens_per_s"])
+    paths = [list(p) for p, _ in ranked[: best["nodes"]]]
+    return paths, best, table
+
+
+def fit_gate(records: list[PositionRecord], tree: list[list[int]], tree_step: float, plain_step: float) -> dict:
+    """Per signal: the threshold maximising tokens per second, that throughput, rank correlation and AUC."""
+    tree_set = {tuple(p) for p in tree}
+    accepted = torch.tensor([accepted_length(r.ranks, tree_set) for r in records], dtype=torch.float64)
+    always = (accepted.sum() + len(records)) / (len(records) * tree_step)
+    results = {}
+    for name in GATE_SIGNALS:
+        signal = torch.tensor([r.signals[name] for r in records], dtype=torch.float64)
+        order = torch.argsort(signal)
+        sorted_signal = signal[order]
+        # Drafting the n lowest-signal positions, n = 0..N (a threshold can only split between distinct values).
+        gain = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(accepted[order], 0)])
+        n = torch.arange(0, len(records) + 1, dtype=torch.float64)
+        throughput = (len(records) + gain) / (n * tree_step + (len(records) - n) * plain_step)
+        splittable = torch.ones(len(records) + 1, dtype=torch.bool)
+        splittable[1:-1] = sorted_signal[1:] > sorted_signal[:-1]
+        throughput[~splittable] = -1.0
+        best = int(torch.argmax(throughput))
+        if best == 0:
+            threshold = 0.0
+        elif best == len(records):
+            threshold = float("inf")
+        else:
+            threshold = float((sorted_signal[best - 1] + sorted_signal[best]) / 2)
+        results[name] = {
+            "threshold": threshold,
+            "tokens_per_s": float(throughput[best]),
+            "draft_rate": float(n[best] / len(records)),
+            "spearman": _spearman(signal, accepted),
+            "auc": _auc(-signal, accepted >= 1),
+        }
+    return {"signals": results, "always_draft_tokens_per_s": float(always), "never_tokens_per_s": 1.0 / plain_step}
+
+
+def _spearman(x: torch.Tensor, y: torch.Tensor) -> float:
+    rx, ry = _ranks(x), _ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = float(rx.norm() * ry.norm())
+    return float((rx * ry).sum()) / denominator if denominator else 0.0
+
+
+def _ranks(x: torch.Tensor) -> torch.Tensor:
+    """Average ranks, 0-based (ties share their mean rank)."""
+    sorted_x, order = torch.sort(x)
+    _, counts = torch.unique_consecutive(sorted_x, return_counts=True)
+    ends = torch.cumsum(counts, 0)
+    average = (ends - counts + ends - 1).to(torch.float64) / 2
+    ranks = torch.empty(len(x), dtype=torch.float64)
+    ranks[order] = torch.repeat_interleave(average, counts)
+    return ranks
+
+
+def _auc(score: torch.Tensor, positive: torch.Tensor) -> float:
+    """Probability that a random positive scores above a random negative (Mann-Whitney)."""
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    ranks = _ranks(score)
+    return float((ranks[positive].sum() + n_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, max_nodes: int = 63,
+              repeats: int = 5) -> dict:
+    """Run all measurements and choices; store the result for this device type in the model's
+    generation config (``cerberus_calibration``) and return the full report."""
+    cost = measure_cost_curve(model.base, max_tokens=max_nodes + 1, repeats=repeats)
+    draft_time = measure_draft_time(model)
+    records = collect_positions(model, sequences, top_k=top_k)
+    paths, best, table = build_tree(records, cost, draft_time, max_nodes=max_nodes)
+    tree_step = cost[len(paths) + 1] + draft_time
+    gate = fit_gate(records, paths, tree_step, cost[1])
+    signal = max(gate["signals"], key=lambda name: gate["signals"][name]["tokens_per_s"])
+    chosen = gate["signals"][signal]
+    settings = {
+        "draft_tree": paths,
+        "gate_signal": signal,
+        "gate_threshold": None if chosen["threshold"] == float("inf") else chosen["threshold"],
+    }
+    calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
+    calibrated[model.device.type] = settings
+    model.generation_config.cerberus_calibration = calibrated
+    return {
+        "device": model.device.type,
+        "settings": settings,
+        "expected": best,
+        "tree_sizes": table,
+        "gate": gate,
+        "cost_curve_seconds": cost,
+        "relative_cost": {n: t / cost[1] for n, t in cost.items()},
+        "draft_seconds": draft_time,
+        "rank_accuracy": rank_accuracy(records, top_k),
+        "positions": len(records),
+    }
+
+
+def load_sequences(path: str, limit: int | None = None) -> list[tuple[list[int], int]]:
+    """``(tokens, first answer position)`` from self-distillation JSONL (``input_ids`` + ``output_ids``)."""
+    sequences = []
+    with open(path) as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            sequences.append((record["input_ids"] + record["output_ids"], len(record["input_ids"]) - 1))
+            if limit and len(sequences) >= limit:
+                break
+    return sequences
+
+
+def add_cli(subparsers) -> None:
+    parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device")
+    parser.add_argument("--heads", required=True, help="head checkpoint folder")
+    parser.add_argument("--data", required=True, help="self-distillation JSONL (held-out records) to calibrate on")
+    parser.add_argument("--limit", type=int, default=200, help="sequences to use")
+    parser.add_argument("--max-nodes", type=int, default=63)
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5, help="timing repeats per size for the cost curve")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--report", default=None, help="write the full report (JSON) here")
+    parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from .modeling_cerberus import CerberusForCausalLM
+
+    model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device)
+    report = calibrate(model, load_sequences(args.data, args.limit), top_k=args.top_k, max_nodes=args.max_nodes,
+                       repeats=args.repeats)
+    print(format_report(report))
+    if args.report:
+        with open(args.report, "w") as handle:
+            json.dump(report, handle, indent=1)
+    if args.write:
+        model.generation_config.save_pretrained(args.heads)
+        print(f"stored in {args.heads}/generation_config.json under cerberus_calibration[{report['device']!r}]")
+    return 0
+
+
+def format_report(report: dict) -> str:
+    """The numbers a person needs: cost curve, chosen tree, gate comparison."""
+    rel = report["relative_cost"]
+    sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n in rel]
+    lines = [f"device: {report['device']}; {report['positions']} calibration positions",
+             "cost of one forward with n new tokens, relative to n = 1:",
+             "| n | " + " | ".join(str(n) for n in sizes) + " |",
+             "|---|" + "---|" * len(sizes),
+             "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |",
+             f"tree: {len(report['settings']['draft_tree'])} nodes, expected tau "
+             f"{report['expected']['expected_tau']:.2f}, {report['settings']['draft_tree']}",
+             "| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
+             "|---|---|---|---|---|---|"]
+    for name, row in report["gate"]["signals"].items():
+        lines.append(f"| {name} | {row['threshold']:.3f} | {row['draft_rate']:.0%} | {row['tokens_per_s']:.1f} | "
+                     f"{row['spearman']:.3f} | {row['auc']:.3f} |")
+    lines.append(f"always draft: {report['gate']['always_draft_tokens_per_s']:.1f} tokens/s (model); never: "
+                 f"{report['gate']['never_tokens_per_s']:.1f}; chosen signal: {report['settings']['gate_signal']}")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Calibration: tree construction from rank statistics and a cost curve, gate fitting, and the stored
+device-keyed settings that generate() then uses by default."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from cerberus_hf.calibration import (
+    PositionRecord, accepted_length, build_tree, calibrate, fit_gate, format_report, path_frequencies,
+)
+from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
+
+
+def records(rank_rows, signal=None):
+    return [PositionRecord(list(r), {"base_entropy": s, "head_entropy": s, "base_top1": s})
+            for r, s in zip(rank_rows, signal or [0.0] * len(rank_rows))]
+
+
+def test_accepted_length_follows_the_tree():
+    tree = {(0,), (1,), (0, 0), (1, 0), (0, 0, 2)}
+    assert accepted_length([0, 0, 2], tree) == 3
+    assert accepted_length([1, 0, 0], tree) == 2
+    assert accepted_length([2, 0, 0], tree) == 0
+    assert accepted_length([0, -1, 0], tree) == 1
+
+
+def test_path_frequencies_are_prefix_closed_and_sorted():
+    recs = records([[0, 0], [0, 1], [0, 0], [1, 0], [-1, 0]])
+    freqs = dict(path_frequencies(recs))
+    assert freqs[(0,)] == pytest.approx(3 / 5) and freqs[(0, 0)] == pytest.approx(2 / 5)
+    assert (-1,) not in freqs and (-1, 0) not in freqs
+    order = [p for p, _ in path_frequencies(recs)]
+    assert all(p[:-1] in order[: order.index(p)] for p in order if len(p) > 1)
+
+
+def test_tree_size_follows_the_cost_curve():
+    recs = records([[0, 0, 0]] * 6 + [[1, 0, 0]] * 3 + [[0, 1, 0]] * 1)
+    flat = {n: 1.0 for n in range(1, 65)}
+    paths, best, _ = build_tree(recs, flat, draft_time=0.0)
+    assert best["expected_tau"] == pytest.approx(1 + 3.0)  # every seen path is in: all 3 tokens accepted
+    steep = {n: float(n) for n in range(1, 65)}
+    small, best_small, _ = build_tree(recs, steep, draft_time=0.0)
+    assert len(small) < len(paths) and small[0] == [0]
+
+
+def test_gate_threshold_separates_good_from_bad_positions():
+    # Low signal: 3 tokens accepted; high signal: none. Drafting costs 2 plain steps.
+    recs = records([[0, 0, 0]] * 50 + [[5, 5, 5]] * 50, signal=[0.1 * i for i in range(50)] + [10 + i for i in range(50)])
+    gate = fit_gate(recs, [[0], [0, 0], [0, 0, 0]], tree_step=2.0, plain_step=1.0)
+    row = gate["signals"]["base_entropy"]
+    assert 4.9 < row["threshold"] < 10
+    assert row["draft_rate"] == pytest.approx(0.5)
+    assert row["auc"] == pytest.approx(1.0) and row["spearman"] < -0.8
+    assert row["tokens_per_s"] > gate["always_draft_tokens_per_s"] and row["tokens_per_s"] > gate["never_tokens_per_s"]
+
+
+def test_gate_never_drafts_when_drafts_never_pay():
+    recs = records([[5, 5]] * 20, signal=[float(i) for i in range(20)])
+    assert fit_gate(recs, [[0]], tree_step=2.0, plain_step=1.0)["signals"]["base_entropy"]["threshold"] == 0.0
+
+
+def test_calibrate_stores_settings_that_generate_uses(tmp_path):
+    model = fresh_model("llama", "cerberus", num_heads=3)
+    install_oracle(model, [reference("llama")], corrupt=lambda p, k: (p + k) % 3 == 0)
+    report = calibrate(model, [(reference("llama")[0].tolist(), PROMPT_LEN - 1)], max_nodes=8, repeats=1)
+    assert "cost of one forward" in format_report(report)
+    settings = model.decoding_settings("cpu")
+    assert settings["draft_tree"] == report["settings"]["draft_tree"] and len(settings["draft_tree"]) >= 1
+    assert model.decoding_settings("cuda")["draft_tree"] is None  # nothing calibrated for CUDA
+    model.generation_config.save_pretrained(tmp_path)
+    loaded = GenerationConfig.from_pretrained(tmp_path)
+    assert loaded.cerberus_calibration["cpu"]["draft_tree"] == settings["draft_tree"]
+    # The calibrated defaults drive generate(), and output stays exact.
+    model.generation_config.cerberus_calibration["cpu"]["gate_threshold"] = None
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, reference("llama"))
+    assert model.generation_stats.drafted_tokens >= len(settings["draft_tree"])
+    assert not math.isnan(report["expected"]["expected_tau"])
