@@ -12,10 +12,13 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+from huggingface_hub import HfApi
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.dynamic_module_utils import custom_object_save
@@ -147,6 +150,33 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.config.save_pretrained(save_directory)
         self.generation_config.save_pretrained(save_directory)
         save_heads_state_dict(self.heads.state_dict(), save_directory)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str = "Upload cerberus-hf heads",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        model_card: str | os.PathLike | None = None,
+        tokenizer=None,
+    ):
+        """Upload what `save_pretrained` writes (heads, config, code, generation config), plus a model
+        card file and a tokenizer if given, with huggingface_hub's `create_repo` and `upload_folder`."""
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        with tempfile.TemporaryDirectory() as folder:
+            self.save_pretrained(folder)
+            if model_card is not None:
+                shutil.copyfile(model_card, os.path.join(folder, "README.md"))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+            return api.upload_folder(
+                repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=revision,
+                create_pr=create_pr,
+            )
 
     # ----------------------------------------------------------------------------------------- computing
     def get_input_embeddings(self) -> nn.Module:
