@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
-SUBCOMMAND_MODULES = ("demo", "bench", "calibration", "model_card")
+SUBCOMMAND_MODULES = ("demo", "distill", "training", "calibration", "model_card", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

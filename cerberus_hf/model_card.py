@@ -64,7 +64,7 @@ def render_card(config, training: dict | None, evaluation: dict | None, command:
         "- draft-heads",
         f"- {head_type}",
         "datasets:",
-        f"- {training.get('data_name', 'self-distillation') if training else 'self-distillation'}",
+        "- self-distillation",
         "---",
         "",
         f"# {head_type.capitalize()} heads for {config.base_model_name_or_path}",
@@ -86,19 +86,26 @@ def render_card(config, training: dict | None, evaluation: dict | None, command:
         "",
     ]
     if training:
-        lines += ["## Training", ""]
-        lines += [f"- Data: {training.get('data_description', training.get('data_path', 'n/a'))}",
-                  f"- Training positions: {training.get('train_positions', 'n/a')}, held-out positions: "
-                  f"{training.get('eval_positions', 'n/a')}",
-                  f"- Recipe: {training.get('recipe', 'n/a')}",
-                  f"- Cost: {training.get('wall_seconds', 0) / 60:.1f} minutes on {training.get('device', 'n/a')}"
-                  + (f" (hidden-state caching {training['cache_seconds'] / 60:.1f} min of it)"
-                     if training.get("cache_seconds") is not None else ""),
-                  ""]
-        accuracy = training.get("final_eval") or {}
-        if accuracy.get("top1"):
-            lines += ["| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
-            for k, (top1, top5) in enumerate(zip(accuracy["top1"], accuracy["top5"])):
+        data, cost, run = training.get("data", {}), training.get("cost", {}), training.get("config", {})
+        lines += [
+            "## Training",
+            "",
+            f"- Data: `{Path(data.get('path', 'n/a')).name}`, the base model's own answers (greedy, and sampled for a "
+            f"share of prompts) to a prompt set written for this project (no benchmark prompts): "
+            f"{data.get('records', 'n/a')} records, {data.get('held_out_records', 'n/a')} held out; "
+            f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
+            f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
+            + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "warmup_ratio", "head_weight_decay",
+                                                      "distill_weight", "projection_dtype", "seed") if k in run),
+            f"- Cost: {cost.get('wall_time_s', 0) / 60:.1f} minutes on {cost.get('device', 'n/a')} "
+            f"(of which caching the base's hidden states {cost.get('cache_time_s', 0) / 60:.1f} min, training "
+            f"{cost.get('train_time_s_total', cost.get('train_time_s', 0)) / 60:.1f} min).",
+            "",
+        ]
+        if training.get("top1"):
+            lines += ["Held-out accuracy (the base's own next tokens):", "",
+                      "| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
+            for k, (top1, top5) in enumerate(zip(training["top1"], training["top5"])):
                 lines.append(f"| {k} | token t+{k + 2} | {top1:.3f} | {top5:.3f} |")
             lines.append("")
     if evaluation:

@@ -1,0 +1,832 @@
+"""Train Medusa or Cerberus heads on a frozen base, from the base's own answers (``cerberus-hf distill``).
+
+Recipe (Medusa-1, Cai et al. 2024, with the heads projecting through the frozen base ``lm_head``):
+
+1. The base runs once over every training sequence ``input_ids + output_ids``; its last hidden states at
+   the answer positions are cached on disk in float16 with the answer tokens and the base's top-k
+   next-token log-probabilities (`hidden_cache`). Nothing later runs the base again.
+2. Head ``k`` reading the state at position ``t`` is trained to predict token ``t + k + 2`` with
+   cross-entropy, weighted ``head_weight_decay ** k``; with ``distill_weight = a`` the target is the
+   mixture ``(1 - a) * one_hot(token) + a * p_base`` where ``p_base`` is the base's own distribution for
+   that token (``softmax(lm_head(h_{t+k+1}))``, kept as its top-k, renormalised). Only answer tokens are
+   targets; held-out records (a fixed share of record ids) are never trained on.
+3. The loss over the 49k-word vocabulary dominates the cost. It is computed in row chunks by a fused
+   function that returns the loss and the gradient of the heads' states together, so at most
+   ``chunk_rows x vocab`` logits exist at a time and no logits are kept for the backward pass.
+
+Runs are deterministic under a seed (the data order is drawn from the seed and the epoch number alone)
+and resumable: every ``save_every`` steps a checkpoint (heads, AdamW state, scheduler, RNG states, step;
+safetensors for tensors and JSON for the rest) is written atomically under ``output_dir/checkpoints``; a
+killed run started again with the same arguments continues from the last one and ends with the same
+weights as a run that was never interrupted. ``accelerate`` runs the same code on several GPUs
+(``accelerate launch``): each process takes its slice of every batch and gradients are averaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from .hidden_cache import HiddenStateCache, build_hidden_cache, split_record_ids
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+METRICS_NAME = "training_metrics.json"
+STATE_NAME = "trainer_state.json"
+EVAL_SUBSET_SEED = 1234  # the held-out subset must not depend on the training seed
+
+
+# --------------------------------------------------------------------------------------------------------
+# The loss: soft cross-entropy through a large frozen projection, in chunks
+# --------------------------------------------------------------------------------------------------------
+
+
+class _ChunkedProjectionLoss(torch.autograd.Function):
+    """Per-row ``logsumexp(z) - sum_j q_j z[ids_j]`` with ``z = states @ weight.T (+ bias)``.
+
+    ``q`` is a sparse target distribution per row (ids and probabilities), so one call covers hard labels,
+    distillation to the base's top-k, and any mixture. Rows are processed ``chunk_rows`` at a time. When
+    the projection is frozen, the gradient of the states (``(softmax(z) - q) @ weight`` per row) is formed
+    in the same pass and scaled by the incoming per-row gradient in backward; a trainable projection is
+    recomputed chunk by chunk in backward instead. Also returns, per row, whether the top-1 logit is
+    ``labels`` (not differentiable).
+    """
+
+    @staticmethod
+    def forward(ctx, states, weight, bias, target_ids, target_probs, labels, chunk_rows):
+        rows = states.shape[0]
+        losses = torch.empty(rows, dtype=torch.float32, device=states.device)
+        correct = torch.empty(rows, dtype=torch.bool, device=states.device)
+        need_states = ctx.needs_input_grad[0]
+        need_projection = ctx.needs_input_grad[1] or (bias is not None and ctx.needs_input_grad[2])
+        grad_states = torch.empty_like(states) if need_states and not need_projection else None
+        for start in range(0, rows, chunk_rows):
+            end = min(start + chunk_rows, rows)
+            logits = F.linear(states[start:end], weight, bias).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            ids, probs = target_ids[start:end], target_probs[start:end]
+            losses[start:end] = lse - (probs.to(logits.dtype) * logits.gather(1, ids)).sum(-1)
+            correct[start:end] = logits.argmax(-1) == labels[start:end]
+            if grad_states is not None:
+                logits.sub_(lse[:, None]).exp_().scatter_add_(1, ids, -probs.to(logits.dtype))  # softmax - q
+                grad_states[start:end] = (logits.to(weight.dtype) @ weight).to(states.dtype)
+        ctx.mark_non_differentiable(correct)
+        ctx.chunk_rows = chunk_rows
+        ctx.recompute = need_projection
+        if need_projection:
+            ctx.save_for_backward(states, weight, bias, target_ids, target_probs)
+        elif grad_states is not None:
+            ctx.save_for_backward(grad_states)
+        return losses, correct
+
+    @staticmethod
+    def backward(ctx, grad_losses, _grad_correct):
+        if not ctx.recompute:
+            if not ctx.saved_tensors:
+                return (None,) * 7
+            (grad_states,) = ctx.saved_tensors
+            return grad_states * grad_losses[:, None].to(grad_states.dtype), None, None, None, None, None, None
+        states, weight, bias, target_ids, target_probs = ctx.saved_tensors
+        grad_states = torch.empty_like(states) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if bias is not None else None
+        for start in range(0, states.shape[0], ctx.chunk_rows):
+            end = min(start + ctx.chunk_rows, states.shape[0])
+            x = states[start:end]
+            logits = F.linear(x, weight, bias).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            delta = logits.sub_(lse[:, None]).exp_()
+            delta.scatter_add_(1, target_ids[start:end], -target_probs[start:end].to(delta.dtype))
+            delta.mul_(grad_losses[start:end, None].float())
+            if grad_states is not None:
+                grad_states[start:end] = (delta.to(weight.dtype) @ weight).to(states.dtype)
+            grad_weight += delta.T @ x.float()
+            if grad_bias is not None:
+                grad_bias += delta.sum(0)
+        grad_weight = grad_weight.to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None and ctx.needs_input_grad[2] else None
+        return grad_states, grad_weight, grad_bias, None, None, None, None
+
+
+def projection_loss(
+    states: torch.Tensor,
+    weight: torch.Tensor,
+    target_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_rows: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-row soft cross-entropy, per-row top-1 == label) of ``states`` projected by ``weight``.
+
+    ``target_ids`` / ``target_probs`` ``[rows, m]`` give each row's target distribution (probabilities
+    summing to one; repeated ids add up). Differentiable in ``states`` and, if they require grad,
+    ``weight`` / ``bias``; memory stays at ``chunk_rows x vocab`` logits.
+    """
+    return _ChunkedProjectionLoss.apply(states, weight, bias, target_ids, target_probs, labels, int(chunk_rows))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Batches from the cache
+# --------------------------------------------------------------------------------------------------------
+
+
+class _HeadStates(nn.Module):
+    """The heads up to their vocabulary projection, as one module (what DDP wraps)."""
+
+    def __init__(self, heads: nn.Module):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.heads.hidden_states(hidden)
+
+
+class _Rows:
+    """The (position, head) pairs of a batch that have a target, with their targets."""
+
+    def __init__(self, cache: HiddenStateCache, remaining: torch.Tensor, positions: torch.Tensor, num_heads: int,
+                 distill_weight: float, device: torch.device):
+        batch_index, heads = [], []
+        for k in range(num_heads):
+            valid = torch.nonzero(remaining[positions] >= k + 1).flatten()
+            batch_index.append(valid)
+            heads.append(torch.full_like(valid, k))
+        self.batch_index = torch.cat(batch_index)
+        self.head = torch.cat(heads)
+        target_pos = positions[self.batch_index] + self.head + 1
+        labels = cache.tokens[target_pos]
+        if distill_weight > 0:
+            if cache.teacher_ids is None:
+                raise ValueError("distill_weight > 0 needs a hidden-state cache built with teacher_topk > 0.")
+            teacher = torch.softmax(cache.teacher_logprobs[target_pos].float(), dim=-1)  # renormalised top-k
+            ids = torch.cat([labels[:, None], cache.teacher_ids[target_pos].long()], dim=1)
+            probs = torch.cat([torch.full_like(labels[:, None], 1.0 - distill_weight, dtype=torch.float32),
+                               distill_weight * teacher], dim=1)
+        else:
+            ids, probs = labels[:, None], torch.ones(labels.shape[0], 1)
+        self.labels = labels.to(device)
+        self.target_ids = ids.to(device)
+        self.target_probs = probs.to(device)
+        self.hidden = cache.hidden[positions].to(device=device, dtype=torch.float32)
+        self.batch_index = self.batch_index.to(device)
+        self.head = self.head.to(device)
+
+
+def _projection(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    lm_head = model.base.get_output_embeddings()
+    bias = getattr(lm_head, "bias", None)
+    return lm_head.weight.detach(), (bias.detach() if bias is not None else None)
+
+
+def _head_losses(model, states: torch.Tensor, rows: _Rows, weight, bias, chunk_rows: int):
+    """Per-row losses and top-1 hits for the rows of a batch (``states``: ``[batch, heads, hidden]``)."""
+    picked = states[rows.batch_index, rows.head]
+    if not model.heads.own_projection:
+        return projection_loss(picked.to(weight.dtype), weight, rows.target_ids, rows.target_probs, rows.labels, bias=bias,
+                               chunk_rows=chunk_rows)
+    parts_l, parts_c, order = [], [], []
+    for k, proj in enumerate(model.heads.lm_heads):
+        sel = torch.nonzero(rows.head == k).flatten()
+        loss_k, correct_k = projection_loss(picked[sel], proj.weight, rows.target_ids[sel], rows.target_probs[sel],
+                                            rows.labels[sel], chunk_rows=chunk_rows)
+        parts_l.append(loss_k)
+        parts_c.append(correct_k)
+        order.append(sel)
+    order = torch.cat(order)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.shape[0], device=order.device)
+    losses, correct = torch.cat(parts_l)[inverse], torch.cat(parts_c)[inverse]
+    return losses, correct
+
+
+# --------------------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate_heads(
+    model,
+    cache: HiddenStateCache,
+    positions: torch.Tensor,
+    *,
+    batch_size: int = 512,
+    chunk_rows: int = 512,
+    accelerator=None,
+) -> dict:
+    """Per-head top-1 / top-5 accuracy and cross-entropy against the data's tokens at ``positions``.
+
+    Head ``k`` at cache row ``i`` is scored against ``tokens[i + k + 1]`` wherever that token exists.
+    With several processes each scores its share and the counts are summed.
+    """
+    heads = model.heads
+    num_heads = heads.num_heads
+    device = next(heads.parameters()).device
+    weight, bias = _projection(model)
+    remaining = cache.remaining()
+    total_positions = int(positions.shape[0])
+    if accelerator is not None and accelerator.num_processes > 1:
+        positions = positions[accelerator.process_index :: accelerator.num_processes]
+    counts = torch.zeros(4, num_heads, dtype=torch.float64)  # rows, top1, top5, loss sum
+    was_training = heads.training
+    heads.eval()
+    for start in range(0, positions.shape[0], batch_size):
+        batch = positions[start : start + batch_size]
+        rows = _Rows(cache, remaining, batch, num_heads, 0.0, device)
+        states = heads.hidden_states(rows.hidden.to(next(heads.parameters()).dtype))
+        picked = states[rows.batch_index, rows.head]
+        for lo in range(0, picked.shape[0], chunk_rows):
+            hi = min(lo + chunk_rows, picked.shape[0])
+            x, head = picked[lo:hi], rows.head[lo:hi]
+            if heads.own_projection:
+                logits = torch.empty(hi - lo, weight.shape[0], dtype=x.dtype, device=x.device)
+                for k, proj in enumerate(heads.lm_heads):
+                    sel = torch.nonzero(head == k).flatten()
+                    logits[sel] = proj(x[sel])
+            else:
+                logits = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+            logits = logits.float()
+            labels = rows.labels[lo:hi]
+            loss = F.cross_entropy(logits, labels, reduction="none")
+            top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+            hit5 = (top5 == labels[:, None]).any(-1)
+            hit1 = top5[:, 0] == labels
+            head_cpu = head.cpu()
+            counts[0].index_add_(0, head_cpu, torch.ones(hi - lo, dtype=torch.float64))
+            counts[1].index_add_(0, head_cpu, hit1.cpu().double())
+            counts[2].index_add_(0, head_cpu, hit5.cpu().double())
+            counts[3].index_add_(0, head_cpu, loss.cpu().double())
+    heads.train(was_training)
+    if accelerator is not None and accelerator.num_processes > 1:
+        counts = accelerator.reduce(counts.to(accelerator.device), reduction="sum").cpu()
+    n = counts[0].clamp(min=1)
+    return {
+        "top1": [round(float(v), 6) for v in counts[1] / n],
+        "top5": [round(float(v), 6) for v in counts[2] / n],
+        "loss": [round(float(v), 6) for v in counts[3] / n],
+        "rows": [int(v) for v in counts[0]],
+        "positions": total_positions,
+    }
+
+
+def _subset(positions: torch.Tensor, limit: int | None, seed: int) -> torch.Tensor:
+    if limit is None or positions.shape[0] <= limit:
+        return positions
+    order = torch.randperm(positions.shape[0], generator=torch.Generator().manual_seed(seed))[:limit]
+    return positions[order.sort().values]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------------------
+
+
+def _checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
+    folder = output_dir / CHECKPOINTS_DIR
+    found = []
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if path.name.startswith("step-") and (path / STATE_NAME).is_file():
+                try:
+                    found.append((int(path.name[5:]), path))
+                except ValueError:
+                    continue
+    return sorted(found)
+
+
+def _rng_state() -> tuple[dict[str, torch.Tensor], dict]:
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = state
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return tensors, {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
+
+
+def _set_rng_state(tensors: dict[str, torch.Tensor], extra: dict) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[f"cuda.{i}"] for i in range(len(tensors)) if f"cuda.{i}" in tensors]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+    py = extra["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = extra["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+
+
+def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{index}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], extra: dict) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split(".", 2)
+        state.setdefault(int(index), {})[name] = value
+    for key, value in extra["scalars"].items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": extra["param_groups"]})
+
+
+def _save_checkpoint(output_dir: Path, step: int, heads: nn.Module, optimizer, scheduler, trainer_state: dict,
+                     keep: int) -> Path:
+    folder = output_dir / CHECKPOINTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step-{step:08d}"
+    for stale in folder.glob(".tmp-step-*"):  # left by a run killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = folder / f".tmp-step-{step:08d}-{os.getpid()}"
+    tmp.mkdir()
+    save_file({k: v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}, str(tmp / "heads.safetensors"))
+    opt_tensors, opt_extra = _optimizer_to_files(optimizer)
+    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    rng_tensors, rng_extra = _rng_state()
+    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    payload = dict(trainer_state, step=step, optimizer=opt_extra, scheduler=scheduler.state_dict(), rng=rng_extra)
+    (tmp / STATE_NAME).write_text(json.dumps(payload, indent=1) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for _, old in _checkpoint_dirs(output_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _load_checkpoint(path: Path, heads: nn.Module, optimizer, scheduler) -> dict:
+    state = json.loads((path / STATE_NAME).read_text())
+    heads.load_state_dict(load_file(str(path / "heads.safetensors")), strict=True)
+    _optimizer_from_files(optimizer, load_file(str(path / "optimizer.safetensors")), state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(load_file(str(path / "rng.safetensors")), state["rng"])
+    return state
+
+
+def _cosine_with_warmup(optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    from transformers import get_cosine_schedule_with_warmup
+
+    return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """Where hidden-state caches go unless told: ``$CERBERUS_HF_CACHE/hidden_states``."""
+    from .real_models import cache_dir
+
+    return cache_dir() / "hidden_states"
+
+
+def _describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def _on_step_end(step: int) -> None:
+    """Called after every optimizer step (and its checkpoint); a hook for tests that simulate a kill."""
+
+
+def train_heads(
+    model,
+    data_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    epochs: float = 1.0,
+    lr: float = 1e-3,
+    batch_size: int = 256,
+    warmup_ratio: float = 0.05,
+    head_weight_decay: float = 0.8,
+    distill_weight: float = 0.0,
+    eval_every: int = 250,
+    seed: int = 0,
+    max_steps: int | None = None,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = 1.0,
+    save_every: int | None = None,
+    keep_checkpoints: int = 2,
+    eval_fraction: float = 0.05,
+    eval_max_positions: int | None = 4096,
+    teacher_topk: int = 32,
+    cache_dir: str | os.PathLike | None = None,
+    max_seq_len: int | None = None,
+    cache_batch_tokens: int = 4096,
+    chunk_rows: int = 512,
+    projection_dtype: torch.dtype | str = torch.float32,
+    log_every: int = 10,
+    num_threads: int | None = None,
+    resume: bool = True,
+    accelerator=None,
+    show_progress: bool = True,
+) -> dict:
+    """Train ``model.heads`` on a frozen base from a distillation JSONL file; returns the metrics.
+
+    Args:
+        model: a `CerberusForCausalLM` (e.g. from ``CerberusForCausalLM.from_base``); its heads are trained in
+            place (in float32, cast back to the base's dtype at the end), its base is only read.
+        data_path: JSONL of ``{"id", "mode", "prompt", "input_ids", "output_ids", "finished"}`` records.
+        output_dir: receives the final heads (``model.save_pretrained``), ``training_metrics.json`` and
+            ``checkpoints/`` (leave that out when publishing the folder).
+        epochs: passes over the training positions (fractions allowed); ignored when ``max_steps`` is set.
+        lr: AdamW peak learning rate; the schedule warms up linearly over ``warmup_ratio`` of the steps,
+            then decays along a cosine to zero.
+        batch_size: answer positions per optimizer step (each gives up to ``num_heads`` targets), over all
+            processes.
+        head_weight_decay: head ``k``'s loss weight is ``head_weight_decay ** k`` (Medusa uses 0.8).
+        distill_weight: share of the target given to the base's own distribution (top ``teacher_topk``)
+            instead of the data token; 0 is plain cross-entropy, 1 pure distillation.
+        eval_every: steps between held-out evaluations (0: only at the end).
+        seed: data order seed; the same seed and arguments give the same weights.
+        max_steps: total optimizer steps (overrides ``epochs``).
+        save_every: steps between checkpoints (default: 100, or ``eval_every`` when smaller).
+        eval_fraction: share of record ids held out (decided by a hash of the id).
+        eval_max_positions: evaluate on a fixed random subset of this many held-out positions (None: all).
+        teacher_topk: how many of the base's next-token log-probabilities the cache keeps per position
+            (for ``distill_weight``; kept by default so that one cache serves runs with and without it).
+        cache_dir: hidden-state cache folder (default: ``$CERBERUS_HF_CACHE/hidden_states``). Entries are
+            keyed by base and settings and shards by content, so runs on the same data and base (Medusa and
+            Cerberus heads, other hyperparameters) compute the base's states only once.
+        chunk_rows: rows of logits formed at once in the loss (memory: ``chunk_rows x vocab x 4`` bytes).
+        projection_dtype: dtype of the matrix products with the frozen ``lm_head`` in the loss (softmax and
+            loss stay float32). ``torch.bfloat16`` was 1.4-1.7x faster on a 2-core AVX2 CPU without native
+            bf16, with the same accuracy in a trial; the heads themselves always train in float32.
+        num_threads: ``torch.set_num_threads`` for the run (default: leave torch's setting).
+        resume: continue from the last checkpoint in ``output_dir`` if there is one (its settings must
+            match); ``False`` discards existing checkpoints.
+        accelerator: an ``accelerate.Accelerator`` (default: a new one; single process on a CPU).
+
+    Returns:
+        ``{"eval": {"top1", "top5", "loss", ...} per head on the held-out split, "train_eval": the same on a
+        subset of the training positions, "cost": {"wall_time_s", "cache_time_s", "train_time_s",
+        "positions_per_s", "device", ...}, "history", "evals", "config", "data"}``, also written to
+        ``output_dir/training_metrics.json``.
+    """
+    from accelerate import Accelerator
+
+    started = time.perf_counter()
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    accelerator = accelerator or Accelerator()
+    if isinstance(projection_dtype, str):
+        projection_dtype = getattr(torch, projection_dtype)
+    output_dir = Path(output_dir)
+    if not 0.0 <= distill_weight <= 1.0:
+        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
+    if batch_size < accelerator.num_processes:
+        raise ValueError(f"batch_size {batch_size} is smaller than the number of processes.")
+    if save_every is None:
+        save_every = min(eval_every, 100) if eval_every and eval_every > 0 else 100
+    heads = model.heads
+    num_heads = heads.num_heads
+    device = accelerator.device
+    model.base.to(device)
+
+    # ---- the hidden-state cache (the only time the base runs)
+    cache_started = time.perf_counter()
+    cache = build_hidden_cache(
+        model.base, data_path, cache_dir if cache_dir is not None else default_cache_dir(),
+        teacher_topk=teacher_topk, max_seq_len=max_seq_len,
+        batch_tokens=cache_batch_tokens, accelerator=accelerator, show_progress=show_progress,
+    )
+    cache_time = time.perf_counter() - cache_started
+    held_out = split_record_ids(cache.record_ids, eval_fraction)
+    train_positions = cache.positions(exclude=held_out)
+    eval_positions = _subset(cache.positions(record_ids=held_out), eval_max_positions, EVAL_SUBSET_SEED)
+    train_eval_positions = _subset(train_positions, eval_max_positions, EVAL_SUBSET_SEED)
+    if train_positions.numel() == 0:
+        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
+    remaining = cache.remaining()
+
+    steps_per_epoch = math.ceil(train_positions.shape[0] / batch_size)
+    total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
+    warmup_steps = int(round(warmup_ratio * total_steps))
+    run_config = {
+        "head_type": model.config.head_type, "num_heads": num_heads, "num_layers": model.config.num_layers,
+        "head_projection": model.config.head_projection, "lr": lr, "batch_size": batch_size,
+        "warmup_ratio": warmup_ratio, "warmup_steps": warmup_steps, "head_weight_decay": head_weight_decay,
+        "distill_weight": distill_weight, "teacher_topk": cache.teacher_topk, "seed": seed,
+        "projection_dtype": str(projection_dtype).replace("torch.", ""),
+        "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "weight_decay": weight_decay,
+        "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "data_digest": cache.info["data_digest"],
+        "base_cache_key": cache.info["key"],
+    }
+
+    # ---- heads, optimizer, schedule (heads train in float32 whatever the base's dtype)
+    heads_dtype = next(heads.parameters()).dtype
+    heads.to(device=device, dtype=torch.float32)
+    heads.train()
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
+    scheduler = _cosine_with_warmup(optimizer, warmup_steps, total_steps)
+    trainable, optimizer_wrapped = accelerator.prepare(_HeadStates(heads), optimizer)
+    weight, bias = _projection(model)
+    weight = weight.to(device=device, dtype=projection_dtype)
+    bias = bias.to(device=device, dtype=projection_dtype) if bias is not None else None
+    head_weights = torch.tensor([head_weight_decay**k for k in range(num_heads)], dtype=torch.float32)
+
+    # ---- resume
+    trainer_state: dict = {"run_config": run_config, "history": [], "evals": [], "train_time_s": 0.0,
+                           "positions_trained": 0}
+    step = 0
+    checkpoints = _checkpoint_dirs(output_dir)
+    if checkpoints and not resume:
+        if accelerator.is_main_process:
+            shutil.rmtree(output_dir / CHECKPOINTS_DIR, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        checkpoints = []
+    if checkpoints:
+        step, path = checkpoints[-1]
+        saved = json.loads((path / STATE_NAME).read_text())
+        differences = {k: (saved["run_config"].get(k), v) for k, v in run_config.items()
+                       if saved["run_config"].get(k) != v}
+        if differences:
+            raise ValueError(
+                f"{path} was written by a run with other settings or data "
+                f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in differences.items())}). "
+                "Resume with the same arguments, pass resume=False (--no-resume) to start over, or use another "
+                "output directory."
+            )
+        saved = _load_checkpoint(path, heads, optimizer, scheduler)
+        trainer_state.update({k: saved[k] for k in ("history", "evals", "train_time_s", "positions_trained")})
+        step = int(saved["step"])
+        logger.info("resuming from %s (step %d of %d)", path, step, total_steps)
+
+    # ---- the loop
+    is_main = accelerator.is_main_process
+    progress = tqdm(total=total_steps, initial=step, unit="step", desc=f"training {model.config.head_type} heads",
+                    disable=not (show_progress and is_main), dynamic_ncols=True)
+    permutation_epoch, permutation = -1, None
+    window = {"loss": 0.0, "head_loss": torch.zeros(num_heads, dtype=torch.float64),
+              "head_hits": torch.zeros(num_heads, dtype=torch.float64),
+              "head_rows": torch.zeros(num_heads, dtype=torch.float64), "steps": 0}
+    train_started = time.perf_counter()
+    train_time_before = trainer_state["train_time_s"]
+    positions_this_call = 0
+    eval_time = 0.0
+
+    def run_eval(at_step: int) -> dict | None:
+        nonlocal eval_time
+        if eval_positions.numel() == 0:
+            return None
+        t0 = time.perf_counter()
+        result = evaluate_heads(model, cache, eval_positions, chunk_rows=chunk_rows, accelerator=accelerator)
+        eval_time += time.perf_counter() - t0
+        result = {"step": at_step, **result}
+        trainer_state["evals"].append(result)
+        if is_main:
+            progress.write(f"step {at_step}: held-out top-1 " + " ".join(f"{v:.3f}" for v in result["top1"])
+                           + " | top-5 " + " ".join(f"{v:.3f}" for v in result["top5"]))
+        return result
+
+    def state_for_checkpoint() -> dict:
+        return dict(trainer_state, train_time_s=train_time_before + time.perf_counter() - train_started - eval_time)
+
+    while step < total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        if epoch != permutation_epoch:
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            permutation = torch.randperm(train_positions.shape[0], generator=generator)
+            permutation_epoch = epoch
+        batch = train_positions[permutation[index * batch_size : (index + 1) * batch_size]].sort().values
+        local = batch[accelerator.process_index :: accelerator.num_processes]
+        rows = _Rows(cache, remaining, local, num_heads, distill_weight, device)
+
+        states = trainable(rows.hidden)
+        row_losses, row_correct = _head_losses(model, states, rows, weight, bias, chunk_rows)
+        head_rows = torch.zeros(num_heads, device=device).index_add_(0, rows.head, torch.ones_like(row_losses))
+        row_weights = (head_weights.to(device) / head_rows.clamp(min=1))[rows.head]
+        loss = (row_losses * row_weights).sum()
+        accelerator.backward(loss)
+        if max_grad_norm:
+            accelerator.clip_grad_norm_(heads.parameters(), max_grad_norm)
+        optimizer_wrapped.step()
+        scheduler.step()
+        optimizer_wrapped.zero_grad(set_to_none=True)
+        step += 1
+        positions_this_call += int(batch.shape[0])
+        trainer_state["positions_trained"] += int(batch.shape[0])
+
+        head_cpu = rows.head.cpu()
+        window["loss"] += float(loss.detach())
+        window["head_loss"].index_add_(0, head_cpu, row_losses.detach().cpu().double())
+        window["head_hits"].index_add_(0, head_cpu, row_correct.cpu().double())
+        window["head_rows"].index_add_(0, head_cpu, torch.ones(head_cpu.shape[0], dtype=torch.float64))
+        window["steps"] += 1
+        if step % log_every == 0 or step == total_steps:
+            n = window["head_rows"].clamp(min=1)
+            entry = {"step": step, "epoch": round(step / steps_per_epoch, 4),
+                     "loss": round(window["loss"] / window["steps"], 6),
+                     "head_loss": [round(float(v), 5) for v in window["head_loss"] / n],
+                     "head_top1": [round(float(v), 5) for v in window["head_hits"] / n],
+                     "lr": scheduler.get_last_lr()[0]}
+            trainer_state["history"].append(entry)
+            progress.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{v:.2f}" for v in entry["head_top1"]))
+            window.update(loss=0.0, steps=0)
+            for key in ("head_loss", "head_hits", "head_rows"):
+                window[key].zero_()
+        progress.update(1)
+        if eval_every and step % eval_every == 0 and step != total_steps:
+            run_eval(step)
+        if step % save_every == 0 or step == total_steps:
+            if is_main:
+                _save_checkpoint(output_dir, step, heads, optimizer, scheduler, state_for_checkpoint(),
+                                 keep_checkpoints)
+            accelerator.wait_for_everyone()
+        _on_step_end(step)
+    progress.close()
+    train_time = time.perf_counter() - train_started - eval_time
+
+    # ---- final evaluation, the heads, the metrics
+    final_eval = trainer_state["evals"][-1] if trainer_state["evals"] and trainer_state["evals"][-1]["step"] == step else None
+    if final_eval is None:
+        final_eval = run_eval(step)
+        if is_main and final_eval is not None:  # keep the checkpoint's record complete
+            _save_checkpoint(output_dir, step, heads, optimizer, scheduler, state_for_checkpoint(), keep_checkpoints)
+    t0 = time.perf_counter()
+    train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=chunk_rows, accelerator=accelerator)
+    eval_time += time.perf_counter() - t0
+    heads.to(dtype=heads_dtype)
+    heads.eval()
+    total_train_time = train_time_before + train_time
+    metrics = {
+        "top1": final_eval["top1"] if final_eval else None,
+        "top5": final_eval["top5"] if final_eval else None,
+        "eval": final_eval,
+        "train_eval": train_eval,
+        "steps": step,
+        "epochs": round(step / steps_per_epoch, 4),
+        "config": run_config,
+        "data": {
+            "path": str(data_path), "records": len(cache.record_ids), "held_out_records": len(held_out),
+            "positions": cache.num_positions, "train_positions": int(train_positions.shape[0]),
+            "eval_positions": int(eval_positions.shape[0]), "base_agreement": cache.base_agreement(),
+            "cache_folder": cache.info["folder"], "cache_shards_computed": cache.info["shards_computed"],
+        },
+        "cost": {
+            "wall_time_s": round(time.perf_counter() - started, 3),
+            "cache_time_s": round(cache_time, 3),
+            "train_time_s": round(train_time, 3),
+            "train_time_s_total": round(total_train_time, 3),
+            "eval_time_s": round(eval_time, 3),
+            "positions_per_s": round(positions_this_call / train_time, 2) if positions_this_call and train_time > 0 else None,
+            "positions_trained": trainer_state["positions_trained"],
+            "device": _describe_device(device),
+            "num_processes": accelerator.num_processes,
+        },
+        "history": trainer_state["history"],
+        "evals": trainer_state["evals"],
+    }
+    if is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(output_dir)
+        (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
+    accelerator.wait_for_everyone()
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------------
+
+
+def add_cli(subparsers):
+    """Register the ``train`` subcommand; returns its parser."""
+    parser = subparsers.add_parser(
+        "train", help="train Medusa or Cerberus heads on a frozen base from distillation data",
+        description=__doc__.split("\n\n")[0])
+    _add_arguments(parser)
+    parser.set_defaults(func=run_cli)
+    return parser
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base", default="smollm2-135m-instruct",
+                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
+    parser.add_argument("--head-type", default="cerberus", choices=("medusa", "cerberus"))
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--data", required=True, help="distillation JSONL (from `cerberus-hf distill`)")
+    parser.add_argument("--output", default=None, help="folder for the heads, metrics and checkpoints")
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=256, help="answer positions per step")
+    parser.add_argument("--max-steps", type=int, default=None, help="total steps (overrides --epochs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--distill-weight", type=float, default=0.0,
+                        help="share of the target given to the base's own distribution (0..1)")
+    parser.add_argument("--head-weight-decay", type=float, default=0.8, help="head k's loss weight is this ** k")
+    parser.add_argument("--warmup-ratio", type=float, default=0.05)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--save-every", type=int, default=None)
+    parser.add_argument("--eval-fraction", type=float, default=0.05)
+    parser.add_argument("--cache-dir", default=None,
+                        help="hidden-state cache folder, shared between runs (default: $CERBERUS_HF_CACHE/hidden_states)")
+    parser.add_argument("--teacher-topk", type=int, default=32,
+                        help="base log-probabilities kept per cached position, for --distill-weight (0: none)")
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--projection-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="dtype of the products with the frozen lm_head in the loss (bfloat16: faster)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="dtype the base is loaded in")
+    parser.add_argument("--no-resume", action="store_true", help="discard checkpoints in --output and start over")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="only compute the hidden-state cache (e.g. while distillation data is still being written)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _load_base(name: str, dtype: torch.dtype):
+    from .real_models import PACKAGED_MODELS, load_packaged_model
+
+    if name in PACKAGED_MODELS:
+        return load_packaged_model(PACKAGED_MODELS[name], dtype=dtype)[0]
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run the ``train`` subcommand from parsed arguments."""
+    from .modeling_cerberus import CerberusForCausalLM
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.output is None and not args.cache_only:
+        raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
+    base = _load_base(args.base, getattr(torch, args.dtype))
+    if args.cache_only:
+        started = time.perf_counter()
+        cache = build_hidden_cache(base, args.data, args.cache_dir if args.cache_dir is not None else default_cache_dir(),
+                                   teacher_topk=args.teacher_topk, show_progress=not args.no_progress)
+        print(f"{cache.info['folder']}: {len(cache.record_ids)} records, {cache.num_positions} answer positions, "
+              f"{cache.info['shards_computed']} of {cache.info['shards']} shards computed in "
+              f"{time.perf_counter() - started:.0f} s; base top-1 = data token at {cache.base_agreement()}")
+        return 0
+    model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads,
+                                          num_layers=args.num_layers)
+    metrics = train_heads(
+        model, args.data, args.output, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+        warmup_ratio=args.warmup_ratio, head_weight_decay=args.head_weight_decay, distill_weight=args.distill_weight,
+        eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, max_steps=args.max_steps,
+        eval_fraction=args.eval_fraction, cache_dir=args.cache_dir, num_threads=args.num_threads,
+        projection_dtype=args.projection_dtype, teacher_topk=args.teacher_topk,
+        resume=not args.no_resume, show_progress=not args.no_progress,
+    )
+    cost = metrics["cost"]
+    if metrics["eval"] is not None:
+        print("held-out top-1 per head: " + " ".join(f"{v:.3f}" for v in metrics["top1"]))
+        print("held-out top-5 per head: " + " ".join(f"{v:.3f}" for v in metrics["top5"]))
+    print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s "
+          f"(cache {cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s, "
+          f"{cost['positions_per_s']} positions/s) on {cost['device']}")
+    print(f"heads saved to {args.output}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cerberus_hf.training", description=__doc__.split("\n\n")[0])
+    _add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

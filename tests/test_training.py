@@ -1,0 +1,233 @@
+"""Head training on cached hidden states, with a tiny random Llama whose own greedy answers are the data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cerberus_hf import CerberusForCausalLM
+from cerberus_hf import training
+from cerberus_hf.decoding import capture_lm_head_input
+from cerberus_hf.hidden_cache import build_hidden_cache, read_records, split_record_ids
+from cerberus_hf.training import evaluate_heads, projection_loss, train_heads
+
+from tiny_models import VOCAB, prompt_ids, tiny_model
+
+NUM_HEADS = 3
+# The tiny problem wants a larger step than the real one (1e-3); everything else is the real recipe.
+FAST = dict(batch_size=32, lr=3e-2, eval_every=0, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def data_path(base, tmp_path_factory):
+    """16 records in the distill format: random prompts and the tiny model's own greedy answers."""
+    path = tmp_path_factory.mktemp("data") / "selfdistill.jsonl"
+    with path.open("w") as f:
+        for i in range(16):
+            prompt = prompt_ids(seed=i, length=6 + i % 3)
+            out = base.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+            f.write(json.dumps({"id": f"p{i:03d}", "mode": "greedy", "prompt": f"prompt {i}",
+                                "input_ids": prompt[0].tolist(), "output_ids": out[0, prompt.shape[1]:].tolist(),
+                                "finished": False}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("hidden_cache")
+
+
+def fresh(base, head_type="cerberus", **kwargs):
+    return CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=NUM_HEADS, num_layers=1, **kwargs)
+
+
+def heads_equal(a, b) -> bool:
+    sa, sb = a.heads.state_dict(), b.heads.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+
+
+def test_cache_holds_lm_head_inputs_tokens_and_teacher(base, data_path, tmp_path):
+    cache = build_hidden_cache(base, data_path, tmp_path, teacher_topk=5, show_progress=False)
+    records = read_records(data_path)
+    record = records[3]
+    rows = slice(int(cache.record_offsets[3]), int(cache.record_offsets[4]))
+    ids = torch.tensor([list(record.input_ids) + list(record.output_ids)])
+    with capture_lm_head_input(base) as captured, torch.no_grad():
+        logits = base(ids).logits[0]
+    p = len(record.input_ids)
+    expected = captured["hidden"][0, p - 1 : -1]  # the states that predict each answer token
+    assert cache.hidden.dtype == torch.float16
+    torch.testing.assert_close(cache.hidden[rows].float(), expected, atol=2e-2, rtol=2e-3)
+    assert cache.tokens[rows].tolist() == list(record.output_ids)
+    assert torch.equal(cache.teacher_ids[rows, 0].long(), logits[p - 1 : -1].argmax(-1))
+    # Greedy data the base generated itself: the answer token is the base's top-1 everywhere.
+    assert cache.base_agreement() == 1.0
+    # Head k at the last rows of a record has no target: those rows are not training positions.
+    assert int(cache.remaining()[rows][-1]) == 0 and rows.stop - 1 not in set(cache.positions().tolist())
+
+
+def test_cache_is_resumable_per_shard(base, data_path, tmp_path):
+    first = build_hidden_cache(base, data_path, tmp_path, teacher_topk=4, shard_tokens=200, show_progress=False)
+    assert first.info["shards"] >= 3 and first.info["shards_computed"] == first.info["shards"]
+    again = build_hidden_cache(base, data_path, tmp_path, teacher_topk=4, shard_tokens=200, show_progress=False)
+    assert again.info["shards_computed"] == 0
+    shards = sorted((tmp_path / first.info["key"]).glob("shard-*.safetensors"))
+    shards[1].unlink()  # as if killed before this shard was written
+    redone = build_hidden_cache(base, data_path, tmp_path, teacher_topk=4, shard_tokens=200, show_progress=False)
+    assert redone.info["shards_computed"] == 1
+    assert torch.equal(redone.hidden, first.hidden) and torch.equal(redone.tokens, first.tokens)
+    assert torch.equal(redone.teacher_logprobs, first.teacher_logprobs)
+
+
+def test_split_depends_on_ids_only():
+    ids = [f"prompt-{i}" for i in range(200)]
+    held_out = split_record_ids(ids, 0.1)
+    assert 5 <= len(held_out) <= 40
+    assert split_record_ids(list(reversed(ids)) + ids[:50], 0.1) == held_out
+    assert split_record_ids(["a", "b"], 0.0) == set() and len(split_record_ids(["a", "b"], 0.01)) == 1
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+
+
+@pytest.mark.parametrize("trainable_projection", [False, True])
+def test_chunked_projection_loss_matches_autograd(trainable_projection):
+    torch.manual_seed(0)
+    rows, hidden, vocab = 37, 16, 50
+    states = torch.randn(rows, hidden, requires_grad=True)
+    weight = torch.randn(vocab, hidden).requires_grad_(trainable_projection)
+    bias = torch.randn(vocab).requires_grad_(trainable_projection)
+    ids = torch.randint(0, vocab, (rows, 4))
+    ids[:, 1] = ids[:, 0]  # repeated ids add up
+    probs = torch.softmax(torch.randn(rows, 4), -1)
+    upstream = torch.randn(rows)
+
+    losses, top1 = projection_loss(states, weight, ids, probs, ids[:, 0], bias=bias, chunk_rows=8)
+    (losses * upstream).sum().backward()
+    ref_states = states.detach().clone().requires_grad_()
+    ref_weight = weight.detach().clone().requires_grad_(trainable_projection)
+    ref_bias = bias.detach().clone().requires_grad_(trainable_projection)
+    logp = torch.nn.functional.linear(ref_states, ref_weight, ref_bias).log_softmax(-1)
+    ref = -(probs * logp.gather(1, ids)).sum(-1)
+    (ref * upstream).sum().backward()
+
+    torch.testing.assert_close(losses, ref)
+    torch.testing.assert_close(states.grad, ref_states.grad)
+    assert torch.equal(top1, logp.argmax(-1) == ids[:, 0])
+    if trainable_projection:
+        torch.testing.assert_close(weight.grad, ref_weight.grad)
+        torch.testing.assert_close(bias.grad, ref_bias.grad)
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus"])
+def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_dir, tmp_path, head_type):
+    model = fresh(base, head_type)
+    cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False)
+    train_positions = cache.positions()
+    before = evaluate_heads(model, cache, train_positions)
+    metrics = train_heads(model, data_path, tmp_path, epochs=12, cache_dir=cache_dir, distill_weight=0.2, **FAST)
+
+    history = metrics["history"]
+    assert history[-1]["loss"] < 0.75 * history[0]["loss"]
+    after = evaluate_heads(model, cache, train_positions)
+    chance = 1 / VOCAB
+    assert all(b < 0.1 for b in before["top1"])
+    assert after["top1"][0] > 0.3 and min(after["top1"]) > 15 * chance, after
+    assert all(t5 >= t1 for t1, t5 in zip(after["top1"], after["top5"]))
+    assert len(metrics["top1"]) == len(metrics["top5"]) == NUM_HEADS
+    assert metrics["cost"]["device"].startswith("cpu") and metrics["cost"]["wall_time_s"] > 0
+    assert metrics["cost"]["positions_per_s"] > 0
+    assert metrics["data"]["held_out_records"] >= 1
+    assert json.loads((tmp_path / "training_metrics.json").read_text())["steps"] == metrics["steps"]
+
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base)
+    assert loaded.config.head_type == head_type and heads_equal(loaded, model)
+    prompt = prompt_ids(seed=99, length=7)
+    expected = base.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(loaded.generate(prompt, max_new_tokens=12, eos_token_id=None, pad_token_id=0), expected)
+
+
+def test_same_seed_same_heads_other_seed_other_heads(base, data_path, cache_dir, tmp_path):
+    runs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        model = fresh(base)
+        train_heads(model, data_path, tmp_path / name, max_steps=8, seed=seed, cache_dir=cache_dir, **FAST)
+        runs[name] = model
+    assert heads_equal(runs["a"], runs["b"])
+    assert not heads_equal(runs["a"], runs["c"])
+
+
+def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_path, monkeypatch):
+    settings = dict(max_steps=20, save_every=5, distill_weight=0.5, cache_dir=cache_dir, **FAST)
+    uninterrupted = fresh(base)
+    train_heads(uninterrupted, data_path, tmp_path / "uninterrupted", **settings)
+
+    def kill(step):
+        if step == 13:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "_on_step_end", kill)
+    with pytest.raises(KeyboardInterrupt):
+        train_heads(fresh(base), data_path, tmp_path / "killed", **settings)
+    monkeypatch.undo()
+    checkpoints = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000005", "step-00000010"]  # the last two are kept
+
+    resumed = fresh(base)  # a new process starts from fresh heads and finds the checkpoint
+    metrics = train_heads(resumed, data_path, tmp_path / "killed", **settings)
+    assert metrics["steps"] == 20
+    assert heads_equal(resumed, uninterrupted)
+    final = {name: load_file(str(tmp_path / name / "checkpoints" / "step-00000020" / "optimizer.safetensors"))
+             for name in ("uninterrupted", "killed")}
+    assert final["killed"].keys() == final["uninterrupted"].keys()
+    assert all(torch.equal(final["killed"][k], final["uninterrupted"][k]) for k in final["killed"])
+
+    # Other settings refuse to resume; resume=False starts over.
+    with pytest.raises(ValueError, match="other settings"):
+        train_heads(fresh(base), data_path, tmp_path / "killed", **dict(settings, lr=1e-2))
+    restarted = fresh(base)
+    train_heads(restarted, data_path, tmp_path / "killed", resume=False, **dict(settings, lr=1e-2))
+    assert not heads_equal(restarted, uninterrupted)
+
+
+def test_own_projection_heads_train(base, data_path, cache_dir, tmp_path):
+    model = fresh(base, "medusa", head_projection="own")
+    metrics = train_heads(model, data_path, tmp_path, max_steps=15, cache_dir=cache_dir, **FAST)
+    assert metrics["history"][-1]["loss"] < metrics["history"][0]["loss"]
+    assert not torch.equal(model.heads.lm_heads[0].weight, base.get_output_embeddings().weight)
+
+
+def test_cli_trains_from_a_base_folder(base, data_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CERBERUS_HF_CACHE", str(tmp_path / "cache"))  # the default hidden-state cache goes here
+    base_dir = tmp_path / "base"
+    base.save_pretrained(base_dir)
+    parser = argparse.ArgumentParser()
+    training.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", "medusa", "--num-heads", "2",
+                              "--data", str(data_path), "--output", str(tmp_path / "out"), "--max-steps", "4",
+                              "--batch-size", "16", "--distill-weight", "0.5", "--head-weight-decay", "0.8",
+                              "--no-progress"])
+    assert args.func(args) == 0
+    assert "held-out top-1" in capsys.readouterr().out
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out")  # the base is found from the config
+    assert loaded.config.head_type == "medusa" and loaded.config.num_heads == 2
+    assert len(list((tmp_path / "cache" / "hidden_states").glob("*/shard-*.safetensors"))) >= 1
+    args = parser.parse_args(["train", "--base", str(base_dir), "--data", str(data_path), "--cache-only",
+                              "--no-progress"])
+    assert args.func(args) == 0
+    assert "0 of 1 shards computed" in capsys.readouterr().out  # the training run already cached everything
