@@ -80,6 +80,8 @@ class CerberusConfig(PreTrainedConfig):
             self.draft_tree = [list(path) for path in spec.paths]
         if self.gate_threshold is not None:
             self.gate_threshold = float(self.gate_threshold)
+            if math.isnan(self.gate_threshold):
+                raise ValueError("gate_threshold must be a number, None or inf, not NaN.")
             if math.isinf(self.gate_threshold) and self.gate_threshold > 0:
                 self.gate_threshold = None  # "always draft" has one spelling on disk, valid JSON included
         super().__post_init__(**kwargs)

@@ -88,17 +88,19 @@ def _tree_attention_ok(model: nn.Module, input_ids: torch.LongTensor, draft: Dra
 
 def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[int]) -> None:
     """Keep, of the last ``fed`` cached positions, those at indices ``keep`` (ascending); drop the rest.
-    A kept prefix is a crop; a branch of a tree is gathered."""
-    if keep == list(range(len(keep))):
-        cache.crop(-(fed - len(keep)))
-        return
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
-            continue
-        start = layer.keys.shape[-2] - fed
-        index = torch.cat([torch.arange(start), start + torch.tensor(keep)]).to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+
+    A branch of a tree is first moved to the front of those positions; then the cache's own ``crop``
+    drops the tail, so each layer type keeps its bookkeeping (e.g. sliding-window lengths) right."""
+    if keep != list(range(len(keep))):
+        order = keep + [i for i in range(fed) if i not in set(keep)]
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            start = layer.keys.shape[-2] - fed
+            index = torch.cat([torch.arange(start), start + torch.tensor(order)]).to(layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+    cache.crop(-(fed - len(keep)))
 
 
 def speculative_generate(

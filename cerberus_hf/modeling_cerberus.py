@@ -123,7 +123,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if config is None:
             config = CerberusConfig.from_pretrained(path, **hub_kwargs)
         elif not isinstance(config, CerberusConfig):
-            raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
+            if getattr(config, "model_type", None) != CerberusConfig.model_type:
+                raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
+            # Remote code can load the config class from another module copy than this one.
+            config = CerberusConfig.from_dict(config.to_dict())
         heads_file = resolve_heads_file(path, **hub_kwargs)
         state_dict = load_heads_state_dict(heads_file)
         _check_heads_state_dict(config, state_dict, heads_file)
@@ -260,6 +263,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if input_ids is None or input_ids.dim() != 2:
             raise ValueError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
         rows = _unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
+        if any(row.shape[1] != input_ids.shape[1] for row in rows):
+            # generate() counts max_length / min_length over the padded width; rows decode without padding.
+            defaults = effective._get_default_generation_params()
+            max_length = effective.max_length if effective.max_length is not None else defaults["max_length"]
+            if effective.max_new_tokens is None:
+                kwargs["max_new_tokens"] = max_length - input_ids.shape[1]
+            if effective.min_new_tokens is None and effective.min_length:
+                kwargs["min_new_tokens"] = max(0, effective.min_length - input_ids.shape[1])
+                kwargs["min_length"] = 0
         copies = effective.num_return_sequences or 1
         rows = [row for row in rows for _ in range(copies)]
         kwargs["num_return_sequences"] = 1
@@ -276,7 +288,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             settings["gate_threshold"] if gate_threshold is _UNSET else gate_threshold, settings["gate_signal"]
         )
         tree_paths = settings["draft_tree"] if draft_tree is _UNSET else draft_tree
-        tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths else None
+        tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths is not None else None
         if typical_acceptance is True:
             typical_acceptance = TypicalAcceptance()
         stats = GenerationStats()
