@@ -18,11 +18,13 @@ CONFIGS = {
     "llama": dict(model_type="llama", num_key_value_heads=2, **_COMMON),
     "qwen2": dict(model_type="qwen2", num_key_value_heads=2, **_COMMON),
     "mistral": dict(model_type="mistral", num_key_value_heads=2, sliding_window=16, **_COMMON),
+    # Untied output embeddings for the architectures that tie them by default: scaling a tied lm_head
+    # (below) also scales the input embeddings, and the model then just repeats its last token.
     "gemma2": dict(model_type="gemma2", num_key_value_heads=2, head_dim=8, sliding_window=16,
-                   final_logit_softcapping=30.0, **_COMMON),
+                   final_logit_softcapping=30.0, tie_word_embeddings=False, **_COMMON),
     "phi3": dict(model_type="phi3", num_key_value_heads=2, **_COMMON),
     "gpt2": dict(model_type="gpt2", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=256,
-                 bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD),
+                 bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False),
 }
 ARCHITECTURES = tuple(CONFIGS)
 
@@ -42,11 +44,17 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over the tiny vocabulary: token i is the word 'w{i}'."""
+def tiny_tokenizer(stop_string_ready: bool = False) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the tiny vocabulary: token i is the word 'w{i}'.
+
+    ``stop_string_ready`` adds the word 'abcdef' (id VOCAB, which the models never produce): transformers'
+    `StopStringCriteria` tokenizes 'abcdef' to learn how token strings join, and fails otherwise.
+    """
     vocab = {f"w{i}": i for i in range(VOCAB)}
     vocab.update({"<pad>": PAD, "<s>": 1, "</s>": EOS})
     del vocab["w0"], vocab["w1"], vocab["w2"]
+    if stop_string_ready:
+        vocab["abcdef"] = VOCAB
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",

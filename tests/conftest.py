@@ -1,0 +1,27 @@
+"""pytest configuration: import paths (the package is not pip-installed) and shared fixtures."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+for path in (HERE, ROOT):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+# The tiny models are far too small for intra-op parallelism to pay: one thread is faster, and much
+# faster when the machine is busy. (The real-model tests raise it again for their module.)
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def tokenizer():
+    """The tiny word-level tokenizer ('w5 w17 ...'), able to serve stop_strings."""
+    from tiny_models import tiny_tokenizer
+
+    return tiny_tokenizer(stop_string_ready=True)

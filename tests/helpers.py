@@ -1,0 +1,187 @@
+"""Test helpers: cached tiny bases, reference continuations, stats invariants, an oracle drafter.
+
+The tiny bases are built once per session and shared; tests must never modify a base (only heads,
+which each test builds fresh with `CerberusForCausalLM.from_base`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.gate import entropy
+from tiny_models import ARCHITECTURES, EOS, PAD, VOCAB, prompt_ids, tiny_model
+
+PROMPT_LEN = 8
+NEW_TOKENS = 24
+
+
+# ------------------------------------------------------------------------------------------------ bases
+@functools.lru_cache(maxsize=None)
+def get_base(arch: str) -> torch.nn.Module:
+    """The session's tiny base of ``arch`` (shared: do not modify it)."""
+    return tiny_model(arch)
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt_seed(arch: str) -> int:
+    """A prompt whose greedy continuation is varied (not one token repeated) and has no EOS early on,
+    so that exactness is a real check and stopping tests control where generation ends."""
+    base = get_base(arch)
+    for seed in range(50):
+        ids = prompt_ids(seed, length=PROMPT_LEN)
+        new = base.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0, PROMPT_LEN:].tolist()
+        if len(new) == NEW_TOKENS and EOS not in new and PAD not in new and len(set(new)) >= 6:
+            return seed
+    raise AssertionError(f"no varied continuation for {arch}")
+
+
+def get_prompt(arch: str) -> torch.Tensor:
+    return prompt_ids(_prompt_seed(arch), length=PROMPT_LEN)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(arch: str, max_new_tokens: int) -> torch.Tensor:
+    return get_base(arch).generate(get_prompt(arch), max_new_tokens=max_new_tokens, do_sample=False)
+
+
+def reference(arch: str, max_new_tokens: int = NEW_TOKENS) -> torch.Tensor:
+    """The base's greedy output (prompt + continuation) for the arch's prompt."""
+    return _reference(arch, max_new_tokens).clone()
+
+
+def fresh_model(arch: str, head_type: str = "cerberus", randomize: bool = False, seed: int = 0, **kwargs):
+    """New heads on the shared base; ``randomize`` gives every head parameter random normal values."""
+    model = CerberusForCausalLM.from_base(get_base(arch), head_type=head_type, **kwargs)
+    if randomize:
+        randomize_heads(model, seed)
+    return model
+
+
+def randomize_heads(model: CerberusForCausalLM, seed: int = 0, std: float = 0.5) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def gate_entropies(arch: str, full: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Entropy of the base's raw distribution at every position that predicted a generated token
+    (what the gate reads after emitting that token)."""
+    with torch.no_grad():
+        logits = get_base(arch)(full).logits[0, prompt_len - 1 : full.shape[1] - 1]
+    return entropy(logits)
+
+
+class ForwardCounter:
+    """Counts calls of a module's forward (top-level calls only). Call get_prompt()/reference() before
+    entering it: their first call per architecture runs the base."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.count = 0
+        self.handle = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.count += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def check_stats(model: CerberusForCausalLM, new_tokens: int, forwards: int | None = None) -> None:
+    """Invariants of `generation_stats` after a single-sequence generate()."""
+    s = model.generation_stats
+    assert s is not None
+    assert s.new_tokens == new_tokens
+    assert s.steps >= 1
+    assert len(s.tokens_per_step) == s.steps
+    assert sum(s.tokens_per_step) == new_tokens
+    assert all(t >= 1 for t in s.tokens_per_step)
+    assert s.accepted_draft_tokens == new_tokens - s.steps
+    assert 0 <= s.accepted_draft_tokens <= s.drafted_tokens
+    assert s.tau == pytest.approx(new_tokens / s.steps)
+    # Every forward pass after the prefill follows a gate decision (the last step may end generation).
+    assert s.steps - 1 <= s.gate_decisions <= s.steps
+    assert 0 <= s.draft_steps <= s.gate_decisions
+    assert all(0.0 <= a <= 1.0 for a in s.head_acceptance)
+    if forwards is not None:
+        assert s.steps == forwards, "steps must count the base's forward passes"
+
+
+# ------------------------------------------------------------------------------------------------ oracle
+def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict:
+    """Make ``model``'s heads draft the known continuation: an oracle that knows the future.
+
+    Only the heads' output is replaced, so the gate, the room left before max_length, the draft tree,
+    verification and the statistics are all the real ones. The oracle recognises where it is by the
+    base's last hidden state (as the heads get it) among those of the ``references`` (full sequences,
+    prompt included): at the state of position ``p``, head ``k`` is made to rank token ``p + k + 2``
+    first. When ``corrupt(p, k)`` is true the right token is ranked second instead, behind a wrong one.
+    States that match no reference position keep the real heads' logits. Returns counters
+    ``{"hits", "misses"}`` (per hidden state the heads were called on).
+    """
+    heads = model.heads
+    num_heads = heads.num_heads
+    states, targets, positions = [], [], []
+    for ref in references:
+        ref = ref.reshape(1, -1)
+        captured = []
+        handle = model.base.get_output_embeddings().register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+        try:
+            with torch.no_grad():
+                model.base(ref)
+        finally:
+            handle.remove()
+        length = ref.shape[1]
+        tokens = torch.full((length, num_heads), -1, dtype=torch.long)
+        for p in range(length):
+            for k in range(num_heads):
+                if p + k + 2 < length:
+                    tokens[p, k] = ref[0, p + k + 2]
+        states.append(captured[-1][0].float())
+        targets.append(tokens)
+        positions.append(torch.arange(length))
+    table, targets, positions = torch.cat(states), torch.cat(targets), torch.cat(positions)
+    counters = {"hits": 0, "misses": 0}
+    real_class = type(heads)
+
+    class OracleHeads(real_class):
+        def forward(self, hidden, base_lm_head):
+            logits = real_class.forward(self, hidden, base_lm_head)
+            flat_hidden = hidden.reshape(-1, hidden.shape[-1]).float()
+            flat_logits = logits.reshape(-1, num_heads, logits.shape[-1]).clone()
+            for i, h in enumerate(flat_hidden):
+                distance = (table - h).norm(dim=-1)
+                row = int(distance.argmin())
+                if float(distance[row]) > 1e-3 * (float(h.norm()) + 1.0):
+                    counters["misses"] += 1
+                    continue
+                counters["hits"] += 1
+                p = int(positions[row])
+                for k in range(num_heads):
+                    target = int(targets[row, k])
+                    if target < 0:
+                        continue
+                    scores = flat_logits[i, k]
+                    scores -= scores.max() + 10.0  # every other token well below 0, their order kept
+                    if corrupt is not None and corrupt(p, k):
+                        scores[(target + 1) % scores.shape[0]] = 0.0
+                        scores[target] = -1.0
+                    else:
+                        scores[target] = 0.0
+            return flat_logits.reshape(logits.shape)
+
+    heads.__class__ = OracleHeads
+    return counters
+
+
+__all__ = [
+    "ARCHITECTURES", "EOS", "NEW_TOKENS", "PAD", "PROMPT_LEN", "VOCAB", "ForwardCounter", "check_stats",
+    "fresh_model", "gate_entropies", "get_base", "get_prompt", "install_oracle", "randomize_heads", "reference",
+]

@@ -1,0 +1,172 @@
+"""Self-distillation data generation (cerberus_hf.distill) on a tiny random Llama."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from cerberus_hf import distill
+from cerberus_hf.distill import generate_distillation_data, load_prompts, read_records, sampled_ids
+from tiny_models import EOS, PAD, tiny_model, tiny_tokenizer
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
+                 "{% if add_generation_prompt %}<s> w4 {% endif %}")
+FIELDS = {"id", "mode", "prompt", "input_ids", "output_ids", "finished"}
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    model = tiny_model("llama")
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "right"  # generate_distillation_data must switch it to left
+    return model, tokenizer
+
+
+def _prompts(n: int = 10) -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    prompts = []
+    for i in range(n):
+        length = int(torch.randint(1, 9, (1,), generator=g))
+        words = " ".join(f"w{int(t)}" for t in torch.randint(5, 96, (length,), generator=g))
+        prompts.append({"id": f"p{i}", "prompt": words})
+    return prompts
+
+
+def _by_key(records):
+    return {(r["id"], r["mode"]): r for r in records}
+
+
+def _run(model, tokenizer, prompts, path, **kwargs):
+    kwargs = {"batch_size": 4, "max_new_tokens": 12, "sample_fraction": 0.3, "progress": False, **kwargs}
+    return generate_distillation_data(model, tokenizer, prompts, path, **kwargs)
+
+
+def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_path):
+    model, tokenizer = model_and_tokenizer
+    prompts = _prompts(10)
+    # Make a token the tiny model emits early act as EOS, so some answers finish before max_new_tokens.
+    first = tokenizer.apply_chat_template([{"role": "user", "content": prompts[0]["prompt"]}],
+                                          add_generation_prompt=True, return_dict=True)["input_ids"]
+    with torch.no_grad():
+        free = model.generate(torch.tensor([first]), max_new_tokens=4, do_sample=False, pad_token_id=PAD)
+    stop = int(free[0, len(first) + 2])
+    original_eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = stop
+    try:
+        path = _run(model, tokenizer, prompts, tmp_path / "d.jsonl")
+        records = read_records(path)
+        assert tokenizer.padding_side == "left"
+        assert len(records) == 10 + len(sampled_ids([p["id"] for p in prompts], 0.3, seed=0))
+        assert any(r["mode"] == "sample" for r in records)
+        assert len(_by_key(records)) == len(records)
+        for r in records:
+            assert set(r) == FIELDS
+            assert r["mode"] in ("greedy", "sample")
+            source = next(p for p in prompts if p["id"] == r["id"])
+            assert r["prompt"] == source["prompt"]
+            expected = tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}],
+                                                     add_generation_prompt=True, return_dict=True)["input_ids"]
+            assert r["input_ids"] == list(expected)
+            out = r["output_ids"]
+            assert 1 <= len(out) <= 12
+            assert stop not in out[:-1]  # trimmed at the first EOS, no padding after it
+            assert r["finished"] == (out[-1] == stop)
+            if not r["finished"]:
+                assert len(out) == 12
+        assert _by_key(records)[("p0", "greedy")]["finished"]
+
+        # Batched (left-padded, length-sorted) greedy answers equal one-prompt-at-a-time generate().
+        for key in (("p0", "greedy"), ("p5", "greedy"), ("p9", "greedy")):
+            r = _by_key(records)[key]
+            with torch.no_grad():
+                alone = model.generate(torch.tensor([r["input_ids"]]), max_new_tokens=12, do_sample=False,
+                                       pad_token_id=PAD, eos_token_id=stop)
+            assert alone[0, len(r["input_ids"]):].tolist()[: len(r["output_ids"])] == r["output_ids"]
+    finally:
+        model.generation_config.eos_token_id = original_eos
+
+
+def test_resume_after_truncation(model_and_tokenizer, tmp_path):
+    model, tokenizer = model_and_tokenizer
+    prompts = _prompts(10)
+    full = read_records(_run(model, tokenizer, prompts, tmp_path / "full.jsonl"))
+
+    path = tmp_path / "resumed.jsonl"
+    _run(model, tokenizer, prompts, path)
+    lines = path.read_bytes().split(b"\n")
+    # Simulate a kill mid-write: 5 complete lines, then half of the sixth.
+    path.write_bytes(b"\n".join(lines[:5]) + b"\n" + lines[5][: len(lines[5]) // 2])
+    assert len(read_records(path)) == 5
+
+    _run(model, tokenizer, prompts, path)
+    resumed = read_records(path)
+    assert len(path.read_text().splitlines()) == len(resumed) == len(full)  # no broken or duplicate lines
+    assert set(_by_key(resumed)) == set(_by_key(full))
+    for key, r in _by_key(full).items():
+        if key[1] == "greedy":
+            assert _by_key(resumed)[key] == r
+
+    # A complete file is left alone.
+    before = path.read_bytes()
+    _run(model, tokenizer, prompts, path)
+    assert path.read_bytes() == before
+
+
+def test_sample_fraction_split(model_and_tokenizer, tmp_path):
+    model, tokenizer = model_and_tokenizer
+    ids = [f"q{i}" for i in range(200)]
+    chosen = sampled_ids(ids, 0.25, seed=0)
+    assert 30 <= len(chosen) <= 70 and chosen <= set(ids)
+    assert sampled_ids(list(reversed(ids)), 0.25, seed=0) == chosen  # independent of order
+    assert sampled_ids(ids[:50], 0.25, seed=0) == chosen & set(ids[:50])  # and of the other prompts (--limit)
+    assert sampled_ids(ids, 0.25, seed=1) != chosen
+    assert sampled_ids(ids, 0.0, seed=0) == set() and sampled_ids(ids, 1.0, seed=0) == set(ids)
+
+    prompts = _prompts(8)
+    records = read_records(_run(model, tokenizer, prompts, tmp_path / "s.jsonl", sample_fraction=0.5, seed=3))
+    greedy = {r["id"] for r in records if r["mode"] == "greedy"}
+    sampled = {r["id"] for r in records if r["mode"] == "sample"}
+    assert greedy == {p["id"] for p in prompts}
+    assert sampled == sampled_ids([p["id"] for p in prompts], 0.5, seed=3) and 0 < len(sampled) < 8
+
+
+def test_load_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    rows = [{"id": "a", "turns": ["first turn", "second turn"], "category": "x"}, {"prompt": "plain prompt"},
+            {"text": "text field"}, {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    prompts = load_prompts(path)
+    assert [p["prompt"] for p in prompts] == ["first turn", "plain prompt", "text field", "hi"]
+    assert [p["id"] for p in prompts] == ["a", "1", "2", "3"]
+    assert prompts[0]["category"] == "x"
+    assert len(load_prompts(path, limit=2)) == 2
+    packaged = load_prompts(None)
+    assert len(packaged) >= 1000 and len({p["id"] for p in packaged}) == len(packaged)
+
+
+def test_cli(model_and_tokenizer, tmp_path):
+    model, tokenizer = model_and_tokenizer
+    parser = argparse.ArgumentParser()
+    distill.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["distill", "--output", str(tmp_path / "o.jsonl")])
+    assert args.prompts == str(distill.PACKAGED_PROMPTS) and args.batch_size == 16 and args.max_new_tokens == 256
+    assert args.func is distill.run_cli
+
+    folder = tmp_path / "tiny"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    prompt_file = tmp_path / "p.jsonl"
+    prompt_file.write_text("".join(json.dumps({"id": p["id"], "turns": [p["prompt"]]}) + "\n" for p in _prompts(5)))
+    out = tmp_path / "cli.jsonl"
+    args = parser.parse_args(["distill", "--model", str(folder), "--prompts", str(prompt_file), "--output", str(out),
+                              "--limit", "4", "--batch-size", "2", "--max-new-tokens", "5", "--sample-fraction", "0.5",
+                              "--no-progress"])
+    args.func(args)
+    records = read_records(out)
+    assert sorted((r["id"], r["mode"]) for r in records if r["mode"] == "greedy") == [(f"p{i}", "greedy") for i in range(4)]
+    assert {r["id"] for r in records if r["mode"] == "sample"} == sampled_ids([f"p{i}" for i in range(4)], 0.5, seed=0)
+    assert json.loads((tmp_path / "cli.jsonl.meta.json").read_text())["max_new_tokens"] == 5

