@@ -1,0 +1,569 @@
+"""Self-distillation data: the base model's own answers to a prompt set, for training draft heads.
+
+Draft heads are trained to predict what the *base model* will say, so the best training text is text the
+base model generated itself. :func:`generate_distillation_data` applies the tokenizer's chat template to
+each prompt, lets the base model answer greedily (the decoding the heads are used with), and for a
+``sample_fraction`` share of the prompts also lets it answer by sampling (``temperature`` / ``top_p``),
+which adds variety.
+
+Output format
+-------------
+JSON Lines, one record per (prompt, mode)::
+
+    {"id": "explain-0042",            # prompt id (from the prompt set, or its position)
+     "mode": "greedy",                # "greedy" or "sample"
+     "prompt": "Explain ...",          # the user message
+     "input_ids": [1, 9690, ...],     # prompt token ids, chat template applied, generation prompt added
+     "output_ids": [504, 3, ..., 2],  # generated ids, no padding; ends with the EOS (<|im_end|>) if produced
+     "finished": true}                # true when the answer ended with EOS, false when max_new_tokens cut it
+
+``input_ids + output_ids`` is the exact sequence the base model produced; the heads' training targets
+are ``output_ids``. A sidecar ``<output>.meta.json`` records the generation settings.
+
+Resuming
+--------
+Records are appended as answers finish, and the file is flushed (and fsynced) after each group. Re-running with the same output path skips
+every (id, mode) already written, so an interrupted run is continued by re-running the same command. A
+truncated last line (a run killed mid-write) is dropped and the file rewritten without it.
+
+Batching
+--------
+Prompts are tokenised and queued longest first. The default engine does continuous batching: up to
+``batch_size`` answers decode together with left padding; an answer that finishes leaves the batch at once
+and queued prompts (of similar length, so little padding) are prefilled and spliced into the KV cache. No
+compute is spent on finished answers, which a static batch would carry until its longest answer ends. It
+needs a plain ``DynamicCache`` (full attention, e.g. Llama); other models fall back to static batches
+through ``model.generate``. Greedy answers equal one-at-a-time greedy decoding up to floating-point
+rounding; sampled answers depend on ``seed`` and on how the batches were formed (a resumed run samples anew).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+MODES = ("greedy", "sample")
+
+# Columns tried, in order, when a dataset's prompt column is not given.
+_PROMPT_FIELDS = ("turns", "prompt", "text", "instruction", "question", "query", "input", "messages",
+                  "conversations", "conversation")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------------------
+
+
+def _prompt_text(value) -> str | None:
+    """The first user message of a field value: a string, a list of turns, or a list of chat messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value:
+        for item in value:
+            if isinstance(item, str):
+                return item
+            if isinstance(item, dict):
+                role = item.get("role", item.get("from", "user"))
+                if role in ("user", "human"):
+                    return item.get("content", item.get("value"))
+    return None
+
+
+def _record_prompt(record: dict, field: str | None) -> str | None:
+    if field is not None:
+        if field not in record:
+            raise KeyError(f"prompt field {field!r} not in record with fields {sorted(record)}")
+        return _prompt_text(record[field])
+    for name in _PROMPT_FIELDS:
+        if name in record:
+            text = _prompt_text(record[name])
+            if text:
+                return text
+    return None
+
+
+def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str | None = None,
+                 split: str = "train", limit: int | None = None) -> list[dict]:
+    """Prompts as ``[{"id": str, "prompt": str, ...}]`` from a JSONL file or a Hugging Face dataset.
+
+    ``source`` is a JSONL path (objects with a ``turns`` list, or a ``prompt`` / ``text`` field; ``id`` is
+    used when present, else the line number) or a dataset name for ``datasets.load_dataset`` (its ``split``;
+    the prompt column is auto-detected unless ``prompt_field`` names it). ``None`` means the packaged
+    prompt set. Other fields of a JSONL record (e.g. ``category``) are kept. Empty prompts are skipped.
+    """
+    source = PACKAGED_PROMPTS if source is None else source
+    path = Path(source)
+    if path.is_file():
+        rows = []
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle):
+                if line.strip():
+                    rows.append((number, json.loads(line)))
+        origin = str(path)
+    elif path.suffix in (".jsonl", ".json") or str(source).startswith((".", "/", "~")):
+        raise FileNotFoundError(f"prompt file {source} does not exist")
+    else:
+        try:
+            import datasets
+        except ImportError as error:
+            raise ImportError(f"{source!r} is not a file; loading it as a Hugging Face dataset needs "
+                              "`pip install datasets`") from error
+        dataset = datasets.load_dataset(str(source), split=split)
+        if limit is not None:
+            dataset = dataset.select(range(min(limit, len(dataset))))
+        rows = list(enumerate(dataset))
+        origin = str(source)
+
+    prompts, seen = [], set()
+    for number, record in rows:
+        text = _record_prompt(record, prompt_field)
+        if not text or not text.strip():
+            continue
+        prompt_id = str(record.get("id", record.get("question_id", number)))
+        if prompt_id in seen:
+            raise ValueError(f"duplicate prompt id {prompt_id!r} in {origin}")
+        seen.add(prompt_id)
+        extra = {k: v for k, v in record.items() if k in ("category",)}
+        prompts.append({"id": prompt_id, "prompt": text, **extra})
+        if limit is not None and len(prompts) >= limit:
+            break
+    if not prompts:
+        field = prompt_field or f"any of {_PROMPT_FIELDS}"
+        raise ValueError(f"no prompts found in {origin} (looked for {field})")
+    return prompts
+
+
+def sampled_ids(ids: Iterable[str], fraction: float, seed: int) -> set[str]:
+    """The ids that also get a sampled answer: those whose seeded hash falls below ``fraction``.
+
+    About ``fraction * n`` of them; the choice for one id depends only on (seed, id), not on the other
+    prompts, so a run resumed with a larger ``--limit`` keeps the earlier choices.
+    """
+    chosen = set()
+    for i in ids:
+        digest = hashlib.sha256(f"{seed}:{i}".encode()).digest()
+        if int.from_bytes(digest[:8], "big") / 2.0 ** 64 < fraction:
+            chosen.add(i)
+    return chosen
+
+
+# --------------------------------------------------------------------------------------------------------
+# Output file
+# --------------------------------------------------------------------------------------------------------
+
+
+def read_records(path: str | os.PathLike, repair: bool = False) -> list[dict]:
+    """The complete records of a distillation file; lines that do not parse are dropped.
+
+    With ``repair`` the file is rewritten without them (a run killed mid-write leaves a truncated last
+    line) so that appending continues on a clean line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records, good_lines, bad = [], [], 0
+    with path.open("rb") as handle:
+        data = handle.read()
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "id" not in record or "mode" not in record:
+                raise ValueError("not a record")
+        except ValueError:
+            bad += 1
+            continue
+        records.append(record)
+        good_lines.append(line)
+    needs_rewrite = bad > 0 or (data and not data.endswith(b"\n"))
+    if needs_rewrite and repair:
+        logger.warning("%s: dropping %d incomplete line(s) and rewriting the file", path, bad)
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as handle:
+            for line in good_lines:
+                handle.write(line + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    return records
+
+
+def _encode_prompt(tokenizer, text: str, system_prompt: str | None) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    if system_prompt is not None:
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):
+        encoded = encoded.tolist()
+    if encoded and isinstance(encoded[0], list):
+        encoded = encoded[0]
+    return [int(i) for i in encoded]
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def _trim(generated: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    for position, token in enumerate(generated):
+        if token in eos:
+            return generated[: position + 1], True
+    return generated, False
+
+
+def _choose(logits: torch.Tensor, sample: torch.Tensor, temperature: float, top_p: float,
+            generator: torch.Generator | None) -> torch.Tensor:
+    """Next tokens for a [rows, vocab] logit block: argmax, or temperature / top-p sampling where ``sample``."""
+    tokens = logits.argmax(dim=-1)
+    if bool(sample.any()):
+        rows = sample.nonzero(as_tuple=True)[0]
+        scores = logits[rows].float() / max(temperature, 1e-5)
+        probs = scores.softmax(dim=-1)
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            # Keep the smallest prefix whose probability reaches top_p (always at least the top token).
+            drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        tokens[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens
+
+
+@torch.inference_mode()
+def _generate_batch(model, rows: list[list[int]], pad_id: int, eos: set[int], *, max_new_tokens: int,
+                    sample: bool, temperature: float, top_p: float) -> list[tuple[list[int], bool]]:
+    """One static batch through ``model.generate`` (left padded); the fallback engine."""
+    width = max(len(r) for r in rows)
+    device = model.device
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):  # left padding
+        input_ids[i, width - len(row):] = torch.tensor(row)
+        attention_mask[i, width - len(row):] = 1
+    kwargs = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if sample else \
+        dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                         max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=sorted(eos) or None,
+                         **kwargs)
+    generated = out[:, width:].tolist()
+    return [_trim(g, eos) for g in generated]
+
+
+def _plain_dynamic_cache(model) -> bool:
+    """Whether the model keeps a DynamicCache of plain full-attention layers, which the continuous engine edits."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    try:
+        with torch.inference_mode():
+            ids = torch.ones((1, 2), dtype=torch.long, device=model.device)
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+    except Exception:  # noqa: BLE001 - any failure means: use generate()
+        return False
+    cache = out.past_key_values
+    return isinstance(cache, DynamicCache) and len(cache.layers) > 0 and \
+        all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+class _Row:
+    __slots__ = ("task", "generated", "sample", "next_position")
+
+    def __init__(self, task, sample: bool, prompt_length: int):
+        self.task, self.sample, self.generated, self.next_position = task, sample, [], prompt_length
+
+
+@torch.inference_mode()
+def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size: int, max_new_tokens: int,
+                         temperature: float, top_p: float, generator: torch.Generator):
+    """Continuous batching: up to ``batch_size`` answers decode together; a finished answer leaves the batch at
+    once and new prompts join (prefilled in groups, left padded, then spliced into the KV cache).
+
+    ``tasks`` are ``(id, mode, text, input_ids)``; yields lists of ``(task, output_ids, finished)``.
+    Every row sees exactly its own tokens (padding is masked), so greedy answers equal one-at-a-time greedy
+    decoding up to floating-point rounding.
+    """
+    from collections import deque
+
+    from transformers.cache_utils import DynamicCache
+
+    device = model.device
+    queue = deque(tasks)
+    rows: list[_Row] = []
+    cache = None  # DynamicCache over the rows, right aligned
+    mask = None  # [rows, cache length] 1 for real tokens
+    refill_at = max(1, batch_size // 8)  # prefill new prompts in groups, not one by one
+
+    while queue or rows:
+        free = batch_size - len(rows)
+        if queue and (free >= refill_at or not rows):
+            new = [queue.popleft() for _ in range(min(free, len(queue)))]
+            width = max(len(t[3]) for t in new)
+            ids = torch.full((len(new), width), pad_id, dtype=torch.long)
+            new_mask = torch.zeros((len(new), width), dtype=torch.long)
+            for i, t in enumerate(new):
+                ids[i, width - len(t[3]):] = torch.tensor(t[3])
+                new_mask[i, width - len(t[3]):] = 1
+            positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
+            new_cache = DynamicCache(config=model.config)
+            out = model(input_ids=ids.to(device), attention_mask=new_mask.to(device),
+                        position_ids=positions.to(device), past_key_values=new_cache, use_cache=True,
+                        logits_to_keep=1)
+            new_cache = out.past_key_values
+            new_rows = [_Row(t, t[1] == "sample", len(t[3])) for t in new]
+            sample = torch.tensor([r.sample for r in new_rows], device=device)
+            chosen = _choose(out.logits[:, -1, :], sample, temperature, top_p, generator).tolist()
+            new_mask = new_mask.to(device)
+            if cache is None:
+                cache, mask, rows = new_cache, new_mask, new_rows
+            else:  # splice: left pad the shorter cache, then stack the rows
+                length = max(mask.shape[1], new_mask.shape[1])
+                for old_layer, new_layer in zip(cache.layers, new_cache.layers):
+                    for name in ("keys", "values"):
+                        a, b = getattr(old_layer, name), getattr(new_layer, name)
+                        a = torch.nn.functional.pad(a, (0, 0, length - a.shape[-2], 0))
+                        b = torch.nn.functional.pad(b, (0, 0, length - b.shape[-2], 0))
+                        setattr(old_layer, name, torch.cat([a, b], dim=0))
+                mask = torch.cat([torch.nn.functional.pad(mask, (length - mask.shape[1], 0)),
+                                  torch.nn.functional.pad(new_mask, (length - new_mask.shape[1], 0))], dim=0)
+                rows = rows + new_rows
+            stepped = new_rows
+        else:
+            feed = torch.tensor([[r.generated[-1]] for r in rows], device=device)
+            positions = torch.tensor([[r.next_position] for r in rows], device=device)
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            out = model(input_ids=feed, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        use_cache=True)
+            sample = torch.tensor([r.sample for r in rows], device=device)
+            chosen = _choose(out.logits[:, -1, :], sample, temperature, top_p, generator).tolist()
+            stepped = rows
+            for r in rows:
+                r.next_position += 1
+        done, keep = [], []
+        stepped_ids = {id(r) for r in stepped}
+        stepped_tokens = dict(zip((id(r) for r in stepped), chosen))
+        for index, r in enumerate(rows):
+            if id(r) in stepped_ids:
+                token = stepped_tokens[id(r)]
+                r.generated.append(token)
+                if token in eos or len(r.generated) >= max_new_tokens:
+                    done.append((r.task, r.generated, token in eos))
+                    continue
+            keep.append(index)
+        if done:
+            if keep:
+                index = torch.tensor(keep, device=device)
+                mask = mask[index]
+                start = int((mask.sum(0) > 0).nonzero()[0])  # drop columns that are padding for every row
+                for layer in cache.layers:
+                    layer.keys = layer.keys[index, :, start:]
+                    layer.values = layer.values[index, :, start:]
+                mask = mask[:, start:]
+                rows = [rows[i] for i in keep]
+            else:
+                cache, mask, rows = None, None, []
+            yield done
+
+
+def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_size: int = 16,
+                               max_new_tokens: int = 256, sample_fraction: float = 0.25,
+                               temperature: float = 0.7, top_p: float = 0.9, seed: int = 0,
+                               system_prompt: str | None = None, progress: bool = True,
+                               engine: str = "auto") -> Path:
+    """Write the base model's own answers to ``prompts`` to ``output_path`` (JSONL; see the module doc).
+
+    ``prompts`` is a list of dicts with ``id`` and ``prompt`` (as from :func:`load_prompts`) or of plain
+    strings (ids are then their positions). Every prompt gets a greedy answer; the ``sample_fraction``
+    share chosen by :func:`sampled_ids` also gets a sampled one. ``system_prompt`` adds a system message
+    (``None`` keeps the chat template's default). Records already in the file are skipped. Returns the path.
+    """
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    prompts = [p if isinstance(p, dict) else {"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
+    ids = [str(p["id"]) for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids must be unique")
+
+    pad_id = tokenizer.pad_token_id
+    eos = _eos_ids(model, tokenizer)
+    if pad_id is None:
+        pad_id = min(eos) if eos else 0
+    tokenizer.padding_side = "left"  # what generate() expects; the batches below are padded by hand to match
+
+    meta = dict(base=getattr(model, "name_or_path", None) or model.config.name_or_path, max_new_tokens=max_new_tokens,
+                sample_fraction=sample_fraction, temperature=temperature, top_p=top_p, seed=seed,
+                system_prompt=system_prompt, pad_token_id=pad_id, eos_token_id=sorted(eos))
+    meta_path = output_path.with_name(output_path.name + ".meta.json")
+    if meta_path.is_file():
+        old = json.loads(meta_path.read_text())
+        changed = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
+        if changed:
+            logger.warning("%s was written with other settings (old, new): %s", output_path, changed)
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+
+    done = {(str(r["id"]), r["mode"]) for r in read_records(output_path, repair=True)}
+    to_sample = sampled_ids(ids, sample_fraction, seed)
+    tasks = {mode: [] for mode in MODES}
+    for p in prompts:
+        pid = str(p["id"])
+        modes = ("greedy", "sample") if pid in to_sample else ("greedy",)
+        pending = [m for m in modes if (pid, m) not in done]
+        if not pending:
+            continue
+        input_ids = _encode_prompt(tokenizer, p["prompt"], system_prompt)
+        for mode in pending:
+            tasks[mode].append((pid, p["prompt"], input_ids))
+    total = sum(len(t) for t in tasks.values())
+    if total == 0:
+        logger.info("%s: all %d records already present", output_path, len(done))
+        return output_path
+    logger.info("%s: %d records present, %d to generate", output_path, len(done), total)
+
+    from tqdm.auto import tqdm
+
+    if engine == "auto":
+        engine = "continuous" if _plain_dynamic_cache(model) else "static"
+    bar = tqdm(total=total, desc="distill", unit="answer", disable=not progress, dynamic_ncols=True)
+    new_tokens, started = 0, time.perf_counter()
+    # Longest prompts first: the slowest work (and any memory trouble) comes early; similar lengths batch together.
+    queue = sorted(((pid, mode, text, ids) for mode in MODES for pid, text, ids in tasks[mode]),
+                   key=lambda t: (-len(t[3]), t[1], t[0]))
+    with output_path.open("a", encoding="utf-8") as handle:
+
+        def write(results):
+            nonlocal new_tokens
+            for (pid, mode, text, input_ids), output_ids, finished in results:
+                record = {"id": pid, "mode": mode, "prompt": text, "input_ids": input_ids,
+                          "output_ids": output_ids, "finished": finished}
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                new_tokens += len(output_ids)
+            handle.flush()
+            os.fsync(handle.fileno())
+            bar.update(len(results))
+            bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - started, 1e-9):.1f}")
+
+        if engine == "continuous":
+            generator = torch.Generator(device=model.device).manual_seed(seed)
+            for results in _continuous_generate(model, queue, pad_id, eos, batch_size=batch_size,
+                                                max_new_tokens=max_new_tokens, temperature=temperature,
+                                                top_p=top_p, generator=generator):
+                write(results)
+        elif engine == "static":
+            for mode in MODES:
+                mode_queue = [t for t in queue if t[1] == mode]
+                for start in range(0, len(mode_queue), batch_size):
+                    batch = mode_queue[start: start + batch_size]
+                    if mode == "sample":
+                        digest = hashlib.sha256(f"{seed}:{batch[0][0]}".encode()).digest()
+                        torch.manual_seed(int.from_bytes(digest[:8], "little"))
+                    outputs = _generate_batch(model, [t[3] for t in batch], pad_id, eos,
+                                              max_new_tokens=max_new_tokens, sample=mode == "sample",
+                                              temperature=temperature, top_p=top_p)
+                    write([(t, out, fin) for t, (out, fin) in zip(batch, outputs)])
+        else:
+            raise ValueError(f"engine must be 'auto', 'continuous' or 'static', not {engine!r}")
+    bar.close()
+    return output_path
+
+
+# --------------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------------
+
+
+def add_cli(subparsers):
+    """Register the ``distill`` subcommand on an argparse ``subparsers`` object; returns its parser."""
+    parser = subparsers.add_parser(
+        "distill", help="generate self-distillation data (the base model's own answers) for head training",
+        description=__doc__.split("\n\n")[0])
+    _add_arguments(parser)
+    parser.set_defaults(func=run_cli)
+    return parser
+
+
+def _add_arguments(parser):
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
+    parser.add_argument("--prompts", default=str(PACKAGED_PROMPTS),
+                        help="JSONL prompt file or Hugging Face dataset name (default: the packaged prompt set)")
+    parser.add_argument("--prompt-field", default=None, help="prompt column of a dataset (default: auto-detect)")
+    parser.add_argument("--split", default="train", help="dataset split (Hugging Face datasets only)")
+    parser.add_argument("--output", required=True, help="output JSONL; an existing file is resumed")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--sample-fraction", type=float, default=0.25,
+                        help="share of prompts that also get a sampled answer")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--system-prompt", default=None, help="system message (default: the chat template's)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--engine", default="auto", choices=("auto", "continuous", "static"),
+                        help="continuous batching (auto when the model supports it) or static generate() batches")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice). On a CPU shared with other jobs, 1 is "
+                             "often much faster than oversubscribing the cores")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _load_model(name: str, dtype: torch.dtype):
+    from .real_models import PACKAGED_MODELS, load_packaged_model
+
+    if name in PACKAGED_MODELS:
+        return load_packaged_model(PACKAGED_MODELS[name], dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    model.generation_config.do_sample = False
+    return model.eval(), tokenizer
+
+
+def run_cli(args) -> Path:
+    """Run the ``distill`` subcommand from parsed arguments."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = load_prompts(args.prompts, prompt_field=args.prompt_field, split=args.split, limit=args.limit)
+    model, tokenizer = _load_model(args.model, getattr(torch, args.dtype))
+    logger.info("%d prompts from %s; base %s", len(prompts), args.prompts, args.model)
+    started = time.perf_counter()
+    path = generate_distillation_data(
+        model, tokenizer, prompts, args.output, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        sample_fraction=args.sample_fraction, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        system_prompt=args.system_prompt, progress=not args.no_progress, engine=args.engine)
+    records = read_records(path)
+    logger.info("done in %.0f s: %s holds %d records (%d greedy, %d sample, %d tokens generated)",
+                time.perf_counter() - started, path, len(records),
+                sum(r["mode"] == "greedy" for r in records), sum(r["mode"] == "sample" for r in records),
+                sum(len(r["output_ids"]) for r in records))
+    return path
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m cerberus_hf.distill", description=__doc__.split("\n\n")[0])
+    _add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
