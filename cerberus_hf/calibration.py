@@ -98,8 +98,8 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
         with capture_lm_head_input(model.base) as captured:
             logits = model.base(input_ids=ids).logits[0]
         hidden = captured["hidden"][0]
-        head_logits = model.draft_logits(hidden)  # [len, heads, vocab]
-        top = head_logits.topk(top_k, dim=-1).indices  # [len, heads, top_k]
+        head_logits = model.draft_logits(hidden)  # [len, heads, draft vocab]
+        top = model.heads.token_ids(head_logits.topk(top_k, dim=-1).indices)  # [len, heads, top_k]
         signals = {name: gate_signal(name, logits, head_logits[:, 0]).tolist() for name in GATE_SIGNALS}
         for t in range(skip, len(seq) - num_heads - 1):
             ranks = []
@@ -274,6 +274,16 @@ def load_sequences(path: str, limit: int | None = None) -> list[tuple[list[int],
     return sequences
 
 
+def frequent_tokens(path: str, size: int) -> torch.Tensor:
+    """The ``size`` most frequent answer tokens of self-distillation JSONL, most frequent first."""
+    counts: Counter = Counter()
+    with open(path) as handle:
+        for line in handle:
+            if line.strip():
+                counts.update(json.loads(line)["output_ids"])
+    return torch.tensor([token for token, _ in counts.most_common(size)], dtype=torch.long)
+
+
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device")
     parser.add_argument("--heads", required=True, help="head checkpoint folder")
@@ -282,6 +292,8 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--max-nodes", type=int, default=63)
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5, help="timing repeats per size for the cost curve")
+    parser.add_argument("--draft-vocab", type=int, default=None,
+                        help="draft among the N most frequent answer tokens of --data (cheaper heads; exact output)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--report", default=None, help="write the full report (JSON) here")
     parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
@@ -292,6 +304,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from .modeling_cerberus import CerberusForCausalLM
 
     model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device)
+    if args.draft_vocab:
+        model.set_draft_vocab(frequent_tokens(args.data, args.draft_vocab))
     report = calibrate(model, load_sequences(args.data, args.limit), top_k=args.top_k, max_nodes=args.max_nodes,
                        repeats=args.repeats)
     print(format_report(report))
@@ -299,8 +313,9 @@ def run_cli(args: argparse.Namespace) -> int:
         with open(args.report, "w") as handle:
             json.dump(report, handle, indent=1)
     if args.write:
-        model.generation_config.save_pretrained(args.heads)
-        print(f"stored in {args.heads}/generation_config.json under cerberus_calibration[{report['device']!r}]")
+        model.save_pretrained(args.heads)
+        print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['device']!r}]"
+              + (f", a {args.draft_vocab}-token draft vocabulary with the heads" if args.draft_vocab else ""))
     return 0
 
 

@@ -92,13 +92,14 @@ class CerberusCandidateGenerator(CandidateGenerator):
             logits = self._head_logits(last_hidden_state)
         logits = logits[: tree.depth]  # [depth, vocab]
         top = logits.topk(tree.top_k, dim=-1).indices if tree.top_k > 1 else logits.argmax(dim=-1, keepdim=True)
+        top = self.heads.token_ids(top)
         tokens = top[tree.head_index.to(top.device), tree.rank.to(top.device)].to(input_ids.dtype)
         self._last = Draft(tree, tokens)
         return self._last
 
     def _head_logits(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
         hidden = last_hidden_state.to(next(self.heads.parameters()).dtype)
-        return self.heads(hidden, self.base_lm_head)[0]  # [num_heads, vocab]
+        return self.heads(hidden, self.base_lm_head)[0]  # [num_heads, draft vocab]
 
     def get_candidates(
         self,

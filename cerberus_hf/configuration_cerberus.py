@@ -36,6 +36,8 @@ class CerberusConfig(PreTrainedConfig):
         num_layers: residual blocks per head.
         head_projection: ``"shared"`` projects every head through the frozen base ``lm_head``;
             ``"own"`` gives each head its own vocabulary projection (Medusa-1).
+        draft_vocab_size: when set, heads draft only among this many token ids (stored with the heads,
+            most frequent first); verification always uses the full vocabulary, so output is unchanged.
         gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
             ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
         gate_signal: what the gate thresholds: ``"base_entropy"`` (the paper's), ``"head_entropy"`` or
@@ -58,6 +60,7 @@ class CerberusConfig(PreTrainedConfig):
     num_heads: int = 4
     num_layers: int = 1
     head_projection: str = "shared"
+    draft_vocab_size: int | None = None
     gate_threshold: float | None = None
     gate_signal: str = "base_entropy"
     draft_tree: list | None = None

@@ -49,7 +49,15 @@ class DraftHeads(nn.Module):
     head_type: ClassVar[str]
     sequential: ClassVar[bool]
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int, own_projection: bool):
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        num_heads: int,
+        num_layers: int,
+        own_projection: bool,
+        draft_vocab_size: int | None = None,
+    ):
         super().__init__()
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
@@ -65,6 +73,11 @@ class DraftHeads(nn.Module):
             nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
             if own_projection
             else None
+        )
+        # Drafting may project onto a frequency-ranked subset of the vocabulary: the projection is the
+        # costly part of a head on a CPU, and verification still uses the full vocabulary.
+        self.register_buffer(
+            "draft_vocab", torch.zeros(draft_vocab_size, dtype=torch.long) if draft_vocab_size else None
         )
 
     @property
@@ -92,11 +105,33 @@ class DraftHeads(nn.Module):
         return torch.stack(states, dim=-2)
 
     def forward(self, hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
-        """Per-head logits ``[..., num_heads, vocab]``; ``base_lm_head`` is used unless heads own projections."""
+        """Per-head logits ``[..., num_heads, V]`` over the draft vocabulary (``token_ids`` maps their
+        indices to token ids; V is the full vocabulary when no draft vocabulary is set).
+        ``base_lm_head`` is used unless heads own projections."""
         states = self.hidden_states(hidden)
         if self.lm_heads is None:
-            return base_lm_head(states)
-        return torch.stack([proj(states[..., k, :]) for k, proj in enumerate(self.lm_heads)], dim=-2)
+            if self.draft_vocab is None:
+                return base_lm_head(states)
+            bias = getattr(base_lm_head, "bias", None)
+            return nn.functional.linear(
+                states, base_lm_head.weight[self.draft_vocab], bias[self.draft_vocab] if bias is not None else None
+            )
+        weights = [proj.weight if self.draft_vocab is None else proj.weight[self.draft_vocab] for proj in self.lm_heads]
+        return torch.stack([states[..., k, :] @ w.T for k, w in enumerate(weights)], dim=-2)
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into the logits `forward` returns."""
+        return indices if self.draft_vocab is None else self.draft_vocab[indices]
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Draft over these token ids only (e.g. the most frequent ones), or over all when None."""
+        if token_ids is None:
+            self.draft_vocab = None
+            return
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if token_ids.numel() == 0 or int(token_ids.min()) < 0 or int(token_ids.max()) >= self.vocab_size:
+            raise ValueError(f"A draft vocabulary needs token ids in [0, {self.vocab_size}).")
+        self.draft_vocab = token_ids.to(next(self.parameters()).device)
 
 
 class MedusaHeads(DraftHeads):
@@ -128,4 +163,5 @@ def build_heads(config: CerberusConfig) -> DraftHeads:
         num_heads=config.num_heads,
         num_layers=config.num_layers,
         own_projection=config.head_projection == "own",
+        draft_vocab_size=config.draft_vocab_size,
     )

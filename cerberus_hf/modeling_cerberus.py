@@ -214,8 +214,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         )
 
     def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Head logits ``[..., num_heads, vocab]`` from base last hidden states ``[..., hidden]``."""
+        """Head logits ``[..., num_heads, V]`` over the draft vocabulary (``self.heads.token_ids`` maps
+        indices to token ids) from base last hidden states ``[..., hidden]``."""
         return self.heads(hidden_states, self.base.get_output_embeddings())
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Let the heads draft among ``token_ids`` only (None: the whole vocabulary). Output is unchanged;
+        drafting gets cheaper, and a token outside the set can no longer be drafted."""
+        self.heads.set_draft_vocab(token_ids)
+        self.config.draft_vocab_size = None if token_ids is None else int(self.heads.draft_vocab.numel())
 
     # ----------------------------------------------------------------------------------------- generating
     @torch.no_grad()

@@ -1,0 +1,64 @@
+"""A reduced draft vocabulary: output stays exact, drafts come only from the subset, and the subset is
+saved with the heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cerberus_hf import CerberusForCausalLM
+from helpers import NEW_TOKENS, VOCAB, check_stats, fresh_model, get_base, get_prompt, reference
+
+
+@pytest.mark.parametrize("head_projection", ["shared", "own"])
+def test_draft_vocab_keeps_output_exact_and_drafts_from_the_subset(head_projection):
+    model = fresh_model("llama", "cerberus", randomize=True, num_heads=3, head_projection=head_projection)
+    subset = torch.arange(0, VOCAB, 2)
+    model.set_draft_vocab(subset)
+    assert model.config.draft_vocab_size == len(subset)
+    logits = model.draft_logits(torch.randn(1, model.config.hidden_size))
+    assert logits.shape == (1, 3, len(subset))
+    proposals = []
+    original = model._candidate_generator
+
+    def spy(*args, **kwargs):
+        generator = original(*args, **kwargs)
+        propose = generator.propose
+
+        def recording(*a, **k):
+            draft = propose(*a, **k)
+            if draft is not None:
+                proposals.extend(draft.tokens.tolist())
+            return draft
+
+        generator.propose = recording
+        return generator
+
+    model._candidate_generator = spy
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, draft_tree=[[0], [1], [0, 0]])
+    assert torch.equal(out, reference("llama"))
+    assert proposals and all(t % 2 == 0 for t in proposals)
+    check_stats(model, NEW_TOKENS)
+
+
+def test_subset_guesses_are_the_full_guesses_restricted_to_the_subset():
+    model = fresh_model("llama", "cerberus", randomize=True, num_heads=3)
+    hidden = torch.randn(5, model.config.hidden_size)
+    full = model.draft_logits(hidden)
+    subset = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:40]
+    model.set_draft_vocab(subset)
+    reduced = model.draft_logits(hidden)
+    assert torch.allclose(reduced, full[..., subset], atol=1e-5)
+    top = model.heads.token_ids(reduced.topk(3, dim=-1).indices)
+    expected = subset[full[..., subset].topk(3, dim=-1).indices]
+    assert torch.equal(top, expected)
+
+
+def test_draft_vocab_round_trips_and_is_validated(tmp_path):
+    model = fresh_model("qwen2", "medusa", num_heads=2)
+    model.set_draft_vocab(torch.tensor([5, 9, 3]))
+    model.save_pretrained(tmp_path)
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=get_base("qwen2"))
+    assert loaded.heads.draft_vocab.tolist() == [5, 9, 3] and loaded.config.draft_vocab_size == 3
+    with pytest.raises(ValueError, match="token ids in"):
+        model.set_draft_vocab(torch.tensor([VOCAB + 1]))
