@@ -8,29 +8,27 @@ cd "$(dirname "$0")/.."
 DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
 STEPS=${STEPS:-"distill cache train card"}
-THREADS=${THREADS:-1}   # per process; the two head types train side by side on a 2-core machine
+EPOCHS=${EPOCHS:-2}
 
 for step in $STEPS; do
   case $step in
     distill)  # the base model's own answers to cerberus_hf/data/prompts.jsonl (a complete file is a no-op)
-      cerberus-hf distill --output "$DATA" --limit 1200 --batch-size 64 --max-new-tokens 128 \
+      cerberus-hf distill --output "$DATA" --batch-size 64 --max-new-tokens 128 \
         --sample-fraction 0.25 --seed 0 --threads 1 ;;
     cache)    # the base's last hidden states over the data, shared by both head types
       cerberus-hf train --cache-only --data "$DATA" --teacher-topk 0 ;;
     train)
       for type in medusa cerberus; do
         cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 --data "$DATA" \
-          --output "model_cards/$type-smollm2-135m-instruct" --epochs 1 --batch-size 256 --lr 1e-3 \
+          --output "model_cards/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
           --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
-          --projection-dtype bfloat16 --eval-every 200 --seed 0 --num-threads "$THREADS" &
-      done
-      wait ;;
+          --projection-dtype bfloat16 --eval-every 200 --seed 0
+      done ;;
     card)     # tau on MT-Bench (evaluation only; never trained on) and the model cards
       for type in medusa cerberus; do
-        OMP_NUM_THREADS=$THREADS cerberus-hf card --heads "model_cards/$type-smollm2-135m-instruct" \
-          --prompts "$PROMPTS_EVAL" --max-new-tokens 128 &
-      done
-      wait ;;
+        cerberus-hf card --heads "model_cards/$type-smollm2-135m-instruct" \
+          --prompts "$PROMPTS_EVAL" --max-new-tokens 128
+      done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
