@@ -49,6 +49,8 @@ from typing import Iterable
 
 import torch
 
+from .real_models import load_named_model
+
 logger = logging.getLogger(__name__)
 
 PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
@@ -523,26 +525,13 @@ def _add_arguments(parser):
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _load_model(name: str, dtype: torch.dtype):
-    from .real_models import PACKAGED_MODELS, load_packaged_model
-
-    if name in PACKAGED_MODELS:
-        return load_packaged_model(PACKAGED_MODELS[name], dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    model.generation_config.do_sample = False
-    return model.eval(), tokenizer
-
-
-def run_cli(args) -> Path:
+def run_cli(args) -> int:
     """Run the ``distill`` subcommand from parsed arguments."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, prompt_field=args.prompt_field, split=args.split, limit=args.limit)
-    model, tokenizer = _load_model(args.model, getattr(torch, args.dtype))
+    model, tokenizer = load_named_model(args.model, getattr(torch, args.dtype))
     logger.info("%d prompts from %s; base %s", len(prompts), args.prompts, args.model)
     started = time.perf_counter()
     path = generate_distillation_data(
@@ -554,16 +543,4 @@ def run_cli(args) -> Path:
                 time.perf_counter() - started, path, len(records),
                 sum(r["mode"] == "greedy" for r in records), sum(r["mode"] == "sample" for r in records),
                 sum(len(r["output_ids"]) for r in records))
-    return path
-
-
-def main(argv=None):
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m cerberus_hf.distill", description=__doc__.split("\n\n")[0])
-    _add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -26,7 +26,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList, Stop
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .acceptance import TypicalAcceptance
-from .base_model import check_base_compatible, greedy_generation_config, load_base_model
+from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
 from .candidate_generator import CerberusCandidateGenerator
 from .checkpoint import load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
 from .configuration_cerberus import CerberusConfig
@@ -84,14 +84,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     ) -> "CerberusForCausalLM":
         """Fresh (untrained, identity) heads on a loaded base. ``config_kwargs`` go to `CerberusConfig`
         (e.g. ``base_model_name_or_path`` when the base was loaded from somewhere its config does not say)."""
-        lm_head = base_model.get_output_embeddings()
-        if lm_head is None:
-            raise ValueError(f"{type(base_model).__name__} has no output embedding for draft heads to project through.")
-        vocab_size, hidden_size = lm_head.weight.shape
+        model_type, hidden_size, vocab_size = base_shape(base_model)
         for key, value in describe_source(getattr(base_model, "name_or_path", None)).items():
             config_kwargs.setdefault(key, value)
         config = CerberusConfig(
-            base_model_type=base_model.config.model_type,
+            base_model_type=model_type,
             hidden_size=hidden_size,
             vocab_size=vocab_size,
             head_type=head_type,

@@ -114,3 +114,16 @@ def describe_source(name_or_path: str | None) -> dict:
         if name_or_path == model.source:
             return {"base_model_name_or_path": model.hub_id, "base_model_source": model.source}
     return {"base_model_name_or_path": name_or_path or None}
+
+
+def load_named_model(name: str, dtype: torch.dtype = torch.float32, with_tokenizer: bool = True):
+    """(model, tokenizer) for a packaged model's short name (see ``PACKAGED_MODELS``) or any
+    ``from_pretrained`` path or Hub id; greedy by default. The tokenizer is None when not asked for."""
+    if name in PACKAGED_MODELS:
+        return load_packaged_model(PACKAGED_MODELS[name], dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name) if with_tokenizer else None
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    model.generation_config.do_sample = False
+    return model.eval(), tokenizer

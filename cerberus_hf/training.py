@@ -44,6 +44,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .hidden_cache import HiddenStateCache, build_hidden_cache, split_record_ids
+from .real_models import load_named_model
 
 logger = logging.getLogger(__name__)
 
@@ -775,16 +776,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
-def _load_base(name: str, dtype: torch.dtype):
-    from .real_models import PACKAGED_MODELS, load_packaged_model
-
-    if name in PACKAGED_MODELS:
-        return load_packaged_model(PACKAGED_MODELS[name], dtype=dtype)[0]
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
-
-
 def run_cli(args: argparse.Namespace) -> int:
     """Run the ``train`` subcommand from parsed arguments."""
     from .modeling_cerberus import CerberusForCausalLM
@@ -792,7 +783,7 @@ def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.output is None and not args.cache_only:
         raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
-    base = _load_base(args.base, getattr(torch, args.dtype))
+    base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
     if args.cache_only:
         started = time.perf_counter()
         cache = build_hidden_cache(base, args.data, args.cache_dir if args.cache_dir is not None else default_cache_dir(),
@@ -820,13 +811,3 @@ def run_cli(args: argparse.Namespace) -> int:
           f"{cost['positions_per_s']} positions/s) on {cost['device']}")
     print(f"heads saved to {args.output}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cerberus_hf.training", description=__doc__.split("\n\n")[0])
-    _add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
