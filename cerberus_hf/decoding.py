@@ -2,12 +2,13 @@
 
 `generate()` prepares everything as it would for plain decoding (generation config, logits processors,
 stopping criteria, cache, prefill inputs) and hands over here. Each step feeds the base model the last
-token plus the drafts in one forward pass, then walks the outputs in order exactly as plain decoding
-would: process the logits with the prefix so far, pick a token (argmax, or a sample from the processed
-distribution), append it, stop if a stopping criterion fires, and go on only while the picked token
-equals the draft at that position. Every emitted token is therefore chosen from the same distribution
-plain decoding would use at that prefix, so greedy output is identical and sampled output is
-distributed as the base's. The cache is then cut back to the tokens kept.
+token plus a draft (a chain, or a tree under tree attention) in one forward pass, then walks the outputs
+from the root exactly as plain decoding would: process the logits with the prefix so far, pick a token
+(argmax, or a sample from the processed distribution), append it, stop if a stopping criterion fires,
+and go on only while the picked token is one of the current node's drafted children. Every emitted
+token is therefore chosen from the same distribution plain decoding would use at that prefix, so
+greedy output is identical and sampled output is distributed as the base's. The cache is then cut back
+to the accepted branch.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[int]) -> None
     A branch of a tree is first moved to the front of those positions; then the cache's own ``crop``
     drops the tail, so each layer type keeps its bookkeeping (e.g. sliding-window lengths) right."""
     if keep != list(range(len(keep))):
-        order = keep + [i for i in range(fed) if i not in set(keep)]
+        kept = set(keep)
+        order = keep + [i for i in range(fed) if i not in kept]
         for layer in cache.layers:
             if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
                 continue
@@ -115,7 +117,7 @@ def speculative_generate(
     typical: TypicalAcceptance | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
-    """Greedy or sampled decoding of one sequence with drafts from ``candidate_generator``.
+    """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
 
     Signature and return value follow transformers' `_sample`; ``streamer`` and
     ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
