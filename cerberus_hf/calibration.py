@@ -35,6 +35,7 @@ from transformers import DynamicCache
 
 from .decoding import capture_lm_head_input
 from .gate import GATE_SIGNALS, gate_signal
+from .hidden_cache import split_record_ids
 
 
 @dataclass
@@ -260,18 +261,18 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     }
 
 
-def load_sequences(path: str, limit: int | None = None) -> list[tuple[list[int], int]]:
-    """``(tokens, first answer position)`` from self-distillation JSONL (``input_ids`` + ``output_ids``)."""
-    sequences = []
+def load_sequences(path: str, limit: int | None = None, held_out_fraction: float | None = 0.05):
+    """``(tokens, first answer position)`` from self-distillation JSONL (``input_ids`` + ``output_ids``).
+
+    With ``held_out_fraction`` (training's ``eval_fraction``), only records of the held-out split are
+    used, so calibration never measures heads on their own training data."""
     with open(path) as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            sequences.append((record["input_ids"] + record["output_ids"], len(record["input_ids"]) - 1))
-            if limit and len(sequences) >= limit:
-                break
-    return sequences
+        records = [json.loads(line) for line in handle if line.strip()]
+    if held_out_fraction:
+        held_out = split_record_ids([r["id"] for r in records], held_out_fraction)
+        records = [r for r in records if r["id"] in held_out]
+    sequences = [(r["input_ids"] + r["output_ids"], len(r["input_ids"]) - 1) for r in records]
+    return sequences[:limit] if limit else sequences
 
 
 def frequent_tokens(path: str, size: int) -> torch.Tensor:
@@ -287,7 +288,9 @@ def frequent_tokens(path: str, size: int) -> torch.Tensor:
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device")
     parser.add_argument("--heads", required=True, help="head checkpoint folder")
-    parser.add_argument("--data", required=True, help="self-distillation JSONL (held-out records) to calibrate on")
+    parser.add_argument("--data", required=True, help="self-distillation JSONL; its held-out split is used")
+    parser.add_argument("--held-out-fraction", type=float, default=0.05,
+                        help="training's --eval-fraction, to select the held-out records (0: use every record)")
     parser.add_argument("--limit", type=int, default=200, help="sequences to use")
     parser.add_argument("--max-nodes", type=int, default=63)
     parser.add_argument("--top-k", type=int, default=10)
@@ -306,8 +309,8 @@ def run_cli(args: argparse.Namespace) -> int:
     model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device)
     if args.draft_vocab:
         model.set_draft_vocab(frequent_tokens(args.data, args.draft_vocab))
-    report = calibrate(model, load_sequences(args.data, args.limit), top_k=args.top_k, max_nodes=args.max_nodes,
-                       repeats=args.repeats)
+    sequences = load_sequences(args.data, args.limit, args.held_out_fraction)
+    report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats)
     print(format_report(report))
     if args.report:
         with open(args.report, "w") as handle:
