@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -23,6 +25,11 @@ def load_base_model(config: CerberusConfig, **kwargs) -> nn.Module:
     except (ModuleNotFoundError, FileNotFoundError) as error:
         raise OSError(f"The base model these heads were built for, {name!r}, is not available: {error}") from error
     load_kwargs.update(source_kwargs)
+    if location.startswith((os.sep, ".", "~")) and not os.path.exists(os.path.expanduser(location)):
+        raise OSError(
+            f"The base model these heads were built for, {name!r}, is not there: no such folder. Pass the base "
+            "yourself with from_pretrained(..., base_model=model), or fix base_model_name_or_path."
+        )
     if config.base_model_revision:
         load_kwargs["revision"] = config.base_model_revision
     if config.base_gguf_file:
