@@ -244,11 +244,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         chain of every head's top-1). Without overrides, the settings `cerberus-hf calibrate` stored in
         the generation config for this device type are used, else the config's.
         ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
-        sampling, which is faster but NOT lossless. Batches are
-        decoded row by row and re-padded as the base pads them.
+        sampling, which is faster but NOT lossless. Batches are decoded row by row and re-padded as the
+        base pads them.
         """
-        if generation_config is not None:
-            generation_config = copy.deepcopy(generation_config)
         # Read the call's effective settings without changing what is passed on: generate() treats an
         # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
