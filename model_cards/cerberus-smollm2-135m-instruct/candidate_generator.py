@@ -1,0 +1,131 @@
+"""`CerberusCandidateGenerator`: the verifier's last hidden state in, draft tokens out.
+
+It follows transformers' `CandidateGenerator` contract (`get_candidates` returns the input ids with a
+candidate chain appended; `update_candidate_strategy` hears how many were accepted). The decoding loop
+asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The entropy
+gate lives here: a step the gate rejects gets no draft, and the loop decodes a single token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from .gate import EntropyGate
+from .heads import DraftHeads
+from .stats import GenerationStats
+from .tree import TreeSpec
+
+
+@dataclass
+class Draft:
+    """Draft tokens laid out as ``tree``: ``tokens[i]`` is node ``i``'s token."""
+
+    tree: TreeSpec
+    tokens: torch.LongTensor  # [len(tree)]
+
+    def top_chain(self) -> "Draft | None":
+        """The draft's all-top-1 path as a chain (None if the tree has no rank-0 first node)."""
+        nodes = [i for i, path in enumerate(self.tree.paths) if not any(path)]
+        return Draft(TreeSpec.chain(len(nodes)), self.tokens[nodes]) if nodes else None
+
+
+class CerberusCandidateGenerator(CandidateGenerator):
+    """Drafts from draft heads: node ``(r0, ..., rd)`` of the tree is head ``d``'s rank-``rd`` guess.
+
+    Args:
+        heads: the draft heads.
+        base_lm_head: the base model's output projection (used by heads without their own).
+        gate: decides per step whether to draft at all.
+        tree: the tree shape to draft (a chain of all heads when None).
+        max_length: total length the sequence may reach; drafts never run past it.
+        stats: where per-step figures are recorded.
+    """
+
+    requires_model_outputs = True
+
+    def __init__(
+        self,
+        heads: DraftHeads,
+        base_lm_head: nn.Module,
+        gate: EntropyGate,
+        tree: TreeSpec | None,
+        max_length: int,
+        stats: GenerationStats,
+    ):
+        self.heads = heads
+        self.base_lm_head = base_lm_head
+        self.gate = gate
+        self.tree = tree if tree is not None else TreeSpec.chain(heads.num_heads)
+        if self.tree.depth > heads.num_heads:
+            raise ValueError(f"The draft tree is {self.tree.depth} deep but there are only {heads.num_heads} heads.")
+        self.max_length = max_length
+        self.stats = stats
+        self._last: Draft | None = None
+
+    @torch.no_grad()
+    def propose(
+        self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor, next_token_logits: torch.Tensor
+    ) -> Draft | None:
+        """A draft following ``input_ids`` (batch size 1), or None when the gate or the length says no.
+
+        ``last_hidden_state`` ([1, hidden]) is the verifier's state at the position that predicted the
+        last token of ``input_ids``; ``next_token_logits`` ([1, vocab]) the raw prediction made from it,
+        which the gate reads. A verification step emits the accepted drafts plus one token, so drafts
+        are at most ``max_length - len - 1`` deep.
+        """
+        tree = self.tree.truncated(self.max_length - input_ids.shape[1] - 1)
+        logits = None
+        if tree is not None and self.gate.needs_heads:
+            logits = self._head_logits(last_hidden_state)
+        drafting = tree is not None and self.gate.should_draft(
+            next_token_logits, logits[0] if logits is not None else None
+        )
+        self.stats.record_gate(drafting)
+        if not drafting:
+            self._last = None
+            return None
+        if logits is None:
+            logits = self._head_logits(last_hidden_state)
+        logits = logits[: tree.depth]  # [depth, vocab]
+        top = logits.topk(tree.top_k, dim=-1).indices if tree.top_k > 1 else logits.argmax(dim=-1, keepdim=True)
+        top = self.heads.token_ids(top)
+        tokens = top[tree.head_index.to(top.device), tree.rank.to(top.device)].to(input_ids.dtype)
+        self._last = Draft(tree, tokens)
+        return self._last
+
+    def _head_logits(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
+        hidden = last_hidden_state.to(next(self.heads.parameters()).dtype)
+        return self.heads(hidden, self.base_lm_head)[0]  # [num_heads, draft vocab]
+
+    def get_candidates(
+        self,
+        input_ids: torch.LongTensor,
+        last_hidden_state: torch.Tensor | None = None,
+        next_token_logits: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.LongTensor, None]:
+        """transformers' view: ``input_ids`` followed by the draft's top-1 chain (no logits)."""
+        draft = self.propose(input_ids, last_hidden_state, next_token_logits)
+        chain = draft.top_chain() if draft is not None else None
+        if chain is None:
+            return input_ids, None
+        return torch.cat([input_ids, chain.tokens[None]], dim=1), None
+
+    def fall_back_to_chain(self, draft: Draft) -> Draft | None:
+        """Verify only the draft's top-1 chain this step (for attention that cannot take a tree mask)."""
+        self._last = draft.top_chain()
+        return self._last
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor | None, num_matches: int):
+        """Record how the last proposal fared (the tree is fixed per call; nothing adapts yet)."""
+        draft = self._last
+        self.stats.record_step(
+            emitted=num_matches + 1,
+            depth=draft.tree.depth if draft else 0,
+            nodes=len(draft.tree) if draft else 0,
+        )
+        self._last = None

