@@ -9,6 +9,7 @@ DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
 STEPS=${STEPS:-"distill cache train card"}
 EPOCHS=${EPOCHS:-2}
+OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
 
 for step in $STEPS; do
   case $step in
@@ -20,13 +21,13 @@ for step in $STEPS; do
     train)
       for type in medusa cerberus; do
         cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 --data "$DATA" \
-          --output "model_cards/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
+          --output "$OUT/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
           --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
           --projection-dtype bfloat16 --eval-every 200 --seed 0
       done ;;
     card)     # tau on MT-Bench (evaluation only; never trained on) and the model cards
       for type in medusa cerberus; do
-        cerberus-hf card --heads "model_cards/$type-smollm2-135m-instruct" \
+        cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" \
           --prompts "$PROMPTS_EVAL" --max-new-tokens 128
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
