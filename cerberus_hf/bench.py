@@ -40,7 +40,8 @@ def load_bench_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     return prompts[:limit] if limit else prompts
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so wall-clock timings measure it (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -96,10 +97,10 @@ def run_bench(
         order = methods[index % len(methods):] + methods[: index % len(methods)]
         outputs = {}
         for method in order:
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             out, stats = method.run(ids)
-            _sync(device)
+            synchronize(device)
             elapsed = time.perf_counter() - start
             outputs[method.name] = out
             method.records.append({
@@ -126,8 +127,8 @@ def summarize(methods: list[Method]) -> dict:
         tokens = sum(r["new_tokens"] for r in recs)
         seconds = sum(r["seconds"] for r in recs)
         has_steps = all(r["steps"] is not None for r in recs)
-        proposed = _sum_lists([r["proposed_per_head"] for r in recs if r["proposed_per_head"]])
-        accepted = _sum_lists([r["accepted_per_head"] for r in recs if r["accepted_per_head"]])
+        proposed = sum_per_head([r["proposed_per_head"] for r in recs if r["proposed_per_head"]])
+        accepted = sum_per_head([r["accepted_per_head"] for r in recs if r["accepted_per_head"]])
         rows.append({
             "method": method.name,
             "tokens_per_s": tokens / seconds,
@@ -141,7 +142,8 @@ def summarize(methods: list[Method]) -> dict:
     return {"methods": rows}
 
 
-def _sum_lists(lists: list[list[int]]) -> list[int]:
+def sum_per_head(lists: list[list[int]]) -> list[int]:
+    """Element-wise sum of per-head counts of different lengths."""
     width = max((len(x) for x in lists), default=0)
     return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
 

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from .bench import synchronize
 from .decoding import capture_lm_head_input
 from .gate import GATE_SIGNALS, gate_signal
 from .hidden_cache import split_record_ids
@@ -64,10 +65,10 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
         for n in times:
             tokens = torch.randint(0, vocab, (1, n), generator=generator).to(device)
             positions = torch.arange(context, context + n, device=device)[None]
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
-            _sync(device)
+            synchronize(device)
             times[n].append(time.perf_counter() - start)
             cache.crop(-n)
     return {n: statistics.median(values) for n, values in times.items()}
@@ -79,10 +80,10 @@ def measure_draft_time(model, repeats: int = 20) -> float:
     hidden = torch.zeros(1, model.config.hidden_size, device=model.device, dtype=model.dtype)
     values = []
     for _ in range(repeats):
-        _sync(model.device)
+        synchronize(model.device)
         start = time.perf_counter()
         model.draft_logits(hidden).topk(8, dim=-1)
-        _sync(model.device)
+        synchronize(model.device)
         values.append(time.perf_counter() - start)
     return statistics.median(values)
 
@@ -220,11 +221,6 @@ def _auc(score: torch.Tensor, positive: torch.Tensor) -> float:
         return float("nan")
     ranks = _ranks(score)
     return float((ranks[positive].sum() + n_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, max_nodes: int = 63,

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .bench import load_bench_prompts
+from .bench import load_bench_prompts, sum_per_head
 
 TRAINING_METRICS = "training_metrics.json"
 EVALUATION = "evaluation.json"
@@ -28,8 +28,8 @@ EVALUATION = "evaluation.json"
 def evaluate_tau(model, tokenizer, prompts: list[str], max_new_tokens: int = 128, **generate_kwargs) -> dict:
     """Greedy-decode every prompt (chat template applied) and pool the decoding statistics."""
     totals = {"new_tokens": 0, "steps": 0, "draft_steps": 0, "gate_decisions": 0}
-    proposed: list[int] = []
-    accepted: list[int] = []
+    proposed: list[list[int]] = []
+    accepted: list[list[int]] = []
     for prompt in tqdm(prompts, desc="tau", unit="prompt"):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_tensors="pt")["input_ids"].to(model.device)
@@ -37,16 +37,14 @@ def evaluate_tau(model, tokenizer, prompts: list[str], max_new_tokens: int = 128
         stats = model.generation_stats
         for key in totals:
             totals[key] += getattr(stats, key)
-        for store, values in ((proposed, stats.proposed_per_head), (accepted, stats.accepted_per_head)):
-            store.extend([0] * (len(values) - len(store)))
-            for i, v in enumerate(values):
-                store[i] += v
+        proposed.append(stats.proposed_per_head)
+        accepted.append(stats.accepted_per_head)
     return {
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
         "tau": totals["new_tokens"] / totals["steps"],
         "draft_rate": totals["draft_steps"] / max(totals["gate_decisions"], 1),
-        "head_acceptance": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+        "head_acceptance": [a / p if p else 0.0 for a, p in zip(sum_per_head(accepted), sum_per_head(proposed))],
         **totals,
     }
 

@@ -10,7 +10,7 @@ import torch
 
 from cerberus_hf import distill
 from cerberus_hf.distill import generate_distillation_data, load_prompts, read_records, sampled_ids
-from tiny_models import EOS, PAD, tiny_model, tiny_tokenizer
+from tiny_models import PAD, tiny_model, tiny_tokenizer
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
                  "{% if add_generation_prompt %}<s> w4 {% endif %}")

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import cerberus_hf
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
