@@ -25,6 +25,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .acceptance import TypicalAcceptance, pick_token
 from .candidate_generator import CerberusCandidateGenerator, Draft
+from .profiling import StepProfiler, phase_timer
 
 
 @contextmanager
@@ -115,6 +116,7 @@ def speculative_generate(
     streamer=None,
     make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
     typical: TypicalAcceptance | None = None,
+    profiler: StepProfiler | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
@@ -123,6 +125,7 @@ def speculative_generate(
     ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
     final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
     streamer to a custom decoding callable. ``typical`` opts into Medusa's (lossy) typical acceptance.
+    ``profiler`` collects wall time per phase of the loop.
     """
     _check_supported(model, input_ids, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
@@ -131,9 +134,11 @@ def speculative_generate(
     want_dict = generation_config.return_dict_in_generate
     scores = () if (want_dict and generation_config.output_scores) else None
     raw_logits = () if (want_dict and generation_config.output_logits) else None
+    phase = phase_timer(profiler)
 
     with capture_lm_head_input(model) as captured:
-        outputs = model._prefill(input_ids, generation_config, model_kwargs)
+        with phase("prefill"):
+            outputs = model._prefill(input_ids, generation_config, model_kwargs)
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()  # sliding-window layers must be able to roll back
         step_logits = outputs.logits[:, -1:]
@@ -142,42 +147,46 @@ def speculative_generate(
         while True:
             # Walk the tree from the root (input position 0, the last token): each emitted token is picked
             # from the base's prediction at the current node, then matched against that node's children.
-            draft_tokens = draft.tokens.tolist() if draft is not None else []
-            accepted: list[int] = []
-            node = -1
-            while True:
-                position = node + 1
-                next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
-                next_scores = logits_processor(input_ids, next_logits)
-                children = draft.tree.children[node + 1] if draft is not None else []
-                next_token = pick_token(next_scores, do_sample, [draft_tokens[c] for c in children], typical)
-                input_ids = torch.cat([input_ids, next_token], dim=-1)
-                if scores is not None:
-                    scores += (next_scores,)
-                if raw_logits is not None:
-                    raw_logits += (next_logits,)
-                if streamer is not None:
-                    streamer.put(next_token[0].cpu())
-                finished = bool(stopping_criteria(input_ids, next_scores).any())
-                if finished or draft is None:
-                    break
-                token = next_token.item()
-                node = next((c for c in children if draft_tokens[c] == token), None)
-                if node is None:
-                    break
-                accepted.append(node)
+            with phase("accept"):
+                draft_tokens = draft.tokens.tolist() if draft is not None else []
+                accepted: list[int] = []
+                node = -1
+                while True:
+                    position = node + 1
+                    next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
+                    next_scores = logits_processor(input_ids, next_logits)
+                    children = draft.tree.children[node + 1] if draft is not None else []
+                    next_token = pick_token(next_scores, do_sample, [draft_tokens[c] for c in children], typical)
+                    input_ids = torch.cat([input_ids, next_token], dim=-1)
+                    if scores is not None:
+                        scores += (next_scores,)
+                    if raw_logits is not None:
+                        raw_logits += (next_logits,)
+                    if streamer is not None:
+                        streamer.put(next_token[0].cpu())
+                    finished = bool(stopping_criteria(input_ids, next_scores).any())
+                    if finished or draft is None:
+                        break
+                    token = next_token.item()
+                    node = next((c for c in children if draft_tokens[c] == token), None)
+                    if node is None:
+                        break
+                    accepted.append(node)
             candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=len(accepted))
             if draft is not None:
-                keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=[0] + [n + 1 for n in accepted])
+                with phase("cache"):
+                    keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=[0] + [n + 1 for n in accepted])
             if finished:
                 break
             last = accepted[-1] + 1 if accepted else 0
-            draft = candidate_generator.propose(
-                input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last]
-            )
-            if draft is not None and not draft.tree.is_chain and not _tree_attention_ok(model, input_ids, draft):
-                draft = candidate_generator.fall_back_to_chain(draft)
-            outputs = _verify(model, cache, input_ids, draft)
+            with phase("draft"):
+                draft = candidate_generator.propose(
+                    input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last]
+                )
+                if draft is not None and not draft.tree.is_chain and not _tree_attention_ok(model, input_ids, draft):
+                    draft = candidate_generator.fall_back_to_chain(draft)
+            with phase("verify"):
+                outputs = _verify(model, cache, input_ids, draft)
             step_logits = outputs.logits
             step_hidden = captured["hidden"]
 

@@ -14,6 +14,7 @@ import functools
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -33,6 +34,7 @@ from .configuration_cerberus import CerberusConfig
 from .decoding import speculative_generate
 from .gate import EntropyGate
 from .heads import DraftHeads, build_heads
+from .profiling import StepProfiler
 from .real_models import describe_source
 from .stats import GenerationStats
 from .tree import TreeSpec
@@ -233,6 +235,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         gate_threshold: float | None = _UNSET,
         draft_tree: list[list[int]] | None = _UNSET,
         typical_acceptance: TypicalAcceptance | bool = False,
+        profile: bool = False,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
@@ -244,9 +247,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         chain of every head's top-1). Without overrides, the settings `cerberus-hf calibrate` stored in
         the generation config for this device type are used, else the config's.
         ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
-        sampling, which is faster but NOT lossless. Batches are decoded row by row and re-padded as the
-        base pads them.
+        sampling, which is faster but NOT lossless. ``profile=True`` records the wall time of each phase
+        of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
+        row by row and re-padded as the base pads them.
         """
+        started = time.perf_counter()
         # Read the call's effective settings without changing what is passed on: generate() treats an
         # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
@@ -294,10 +299,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if typical_acceptance is True:
             typical_acceptance = TypicalAcceptance()
         stats = GenerationStats()
+        profiler = StepProfiler(self.device) if profile else None
         decode = functools.partial(
             speculative_generate,
             streamer=streamer,
             typical=typical_acceptance or None,
+            profiler=profiler,
             make_candidate_generator=functools.partial(self._candidate_generator, gate=gate, tree=tree, stats=stats),
         )
         with self._base_generation_defaults():
@@ -313,6 +320,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 )
                 for row in rows
             ]
+        if profiler is not None:
+            stats.phase_seconds = profiler.close(time.perf_counter() - started)
         self.generation_stats = stats
         if len(results) == 1:
             return results[0]

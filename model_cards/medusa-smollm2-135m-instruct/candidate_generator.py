@@ -84,7 +84,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         drafting = tree is not None and self.gate.should_draft(
             next_token_logits, logits[0] if logits is not None else None
         )
-        self.stats.record_gate(drafting)
+        if tree is not None:  # no room left for a draft is not the gate's decision
+            self.stats.record_gate(drafting)
         if not drafting:
             self._last = None
             return None

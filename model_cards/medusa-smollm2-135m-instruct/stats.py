@@ -10,7 +10,8 @@ class GenerationStats:
     """What one `generate()` call did.
 
     ``steps`` counts forward passes of the base model (the prefill included), so plain decoding has
-    ``tau == 1`` and every accepted draft token raises it.
+    ``tau == 1`` and every accepted draft token raises it. ``gate_decisions`` counts the steps where a
+    draft would have fitted before ``max_length``; ``draft_steps`` those where the gate let it.
     """
 
     steps: int = 0
@@ -22,6 +23,7 @@ class GenerationStats:
     tokens_per_step: list[int] = field(default_factory=list)
     proposed_per_head: list[int] = field(default_factory=list)
     accepted_per_head: list[int] = field(default_factory=list)
+    phase_seconds: dict[str, float] | None = None  # per-phase wall time, with generate(profile=True)
 
     @property
     def tau(self) -> float:
