@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,7 +18,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from .profiling import PHASES, synchronize
+from .profiling import PHASES, describe_device, synchronize
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "mt_bench.jsonl"
 
@@ -267,8 +265,7 @@ def run_cli(args: argparse.Namespace) -> int:
                        profile=args.profile)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"),
-                  command="cerberus-hf " + " ".join(sys.argv[1:]), torch_threads=torch.get_num_threads(),
-                  machine=f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip())
+                  command="cerberus-hf " + " ".join(sys.argv[1:]), machine=describe_device(base.device))
     print(markdown_table(result))
     if args.profile:
         print("\nmilliseconds per decoding step, by phase (see cerberus_hf/profiling.py):")

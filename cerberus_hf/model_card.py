@@ -2,8 +2,9 @@
 
 The card (``README.md`` in the Hub's model-card format, YAML metadata first) states the base, the
 training data and cost (from ``training_metrics.json``, written by training), per-head accuracy on the
-held-out split, and the mean accepted tokens per step (tau) measured here on a prompt file. Nothing in it
-is typed by hand: every figure comes from a file or from this run, and the command line is recorded.
+held-out split, and the mean accepted tokens per step (tau): measured here on a prompt file, or taken
+with the speedups from a `cerberus-hf bench` JSON (``--bench``) that ran this checkpoint. Nothing in it is
+typed by hand: every figure comes from a file or from this run, and the command lines are recorded.
 """
 
 from __future__ import annotations
@@ -42,10 +43,37 @@ def evaluate_tau(model, tokenizer, prompts: list[str], max_new_tokens: int = 128
     return {
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
-        "tau": totals["new_tokens"] / totals["steps"],
-        "draft_rate": totals["draft_steps"] / max(totals["gate_decisions"], 1),
-        "head_acceptance": [a / p if p else 0.0 for a, p in zip(sum_per_head(accepted), sum_per_head(proposed))],
-        **totals,
+        "runs": [{
+            "configuration": "default settings",
+            "tau": totals["new_tokens"] / totals["steps"],
+            "draft_rate": totals["draft_steps"] / max(totals["gate_decisions"], 1),
+            "head_acceptance": [a / p if p else 0.0 for a, p in zip(sum_per_head(accepted), sum_per_head(proposed))],
+            **totals,
+        }],
+    }
+
+
+def evaluation_from_bench(bench: dict, label: str) -> dict:
+    """This checkpoint's rows of a `cerberus-hf bench` result (methods named ``label`` or ``label (...)``),
+    without the per-prompt records, with the run's metadata."""
+    runs = []
+    for row in bench["methods"]:
+        if row["method"] == label or row["method"].startswith(label + " ("):
+            configuration = row["method"][len(label):].strip(" ()") or "default settings"
+            runs.append({"configuration": configuration, **{k: v for k, v in row.items() if k not in ("prompts", "method")}})
+    if not runs:
+        raise ValueError(f"The bench result has no rows for {label!r}; it ran {[r['method'] for r in bench['methods']]}.")
+    plain = bench["methods"][0]
+    return {
+        "prompts": bench.get("n_prompts"),
+        "max_new_tokens": bench.get("max_new_tokens"),
+        "prompts_file": Path(bench.get("prompts_file", "n/a")).name,
+        "device": bench.get("device"),
+        "machine": bench.get("machine"),
+        "date": bench.get("date"),
+        "command": bench.get("command"),
+        "plain_tokens_per_s": plain["tokens_per_s"],
+        "runs": runs,
     }
 
 
@@ -112,52 +140,69 @@ def render_card(config, training: dict | None, evaluation: dict | None, command:
     if evaluation:
         lines += ["## Decoding", "",
                   f"Greedy, {evaluation['prompts']} prompts of `{evaluation.get('prompts_file', 'n/a')}` (first turn, "
-                  f"chat template), {evaluation['max_new_tokens']} new tokens, on {evaluation.get('device', 'n/a')}, "
-                  f"{evaluation.get('settings', 'default settings')}:",
+                  f"chat template), {evaluation['max_new_tokens']} new tokens, on {evaluation.get('device', 'n/a')}"
+                  + (f" ({evaluation['machine']})" if evaluation.get("machine") else "")
+                  + (f", plain generate() at {evaluation['plain_tokens_per_s']:.1f} tokens/s"
+                     if evaluation.get("plain_tokens_per_s") else "")
+                  + ". tau is the mean number of tokens per base forward pass (plain decoding: 1).",
                   "",
-                  f"- mean accepted tokens per base forward (tau): **{evaluation['tau']:.2f}** "
-                  f"({evaluation['new_tokens']} tokens in {evaluation['steps']} forwards)",
-                  f"- gate draft rate: {evaluation['draft_rate']:.0%}",
-                  "- acceptance per head depth: "
-                  + ", ".join(f"{a:.2f}" for a in evaluation["head_acceptance"]),
-                  ""]
-    lines += ["## Provenance", "", f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.", ""]
+                  "| configuration | tau | gate draft rate | speedup vs plain generate() | identical to greedy | "
+                  "acceptance per head depth |",
+                  "|---|---|---|---|---|---|"]
+        for run in evaluation["runs"]:
+            lines.append(
+                f"| {run['configuration']} | {run['tau']:.2f} | {run['draft_rate']:.0%} | "
+                + (f"{run['speedup']:.2f}x" if run.get("speedup") is not None else "n/a") + " | "
+                + (f"{run['identical']:.0%}" if run.get("identical") is not None else "n/a") + " | "
+                + ", ".join(f"{a:.2f}" for a in run["head_acceptance"]) + " |")
+        lines.append("")
+        if evaluation.get("command"):
+            lines += [f"Measured by `{evaluation['command']}`" + (f" on {evaluation['date']}" if evaluation.get("date")
+                                                                   else "") + ".", ""]
+    lines += ["## Provenance", "", f"Card written by `{command}` on {time.strftime('%Y-%m-%d')}.", ""]
     return "\n".join(lines)
 
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("card", help="measure a head checkpoint and write its model card")
     parser.add_argument("--heads", required=True, help="head checkpoint folder")
-    parser.add_argument("--prompts", required=True, help="JSONL with a 'turns' list per line (e.g. MT-Bench)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", help="measure tau here on this JSONL (a 'turns' list per line, e.g. MT-Bench)")
+    source.add_argument("--bench", help="take tau and speedups from this `cerberus-hf bench --json` result")
+    source.add_argument("--reuse-evaluation", action="store_true",
+                        help=f"rewrite the card from the folder's {EVALUATION} instead of measuring again")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--reuse-evaluation", action="store_true",
-                        help=f"rewrite the card from the folder's {EVALUATION} instead of measuring again")
     parser.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .modeling_cerberus import CerberusForCausalLM
-    from .real_models import load_packaged_model
+    from .configuration_cerberus import CerberusConfig
 
     folder = Path(args.heads)
-    base, tokenizer = load_packaged_model()
-    model = CerberusForCausalLM.from_pretrained(folder, base_model=base)
+    config = CerberusConfig.from_pretrained(folder)
     if args.reuse_evaluation:
         evaluation = json.loads((folder / EVALUATION).read_text())
+    elif args.bench:
+        evaluation = evaluation_from_bench(json.loads(Path(args.bench).read_text()), f"{config.head_type} {folder.name}")
     else:
+        from .modeling_cerberus import CerberusForCausalLM
+        from .real_models import load_named_model
+
+        base, tokenizer = load_named_model(config.base_model_source or config.base_model_name_or_path)
+        model = CerberusForCausalLM.from_pretrained(folder, base_model=base)
         prompts = load_bench_prompts(args.prompts, args.limit)
         evaluation = evaluate_tau(model, tokenizer, prompts, args.max_new_tokens)
-        evaluation.update(prompts_file=Path(args.prompts).name, device=str(model.device),
-                          settings=json.dumps(model.decoding_settings()), command=_command())
-        (folder / EVALUATION).write_text(json.dumps(evaluation, indent=1))
+        evaluation.update(prompts_file=Path(args.prompts).name, device=str(model.device), date=time.strftime("%Y-%m-%d"),
+                          settings=model.decoding_settings(), command=_command())
+    (folder / EVALUATION).write_text(json.dumps(evaluation, indent=1))
     training_file = folder / TRAINING_METRICS
     training = json.loads(training_file.read_text()) if training_file.is_file() else None
-    command = evaluation.get("command") or _command()
-    (folder / "README.md").write_text(render_card(model.config, training, evaluation, command))
-    print(f"tau {evaluation['tau']:.2f} over {evaluation['prompts']} prompts; card written to {folder / 'README.md'}")
+    (folder / "README.md").write_text(render_card(config, training, evaluation, _command()))
+    taus = ", ".join(f"{run['configuration']}: {run['tau']:.2f}" for run in evaluation["runs"])
+    print(f"tau ({taus}) over {evaluation['prompts']} prompts; card written to {folder / 'README.md'}")
     return 0
 
 
 def _command() -> str:
-    return "cerberus-hf card " + " ".join(shlex.quote(a) for a in sys.argv[2:] if a != "--reuse-evaluation")
+    return "cerberus-hf card " + " ".join(shlex.quote(a) for a in sys.argv[2:])

@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import shutil
 import time
@@ -44,6 +43,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .hidden_cache import HiddenStateCache, build_hidden_cache, split_record_ids
+from .profiling import describe_device
 from .real_models import load_named_model
 
 logger = logging.getLogger(__name__)
@@ -412,20 +412,6 @@ def default_cache_dir() -> Path:
     return cache_dir() / "hidden_states"
 
 
-def _describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu: {name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-
-
 def _on_step_end(step: int) -> None:
     """Called after every optimizer step (and its checkpoint); a hook for tests that simulate a kill."""
 
@@ -712,7 +698,7 @@ def train_heads(
             "eval_time_s": round(eval_time, 3),
             "positions_per_s": round(positions_this_call / train_time, 2) if positions_this_call and train_time > 0 else None,
             "positions_trained": trainer_state["positions_trained"],
-            "device": _describe_device(device),
+            "device": describe_device(device),
             "num_processes": accelerator.num_processes,
         },
         "history": trainer_state["history"],

@@ -2,13 +2,14 @@
 # Reproduces the shipped SmolLM2-135M-Instruct heads under model_cards/: data, training, cards.
 # Every step is resumable: run it again after an interruption and it continues where it stopped.
 #   bash scripts/train_shipped_heads.sh            # all steps
-#   STEPS="train card" bash scripts/train_shipped_heads.sh
+#   STEPS="bench card" bash scripts/train_shipped_heads.sh
 #   OUT=/tmp/repro TYPES=cerberus STEPS=train bash scripts/train_shipped_heads.sh   # check a shipped checkpoint
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
-STEPS=${STEPS:-"distill cache train card"}
+STEPS=${STEPS:-"distill cache train calibrate bench card"}
+BENCH=${BENCH:-benchmarks/mt_bench_cpu}   # the bench run the cards quote (JSON, PNG, Markdown)
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
 TYPES=${TYPES:-"medusa cerberus"}   # head types to train / describe
@@ -27,10 +28,19 @@ for step in $STEPS; do
           --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
           --projection-dtype bfloat16 --eval-every 200 --seed 0
       done ;;
-    card)     # tau on MT-Bench (evaluation only; never trained on) and the model cards
+    calibrate)  # the device's cost curve, the tree and the gate; a 4096-token draft vocabulary
       for type in $TYPES; do
-        cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" \
-          --prompts "$PROMPTS_EVAL" --max-new-tokens 128
+        cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --draft-vocab 4096 \
+          --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
+      done ;;
+    bench)    # every method on MT-Bench (evaluation only; never trained on), interleaved, with step profiles
+      mkdir -p "$(dirname "$BENCH")"
+      cerberus-hf bench $(for type in $TYPES; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
+        --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --variants chain tree tree+gate --profile \
+        --json "$BENCH.json" --plot "$BENCH.png" > "$BENCH.md" ;;
+    card)     # the model cards, from the training metrics and the bench
+      for type in $TYPES; do
+        cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$BENCH.json"
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

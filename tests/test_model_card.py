@@ -1,0 +1,33 @@
+"""Model cards are written from measured numbers: a bench run's rows for the checkpoint become its card."""
+
+from __future__ import annotations
+
+import pytest
+
+from cerberus_hf.bench import run_bench
+from cerberus_hf.model_card import evaluation_from_bench, render_card
+from helpers import fresh_model, get_base, get_prompt
+
+
+def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
+    model = fresh_model("llama", "cerberus", randomize=True, num_heads=2)
+    model.generation_config.cerberus_calibration = {"cpu": {"draft_tree": [[0], [1], [0, 0]]}}
+    other = fresh_model("llama", "medusa", num_heads=2)
+    result = run_bench(get_base("llama"), {"cerberus tiny": model, "medusa tiny": other}, [get_prompt("llama")],
+                       max_new_tokens=8, variants=["chain", "tree"])
+    result.update(n_prompts=1, max_new_tokens=8, prompts_file="/x/prompts.jsonl", device="cpu", command="cerberus-hf bench")
+
+    evaluation = evaluation_from_bench(result, "cerberus tiny")
+    assert [run["configuration"] for run in evaluation["runs"]] == ["chain, gate off", "tree, gate off"]
+    by_name = {row["method"]: row for row in result["methods"]}
+    assert evaluation["runs"][1]["tau"] == by_name["cerberus tiny (tree, gate off)"]["tau"]
+    assert "prompts" not in evaluation["runs"][0]  # per-prompt records stay in the bench JSON
+
+    card = render_card(model.config, None, evaluation, "cerberus-hf card --bench b.json")
+    assert card.startswith("---\nbase_model:") and "library_name: cerberus-hf" in card and "datasets:" in card
+    tree = evaluation["runs"][1]
+    assert f"| tree, gate off | {tree['tau']:.2f} | 100% | {tree['speedup']:.2f}x | 100% |" in card
+    assert "Measured by `cerberus-hf bench`" in card and "prompts.jsonl" in card
+
+    with pytest.raises(ValueError, match="no rows for 'cerberus other'"):
+        evaluation_from_bench(result, "cerberus other")
