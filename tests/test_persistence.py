@@ -3,6 +3,7 @@ without cerberus_hf installed, pipelines, and Hub ids served from an offline cac
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -326,3 +327,20 @@ def test_hub_ids_load_offline_from_the_cache(base, tmp_path):
     assert result["out"] == result["ref"] == greedy(base)
     assert result["auto_type"] == "CerberusForCausalLM"
     assert result["auto_out"] == result["ref"]
+
+
+SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "model_cards", "*", "config.json")))
+
+
+@pytest.mark.parametrize("config_path", SHIPPED, ids=[os.path.basename(os.path.dirname(p)) for p in SHIPPED])
+def test_shipped_checkpoints_carry_the_current_code(config_path):
+    """A shipped folder loads with trust_remote_code from its own copy of the code: that copy must be the
+    package's current code (save again, or copy the modules, after changing the package)."""
+    folder = os.path.dirname(config_path)
+    package = os.path.dirname(cerberus_hf.__file__)
+    saved_code = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    assert "modeling_cerberus.py" in saved_code
+    for name in saved_code:
+        assert open(os.path.join(folder, name)).read() == open(os.path.join(package, name)).read(), name
+        for module in re.findall(r"^\s*from \.(\w+) import", open(os.path.join(folder, name)).read(), flags=re.M):
+            assert f"{module}.py" in saved_code, f"{name} imports .{module}, which the folder lacks"

@@ -16,13 +16,31 @@ that adds synchronisations, so profile separately from timing runs there. On a C
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import ContextManager, Iterator
 
 import torch
 
 PHASES = ("prefill", "draft", "verify", "accept", "cache", "other")
+
+
+def describe_device(device: torch.device) -> str:
+    """The device in words, for the records of a timing (CPU model, cores and torch threads on a CPU)."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
 def synchronize(device: torch.device) -> None:

@@ -137,10 +137,11 @@ def describe_source(name_or_path: str | None) -> dict:
 
 
 def load_named_model(name: str, dtype: torch.dtype = torch.float32, with_tokenizer: bool = True):
-    """(model, tokenizer) for a packaged model's short name (see ``PACKAGED_MODELS``) or any
+    """(model, tokenizer) for a packaged model's short name or source (see ``PACKAGED_MODELS``) or any
     ``from_pretrained`` path or Hub id; greedy by default. The tokenizer is None when not asked for."""
-    if name in PACKAGED_MODELS:
-        return load_packaged_model(PACKAGED_MODELS[name], dtype=dtype)
+    for packaged in PACKAGED_MODELS.values():
+        if name in (packaged.name, packaged.source):
+            return load_packaged_model(packaged, dtype=dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name) if with_tokenizer else None
