@@ -213,18 +213,21 @@ def save_plot(result: dict, path: str | Path) -> None:
 
     rows = result["methods"]
     names = [r["method"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 0.45 * len(rows) + 2.5), gridspec_kw={"width_ratios": [1, 1, 1.2]})
     axes[0].barh(names, [r["speedup"] for r in rows])
     axes[0].axvline(1.0, color="grey", linestyle="--")
     axes[0].set_xlabel("speedup over plain generate()")
     axes[1].barh(names, [r["tau"] or 0.0 for r in rows])
-    axes[1].set_xlabel("tau (tokens per base forward)")
+    axes[1].set_yticks([])
+    axes[1].set_xlabel("tau (tokens per base forward; prompt lookup: not reported)")
     for r in rows:
         if r["head_acceptance"]:
-            axes[2].plot(range(1, len(r["head_acceptance"]) + 1), r["head_acceptance"], marker="o", label=r["method"])
-    axes[2].set_xlabel("head")
-    axes[2].set_ylabel("acceptance rate")
-    axes[2].legend(fontsize=7)
+            depths = range(1, len(r["head_acceptance"]) + 1)
+            axes[2].plot(depths, r["head_acceptance"], marker="o", label=r["method"])
+    axes[2].set_xticks(range(1, 1 + max((len(r["head_acceptance"]) for r in rows), default=1)))
+    axes[2].set_xlabel("head depth")
+    axes[2].set_ylabel("acceptance rate (given the heads before it were accepted)")
+    axes[2].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
