@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import GenerationConfig
 
 from .bench import load_bench_prompts, sum_per_head
 
@@ -77,8 +78,11 @@ def evaluation_from_bench(bench: dict, label: str) -> dict:
     }
 
 
-def render_card(config, training: dict | None, evaluation: dict | None, command: str) -> str:
-    """Markdown with YAML front matter, from the config and the measured numbers."""
+def render_card(
+    config, training: dict | None, evaluation: dict | None, command: str, calibration: dict | None = None
+) -> str:
+    """Markdown with YAML front matter, from the config, the stored calibration (the generation config's
+    ``cerberus_calibration``) and the measured numbers."""
     head_type = config.head_type
     lines = [
         "---",
@@ -103,6 +107,17 @@ def render_card(config, training: dict | None, evaluation: dict | None, command:
         + (f", exactly `{config.base_model_source}`" if config.base_model_source else ""),
         f"- Shape checked on load: hidden size {config.hidden_size}, vocabulary {config.vocab_size}, "
         f"model type `{config.base_model_type}`",
+    ]
+    if config.draft_vocab_size:
+        lines.append(f"- Drafting among the {config.draft_vocab_size} most frequent answer tokens of the training data "
+                     f"(verification always uses all {config.vocab_size}, so output is unchanged)")
+    for device, settings in (calibration or {}).items():
+        tree = settings.get("draft_tree")
+        lines.append(f"- Calibrated for `{device}` (used by default there): "
+                     + (f"tree of {len(tree)} nodes `{tree}`" if tree else "chain")
+                     + (f", gate drafts while {settings.get('gate_signal')} < {settings['gate_threshold']:.3f}"
+                        if settings.get("gate_threshold") is not None else ", no gate"))
+    lines += [
         "",
         "```python",
         "from transformers import AutoModelForCausalLM",
@@ -198,7 +213,8 @@ def run_cli(args: argparse.Namespace) -> int:
     (folder / EVALUATION).write_text(json.dumps(evaluation, indent=1))
     training_file = folder / TRAINING_METRICS
     training = json.loads(training_file.read_text()) if training_file.is_file() else None
-    (folder / "README.md").write_text(render_card(config, training, evaluation, _command()))
+    calibration = getattr(GenerationConfig.from_pretrained(folder), "cerberus_calibration", None)
+    (folder / "README.md").write_text(render_card(config, training, evaluation, _command(), calibration))
     taus = ", ".join(f"{run['configuration']}: {run['tau']:.2f}" for run in evaluation["runs"])
     print(f"tau ({taus}) over {evaluation['prompts']} prompts; card written to {folder / 'README.md'}")
     return 0
