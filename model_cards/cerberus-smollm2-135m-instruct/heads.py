@@ -112,14 +112,17 @@ class DraftHeads(nn.Module):
         ``base_lm_head`` is used unless heads own projections."""
         states = self.hidden_states(hidden)
         if self.lm_heads is None:
-            if self.draft_vocab is None:
-                return base_lm_head(states)
-            bias = getattr(base_lm_head, "bias", None)
-            return nn.functional.linear(
-                states, self._draft_rows_of(base_lm_head.weight), self._draft_rows_of(bias) if bias is not None else None
-            )
-        weights = [proj.weight if self.draft_vocab is None else self._draft_rows_of(proj.weight) for proj in self.lm_heads]
-        return torch.stack([states[..., k, :] @ w.T for k, w in enumerate(weights)], dim=-2)
+            return self._project(states, base_lm_head)
+        return torch.stack([self._project(states[..., k, :], proj) for k, proj in enumerate(self.lm_heads)], dim=-2)
+
+    def _project(self, states: torch.Tensor, projection: nn.Module) -> torch.Tensor:
+        """``projection(states)``, restricted to the draft vocabulary's rows when one is set."""
+        if self.draft_vocab is None:
+            return projection(states)
+        bias = getattr(projection, "bias", None)
+        return nn.functional.linear(
+            states, self._draft_rows_of(projection.weight), self._draft_rows_of(bias) if bias is not None else None
+        )
 
     def _draft_rows_of(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor[draft_vocab]``, gathered once and reused while neither tensor changes: a fresh gather
