@@ -39,6 +39,7 @@ def _timed(fn):
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from .bench import encode_prompts
     from .modeling_cerberus import CerberusForCausalLM
     from .real_models import load_packaged_model
 
@@ -56,15 +57,13 @@ def run_cli(args: argparse.Namespace) -> int:
     gate = {} if args.gate_threshold is None else {"gate_threshold": args.gate_threshold}
 
     # Warm-up so neither side pays first-call costs in the timings.
-    warm = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                         return_tensors="pt")["input_ids"]
+    (warm,) = encode_prompts(tokenizer, ["Hi"])
     base.generate(warm, max_new_tokens=4, do_sample=False)
     model.generate(warm, max_new_tokens=4, **gate)
 
     rows, plain_time, fast_time, identical = [], 0.0, 0.0, 0
-    for prompt in DEMO_PROMPTS[: args.prompts]:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_tensors="pt")["input_ids"]
+    prompts = DEMO_PROMPTS[: args.prompts]
+    for prompt, ids in zip(prompts, encode_prompts(tokenizer, prompts)):
         plain, t_plain = _timed(lambda: base.generate(ids, **call))
         fast, t_fast = _timed(lambda: model.generate(ids, **call, **gate))
         stats = model.generation_stats

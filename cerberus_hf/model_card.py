@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
-from .bench import load_bench_prompts, sum_per_head
+from .bench import encode_prompts, load_bench_prompts, sum_per_head
 
 TRAINING_METRICS = "training_metrics.json"
 EVALUATION = "evaluation.json"
@@ -32,9 +32,7 @@ def evaluate_tau(model, tokenizer, prompts: list[str], max_new_tokens: int = 128
     totals = {"new_tokens": 0, "steps": 0, "draft_steps": 0, "gate_decisions": 0}
     proposed: list[list[int]] = []
     accepted: list[list[int]] = []
-    for prompt in tqdm(prompts, desc="tau", unit="prompt"):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_tensors="pt")["input_ids"].to(model.device)
+    for ids in tqdm(encode_prompts(tokenizer, prompts, model.device), desc="tau", unit="prompt"):
         model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **generate_kwargs)
         stats = model.generation_stats
         for key in totals:
