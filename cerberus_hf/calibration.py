@@ -35,7 +35,7 @@ from transformers import DynamicCache
 
 from .decoding import capture_lm_head_input
 from .gate import GATE_SIGNALS, gate_signal
-from .hidden_cache import split_record_ids
+from .hidden_cache import Record, read_records, split_record_ids
 from .profiling import synchronize
 
 
@@ -257,27 +257,21 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     }
 
 
-def load_sequences(path: str, limit: int | None = None, held_out_fraction: float | None = 0.05):
-    """``(tokens, first answer position)`` from self-distillation JSONL (``input_ids`` + ``output_ids``).
+def load_sequences(records: list[Record], limit: int | None = None, held_out_fraction: float | None = 0.05):
+    """``(tokens, first answer position)`` of self-distillation records (prompt ids + answer ids).
 
     With ``held_out_fraction`` (training's ``eval_fraction``), only records of the held-out split are
     used, so calibration never measures heads on their own training data."""
-    with open(path) as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
     if held_out_fraction:
-        held_out = split_record_ids([r["id"] for r in records], held_out_fraction)
-        records = [r for r in records if r["id"] in held_out]
-    sequences = [(r["input_ids"] + r["output_ids"], len(r["input_ids"]) - 1) for r in records]
+        held_out = split_record_ids([r.id for r in records], held_out_fraction)
+        records = [r for r in records if r.id in held_out]
+    sequences = [(list(r.input_ids + r.output_ids), len(r.input_ids) - 1) for r in records]
     return sequences[:limit] if limit else sequences
 
 
-def frequent_tokens(path: str, size: int) -> torch.Tensor:
-    """The ``size`` most frequent answer tokens of self-distillation JSONL, most frequent first."""
-    counts: Counter = Counter()
-    with open(path) as handle:
-        for line in handle:
-            if line.strip():
-                counts.update(json.loads(line)["output_ids"])
+def frequent_tokens(records: list[Record], size: int) -> torch.Tensor:
+    """The ``size`` most frequent answer tokens of self-distillation records, most frequent first."""
+    counts = Counter(token for record in records for token in record.output_ids)
     return torch.tensor([token for token, _ in counts.most_common(size)], dtype=torch.long)
 
 
@@ -302,10 +296,11 @@ def add_cli(subparsers) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from .modeling_cerberus import CerberusForCausalLM
 
+    records = read_records(args.data)  # before the model: a bad data file fails fast
     model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device)
     if args.draft_vocab:
-        model.set_draft_vocab(frequent_tokens(args.data, args.draft_vocab))
-    sequences = load_sequences(args.data, args.limit, args.held_out_fraction)
+        model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
+    sequences = load_sequences(records, args.limit, args.held_out_fraction)
     report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats)
     print(format_report(report))
     if args.report:
