@@ -44,11 +44,16 @@ def load_bench_prompts(path: str | Path, limit: int | None = None) -> list[str]:
 
 
 # Configurations a head checkpoint is run in: (row label, generate() overrides, settings it needs).
+# Rows without "lookup" switch prompt lookup off, whatever the checkpoint says; "+lookup" rows graft the
+# checkpoint's prompt_lookup_num_tokens copied tokens into each draft.
+_NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
-    "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None}, ()),
-    "chain+gate": ("chain, gate on", {"draft_tree": None}, ("gate_threshold",)),
-    "tree": ("tree, gate off", {"gate_threshold": None}, ("draft_tree",)),
-    "tree+gate": ("tree, gate on", {}, ("draft_tree", "gate_threshold")),
+    "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None, **_NO_LOOKUP}, ()),
+    "chain+gate": ("chain, gate on", {"draft_tree": None, **_NO_LOOKUP}, ("gate_threshold",)),
+    "tree": ("tree, gate off", {"gate_threshold": None, **_NO_LOOKUP}, ("draft_tree",)),
+    "tree+gate": ("tree, gate on", dict(_NO_LOOKUP), ("draft_tree", "gate_threshold")),
+    "tree+lookup": ("tree, gate off, lookup", {"gate_threshold": None}, ("draft_tree", "prompt_lookup_num_tokens")),
+    "tree+gate+lookup": ("tree, gate on, lookup", {}, ("draft_tree", "gate_threshold", "prompt_lookup_num_tokens")),
 }
 
 

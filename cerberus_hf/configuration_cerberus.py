@@ -45,6 +45,10 @@ class CerberusConfig(PreTrainedConfig):
         draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
             (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
             ``generate(draft_tree=...)`` overrides it per call.
+        prompt_lookup_num_tokens: tokens copied from the context (prompt lookup) and grafted into each
+            draft; ``None`` copies nothing. ``generate(prompt_lookup_num_tokens=...)`` overrides it per call.
+        max_matching_ngram_size: the longest suffix n-gram prompt lookup matches (``None``: 2, as in
+            transformers).
     """
 
     model_type = "cerberus"
@@ -64,6 +68,8 @@ class CerberusConfig(PreTrainedConfig):
     gate_threshold: float | None = None
     gate_signal: str = "base_entropy"
     draft_tree: list | None = None
+    prompt_lookup_num_tokens: int | None = None
+    max_matching_ngram_size: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_type not in HEAD_TYPES:
@@ -72,8 +78,10 @@ class CerberusConfig(PreTrainedConfig):
             raise ValueError(
                 f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
             )
-        for name in ("num_heads", "num_layers"):
+        for name in ("num_heads", "num_layers", "prompt_lookup_num_tokens", "max_matching_ngram_size"):
             value = getattr(self, name)
+            if value is None and name not in ("num_heads", "num_layers"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
         if self.gate_signal not in GATE_SIGNALS:

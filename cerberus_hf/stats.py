@@ -18,6 +18,7 @@ class GenerationStats:
     new_tokens: int = 0
     gate_decisions: int = 0
     draft_steps: int = 0
+    context_steps: int = 0
     drafted_tokens: int = 0
     accepted_draft_tokens: int = 0
     tokens_per_step: list[int] = field(default_factory=list)

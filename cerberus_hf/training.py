@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from .hidden_cache import HiddenStateCache, build_hidden_cache, split_record_ids
+from .hidden_cache import HiddenStateCache, build_hidden_cache, id_bucket, split_record_ids
 from .profiling import describe_device
 from .real_models import load_named_model
 
@@ -435,6 +435,7 @@ def train_heads(
     save_every: int | None = None,
     keep_checkpoints: int = 2,
     eval_fraction: float = 0.05,
+    train_fraction: float = 1.0,
     eval_max_positions: int | None = 4096,
     teacher_topk: int = 32,
     cache_dir: str | os.PathLike | None = None,
@@ -469,6 +470,9 @@ def train_heads(
         max_steps: total optimizer steps (overrides ``epochs``).
         save_every: steps between checkpoints (default: 100, or ``eval_every`` when smaller).
         eval_fraction: share of record ids held out (decided by a hash of the id).
+        train_fraction: share of the remaining record ids trained on, by the same hash, so smaller fractions
+            are subsets of larger ones and the held-out split never changes: a data-scaling curve measured
+            with it says how accuracy grows with data before anyone generates more.
         eval_max_positions: evaluate on a fixed random subset of this many held-out positions (None: all).
         teacher_topk: how many of the base's next-token log-probabilities the cache keeps per position
             (for ``distill_weight``; kept by default so that one cache serves runs with and without it).
@@ -518,8 +522,12 @@ def train_heads(
         batch_tokens=cache_batch_tokens, accelerator=accelerator, show_progress=show_progress,
     )
     cache_time = time.perf_counter() - cache_started
+    if not 0.0 < train_fraction <= 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1], got {train_fraction}.")
     held_out = split_record_ids(cache.record_ids, eval_fraction)
-    train_positions = cache.positions(exclude=held_out)
+    left_out = held_out | {r for r in cache.record_ids
+                           if id_bucket(r) >= eval_fraction + train_fraction * (1.0 - eval_fraction)}
+    train_positions = cache.positions(exclude=left_out)
     eval_positions = _subset(cache.positions(record_ids=held_out), eval_max_positions, EVAL_SUBSET_SEED)
     train_eval_positions = _subset(train_positions, eval_max_positions, EVAL_SUBSET_SEED)
     if train_positions.numel() == 0:
@@ -536,7 +544,8 @@ def train_heads(
         "distill_weight": distill_weight, "teacher_topk": cache.teacher_topk, "seed": seed,
         "projection_dtype": str(projection_dtype).replace("torch.", ""),
         "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "weight_decay": weight_decay,
-        "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "data_digest": cache.info["data_digest"],
+        "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "train_fraction": train_fraction,
+        "data_digest": cache.info["data_digest"],
         "base_cache_key": cache.info["key"],
     }
 
@@ -747,6 +756,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--save-every", type=int, default=None)
     parser.add_argument("--eval-fraction", type=float, default=0.05)
+    parser.add_argument("--train-fraction", type=float, default=1.0,
+                        help="share of the training records used (nested subsets; for data-scaling curves)")
     parser.add_argument("--cache-dir", default=None,
                         help="hidden-state cache folder, shared between runs (default: $CERBERUS_HF_CACHE/hidden_states)")
     parser.add_argument("--teacher-topk", type=int, default=32,
@@ -784,7 +795,8 @@ def run_cli(args: argparse.Namespace) -> int:
         model, args.data, args.output, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         warmup_ratio=args.warmup_ratio, head_weight_decay=args.head_weight_decay, distill_weight=args.distill_weight,
         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, max_steps=args.max_steps,
-        eval_fraction=args.eval_fraction, cache_dir=args.cache_dir, num_threads=args.num_threads,
+        eval_fraction=args.eval_fraction, train_fraction=args.train_fraction, cache_dir=args.cache_dir,
+        num_threads=args.num_threads,
         projection_dtype=args.projection_dtype, teacher_topk=args.teacher_topk,
         resume=not args.no_resume, show_progress=not args.no_progress,
     )

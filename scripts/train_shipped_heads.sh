@@ -36,7 +36,7 @@ for step in $STEPS; do
     bench)    # every method on MT-Bench (evaluation only; never trained on), interleaved, with step profiles
       mkdir -p "$(dirname "$BENCH")"
       cerberus-hf bench $(for type in $TYPES; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
-        --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --variants chain tree tree+gate --profile \
+        --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --variants tree+gate tree+lookup tree+gate+lookup --profile \
         --json "$BENCH.json" --plot "$BENCH.png" > "$BENCH.md" ;;
     card)     # the model cards, from the training metrics and the bench
       for type in $TYPES; do

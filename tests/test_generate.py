@@ -469,7 +469,7 @@ def test_sampling_draws_what_the_base_draws_for_a_seed(arch, drafter):
 REFUSALS = {
     "beam search": (dict(num_beams=2), "[Bb]eam"),
     "assistant model": (dict(assistant_model="BASE"), "assistant_model"),
-    "prompt lookup": (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens"),
+    "assistant early exit": (dict(assistant_early_exit=2), "assistant_early_exit"),
     "static cache": (dict(cache_implementation="static"), "static"),
     "no cache": (dict(use_cache=False), "use_cache"),
     "custom_generate": (dict(custom_generate=lambda *a, **k: None), "custom_generate"),

@@ -172,6 +172,16 @@ def test_same_seed_same_heads_other_seed_other_heads(base, data_path, cache_dir,
     assert not heads_equal(runs["a"], runs["c"])
 
 
+def test_train_fraction_takes_nested_subsets_and_keeps_the_held_out_split(base, data_path, cache_dir, tmp_path):
+    runs = {f: train_heads(fresh(base), data_path, tmp_path / str(f), max_steps=1, train_fraction=f,
+                           cache_dir=cache_dir, **FAST)["data"] for f in (0.3, 0.6, 1.0)}
+    assert len({r["held_out_records"] for r in runs.values()}) == 1
+    assert runs[0.3]["train_positions"] < runs[0.6]["train_positions"] < runs[1.0]["train_positions"]
+    with pytest.raises(ValueError, match="train_fraction"):
+        train_heads(fresh(base), data_path, tmp_path / "bad", max_steps=1, train_fraction=0.0, cache_dir=cache_dir,
+                    **FAST)
+
+
 def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_path, monkeypatch):
     settings = dict(max_steps=20, save_every=5, distill_weight=0.5, cache_dir=cache_dir, **FAST)
     uninterrupted = fresh(base)

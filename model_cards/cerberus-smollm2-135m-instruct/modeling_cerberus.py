@@ -31,6 +31,7 @@ from .base_model import base_shape, check_base_compatible, greedy_generation_con
 from .candidate_generator import CerberusCandidateGenerator
 from .checkpoint import load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
 from .configuration_cerberus import CerberusConfig
+from .context_lookup import DEFAULT_MAX_NGRAM
 from .decoding import speculative_generate
 from .gate import EntropyGate
 from .heads import DraftHeads, build_heads
@@ -240,8 +241,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
 
-        Greedy search and multinomial sampling (with any logits processors) are supported; beam search,
-        assisted generation and prompt lookup are refused. ``gate_threshold`` overrides the config's
+        Greedy search and multinomial sampling (with any logits processors) are supported; beam search
+        and assisted generation are refused. ``prompt_lookup_num_tokens`` (and
+        ``max_matching_ngram_size``), transformers' prompt-lookup settings, graft tokens copied from the
+        context into each draft of the heads (default: the config's). ``gate_threshold`` overrides the config's
         entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never); ``draft_tree``
         overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
         chain of every head's top-1). Without overrides, the settings `cerberus-hf calibrate` stored in
@@ -257,6 +260,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         model_kwargs = effective.update(**kwargs)
         _refuse_unsupported(effective, model_kwargs)
+        settings = self.decoding_settings()
+        lookup_tokens = effective.prompt_lookup_num_tokens
+        lookup_ngram = effective.max_matching_ngram_size
+        if lookup_tokens is None:
+            lookup_tokens, lookup_ngram = settings["prompt_lookup_num_tokens"], self.config.max_matching_ngram_size
+        for name in _LOOKUP_FIELDS:
+            kwargs.pop(name, None)
+        generation_config = _without_lookup(generation_config)
         stopping_criteria = StoppingCriteriaList(stopping_criteria or [])
         tokenizer = kwargs.pop("tokenizer", None)
         if effective.stop_strings:
@@ -290,7 +301,6 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 "at a time); generate each row on its own to get its scores."
             )
 
-        settings = self.decoding_settings()
         gate = EntropyGate(
             settings["gate_threshold"] if gate_threshold is _UNSET else gate_threshold, settings["gate_signal"]
         )
@@ -305,7 +315,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             streamer=streamer,
             typical=typical_acceptance or None,
             profiler=profiler,
-            make_candidate_generator=functools.partial(self._candidate_generator, gate=gate, tree=tree, stats=stats),
+            make_candidate_generator=functools.partial(
+                self._candidate_generator, gate=gate, tree=tree, stats=stats,
+                lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram or DEFAULT_MAX_NGRAM,
+            ),
         )
         with self._base_generation_defaults():
             results = [
@@ -328,8 +341,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
 
     def decoding_settings(self, device_type: str | None = None) -> dict:
-        """Gate threshold, gate signal and draft tree used by default on a device type (this model's
-        when None): what calibration stored for it in ``generation_config.cerberus_calibration``,
+        """Gate threshold, gate signal, draft tree and prompt lookup used by default on a device type (this
+        model's when None): what calibration stored for it in ``generation_config.cerberus_calibration``,
         falling back to the config's values."""
         calibrated = getattr(self.generation_config, "cerberus_calibration", None) or {}
         stored = calibrated.get(device_type or self.device.type, {})
@@ -337,6 +350,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),
             "gate_signal": stored.get("gate_signal", self.config.gate_signal),
             "draft_tree": stored.get("draft_tree", self.config.draft_tree),
+            "prompt_lookup_num_tokens": stored.get("prompt_lookup_num_tokens", self.config.prompt_lookup_num_tokens),
         }
 
     @contextmanager
@@ -344,17 +358,19 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         """Let the base's generate() fill unset settings from this model's generation config (greedy by
         default), as it would from its own."""
         own = self.base.generation_config
-        self.base.generation_config = self.generation_config
+        self.base.generation_config = _without_lookup(self.generation_config)
         try:
             yield
         finally:
             self.base.generation_config = own
 
     def _candidate_generator(
-        self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None, stats: GenerationStats
+        self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None, stats: GenerationStats,
+        lookup_tokens: int, lookup_ngram: int,
     ) -> CerberusCandidateGenerator:
         return CerberusCandidateGenerator(
-            self.heads, self.base.get_output_embeddings(), gate, tree, generation_config.max_length, stats
+            self.heads, self.base.get_output_embeddings(), gate, tree, generation_config.max_length, stats,
+            lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram,
         )
 
 
@@ -376,11 +392,26 @@ def _check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.
                          f"hidden {config.hidden_size}, vocab {config.vocab_size}): {shown}.")
 
 
+# Prompt-lookup settings are ours to honour (grafted into the heads' drafts): left in what the base's
+# generate() reads, they would switch it to its own prompt-lookup decoding.
+_LOOKUP_FIELDS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
+
+
+def _without_lookup(config: GenerationConfig | None) -> GenerationConfig | None:
+    """``config``, or a copy of it without prompt-lookup settings when it has any."""
+    if config is None or all(getattr(config, name, None) is None for name in _LOOKUP_FIELDS):
+        return config
+    config = copy.deepcopy(config)
+    for name in _LOOKUP_FIELDS:
+        setattr(config, name, None)
+    return config
+
+
 def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:
     if config.num_beams and config.num_beams > 1:
         raise ValueError("Beam search is not supported with draft heads; use greedy or sampling (num_beams=1).")
-    if model_kwargs.get("assistant_model") is not None or config.prompt_lookup_num_tokens:
-        raise ValueError("assistant_model / prompt_lookup_num_tokens cannot be combined with draft heads.")
+    if model_kwargs.get("assistant_model") is not None or config.assistant_early_exit is not None:
+        raise ValueError("assistant_model / assistant_early_exit cannot be combined with draft heads (they are the drafter).")
     if model_kwargs.get("custom_generate") is not None:
         raise ValueError("CerberusForCausalLM.generate supplies its own decoding loop; custom_generate is not accepted.")
     if config.cache_implementation not in (None, "dynamic"):

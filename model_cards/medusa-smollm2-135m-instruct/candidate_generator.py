@@ -3,7 +3,9 @@
 It follows transformers' `CandidateGenerator` contract (`get_candidates` returns the input ids with a
 candidate chain appended; `update_candidate_strategy` hears how many were accepted). The decoding loop
 asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The entropy
-gate lives here: a step the gate rejects gets no draft, and the loop decodes a single token.
+gate lives here: a step the gate rejects gets no head draft, and the loop decodes a single token. With
+prompt lookup on, tokens copied from the context are grafted into the draft (gate or not: a repeated
+n-gram is its own evidence).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import torch
 from torch import nn
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from .context_lookup import DEFAULT_MAX_NGRAM, context_continuation
 from .gate import EntropyGate
 from .heads import DraftHeads
 from .stats import GenerationStats
-from .tree import TreeSpec
+from .tree import TreeSpec, graft_chain
 
 
 @dataclass
@@ -28,9 +31,24 @@ class Draft:
     tokens: torch.LongTensor  # [len(tree)]
 
     def top_chain(self) -> "Draft | None":
-        """The draft's all-top-1 path as a chain (None if the tree has no rank-0 first node)."""
-        nodes = [i for i, path in enumerate(self.tree.paths) if not any(path)]
+        """The draft's first path (the heads' top-1 chain, else the copied chain) as a chain."""
+        nodes = self.tree.first_path
         return Draft(TreeSpec.chain(len(nodes)), self.tokens[nodes]) if nodes else None
+
+    def with_copied(self: "Draft | None", copied: list[int]) -> "Draft":
+        """This draft (None: none) with the chain ``copied`` merged in: its prefix that the tree already
+        holds is shared, the rest hangs below as new nodes."""
+        tree, tokens = (self.tree, self.tokens.tolist()) if self is not None else (None, [])
+        node, below, shared = -1, (), 0
+        while tree is not None and shared < len(copied):
+            node = next((c for c in tree.children[node + 1] if tokens[c] == copied[shared]), None)
+            if node is None:
+                break
+            below, shared = tree.paths[node], shared + 1
+        if shared == len(copied):
+            return self
+        rest = copied[shared:]
+        return Draft(graft_chain(tree, below, len(rest)), torch.tensor(tokens + rest, dtype=torch.long))
 
 
 class CerberusCandidateGenerator(CandidateGenerator):
@@ -43,6 +61,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         tree: the tree shape to draft (a chain of all heads when None).
         max_length: total length the sequence may reach; drafts never run past it.
         stats: where per-step figures are recorded.
+        lookup_tokens: how many tokens prompt lookup may copy from the context per step (0: off).
+        lookup_ngram: the longest suffix n-gram prompt lookup matches.
     """
 
     requires_model_outputs = True
@@ -55,6 +75,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         tree: TreeSpec | None,
         max_length: int,
         stats: GenerationStats,
+        lookup_tokens: int = 0,
+        lookup_ngram: int = DEFAULT_MAX_NGRAM,
     ):
         self.heads = heads
         self.base_lm_head = base_lm_head
@@ -64,6 +86,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
             raise ValueError(f"The draft tree is {self.tree.depth} deep but there are only {heads.num_heads} heads.")
         self.max_length = max_length
         self.stats = stats
+        self.lookup_tokens = lookup_tokens
+        self.lookup_ngram = lookup_ngram
         self._last: Draft | None = None
 
     @torch.no_grad()
@@ -77,7 +101,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         which the gate reads. A verification step emits the accepted drafts plus one token, so drafts
         are at most ``max_length - len - 1`` deep.
         """
-        tree = self.tree.truncated(self.max_length - input_ids.shape[1] - 1)
+        room = self.max_length - input_ids.shape[1] - 1
+        tree = self.tree.truncated(room)
         logits = None
         if tree is not None and self.gate.needs_heads:
             logits = self._head_logits(last_hidden_state)
@@ -86,17 +111,25 @@ class CerberusCandidateGenerator(CandidateGenerator):
         )
         if tree is not None:  # no room left for a draft is not the gate's decision
             self.stats.record_gate(drafting)
-        if not drafting:
-            self._last = None
-            return None
-        if logits is None:
-            logits = self._head_logits(last_hidden_state)
-        logits = logits[: tree.depth]  # [depth, vocab]
-        top = logits.topk(tree.top_k, dim=-1).indices if tree.top_k > 1 else logits.argmax(dim=-1, keepdim=True)
-        top = self.heads.token_ids(top)
-        tokens = top[tree.head_index.to(top.device), tree.rank.to(top.device)].to(input_ids.dtype)
-        self._last = Draft(tree, tokens)
-        return self._last
+        draft = None
+        if drafting:
+            if logits is None:
+                logits = self._head_logits(last_hidden_state)
+            logits = logits[: tree.depth]  # [depth, vocab]
+            top = logits.topk(tree.top_k, dim=-1).indices if tree.top_k > 1 else logits.argmax(dim=-1, keepdim=True)
+            top = self.heads.token_ids(top)
+            tokens = top[tree.head_index.to(top.device), tree.rank.to(top.device)].to(input_ids.dtype)
+            draft = Draft(tree, tokens)
+        copied = []
+        if self.lookup_tokens and room > 0:
+            copied = context_continuation(input_ids[0].cpu(), min(self.lookup_tokens, room), self.lookup_ngram)
+        if copied:
+            draft = Draft.with_copied(draft, copied)
+            self.stats.context_steps += 1
+        if draft is not None and draft.tokens.device != input_ids.device:
+            draft = Draft(draft.tree, draft.tokens.to(input_ids.device))
+        self._last = draft
+        return draft
 
     def _head_logits(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
         hidden = last_hidden_state.to(next(self.heads.parameters()).dtype)

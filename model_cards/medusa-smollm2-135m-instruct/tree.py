@@ -5,14 +5,20 @@ top-2 guess placed after head 0's top-1, and so on; every prefix of a path must 
 chain of ``n`` heads is ``(0,), (0, 0), ..., (0,) * n``. Node ``i`` of the tree is fed to the base at input
 position ``i + 1`` (position 0 is the last accepted token, the root), at sequence position
 ``past + depth``, and may attend to the root, its ancestors and itself.
+
+A draft may also carry tokens copied from the context (prompt lookup): they hang below a node as a chain
+whose path entries are ``CONTEXT_RANK`` (``(0, -1, -1)``: head 0's top-1, then two copied tokens). Such
+trees are built per step by `graft_chain` and are never stored in a config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
+
+CONTEXT_RANK = -1  # path entry of a token copied from the context rather than guessed by a head
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,8 @@ class TreeSpec:
 
     @cached_property
     def is_chain(self) -> bool:
-        return all(p == (0,) * len(p) for p in self.paths) and len(self.paths) == self.depth
+        """One path: node i is node i-1's only child (then the model's causal mask is the tree mask)."""
+        return self.parents == list(range(-1, len(self.paths) - 1))
 
     @cached_property
     def parents(self) -> list[int]:
@@ -95,6 +102,15 @@ class TreeSpec:
                 cursor = self.parents[cursor]
         return mask
 
+    @cached_property
+    def first_path(self) -> list[int]:
+        """Nodes reached by always taking the first child: the heads' top-1 chain, or the copied chain."""
+        nodes, children = [], self.children[0]
+        while children:
+            nodes.append(children[0])
+            children = self.children[children[0] + 1]
+        return nodes
+
     def truncated(self, max_depth: int) -> "TreeSpec | None":
         """The tree without nodes deeper than ``max_depth`` (None when nothing is left)."""
         if max_depth >= self.depth:
@@ -109,3 +125,16 @@ class TreeSpec:
         blocked = ~self.ancestor_mask.to(device)
         mask[0, 0, :, past_length:].masked_fill_(blocked, torch.finfo(dtype).min)
         return mask
+
+
+@lru_cache(maxsize=1024)
+def graft_chain(tree: TreeSpec | None, below: tuple[int, ...], length: int) -> TreeSpec:
+    """``tree`` (None: no head nodes) with a chain of ``length`` copied-context nodes appended below the
+    node whose path is ``below`` (``()``: the root). The new nodes come last, parents before children, so
+    the tree's existing buffers keep their meaning; shapes repeat from step to step, hence the cache."""
+    if length < 1:
+        raise ValueError(f"A grafted chain needs at least one node, got {length}.")
+    existing = tree.paths if tree is not None else ()
+    if below and below not in existing:
+        raise ValueError(f"Cannot graft below {list(below)}: no such node in the tree.")
+    return TreeSpec(existing + tuple(below + (CONTEXT_RANK,) * k for k in range(1, length + 1)))

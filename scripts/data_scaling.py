@@ -1,0 +1,73 @@
+"""How head accuracy grows with training data: train on nested fractions of the self-distilled set (same
+recipe as the shipped heads, same held-out split) and fit held-out top-1 against log(data).
+
+    python scripts/data_scaling.py OUT_DIR [--fractions 0.125 0.25 0.5] [--full model_cards/cerberus-...]
+
+Trains each missing fraction with `cerberus-hf train --train-fraction F` into OUT_DIR/cerberus-fF (runs
+resume), reads `training_metrics.json`, and prints a Markdown table plus, per head, the slope of top-1
+per doubling of the data and the data a straight-line extrapolation would need for a target top-1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+from pathlib import Path
+
+RECIPE = ["--head-type", "cerberus", "--num-heads", "4", "--num-layers", "1", "--epochs", "2", "--batch-size", "256",
+          "--lr", "1e-3", "--warmup-ratio", "0.05", "--head-weight-decay", "0.8", "--distill-weight", "0",
+          "--teacher-topk", "0", "--projection-dtype", "bfloat16", "--eval-every", "0", "--seed", "0"]
+
+
+def train(data: str, fraction: float, out: Path) -> Path:
+    folder = out / f"cerberus-f{fraction}"
+    if not (folder / "training_metrics.json").exists():
+        subprocess.run(["cerberus-hf", "train", "--data", data, "--output", str(folder), "--train-fraction",
+                        str(fraction), *RECIPE], check=True)
+    return folder
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line y = a + b x."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--data", default="data/smollm2_selfdistill.jsonl")
+    parser.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5])
+    parser.add_argument("--full", type=Path, default=Path("model_cards/cerberus-smollm2-135m-instruct"),
+                        help="a folder trained on all the data with the same recipe (fraction 1)")
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.7])
+    args = parser.parse_args()
+
+    folders = {f: train(args.data, f, args.out) for f in args.fractions}
+    if (args.full / "training_metrics.json").exists():
+        folders[1.0] = args.full
+    rows = []
+    for fraction, folder in sorted(folders.items()):
+        metrics = json.loads((folder / "training_metrics.json").read_text())
+        rows.append((fraction, metrics["data"]["train_positions"], metrics["top1"], metrics["train_eval"]["top1"]))
+    heads = len(rows[0][2])
+    print("| train fraction | train positions | " + " | ".join(f"head {k} top-1 (train)" for k in range(heads)) + " |")
+    print("|---|---|" + "---|" * heads)
+    for fraction, positions, top1, train_top1 in rows:
+        print(f"| {fraction:g} | {positions:,} | " + " | ".join(f"{a:.3f} ({b:.3f})" for a, b in zip(top1, train_top1))
+              + " |")
+    print()
+    xs = [math.log2(positions) for _, positions, _, _ in rows]
+    for k in range(heads):
+        a, b = fit(xs, [top1[k] for _, _, top1, _ in rows])
+        needs = ", ".join(
+            f"top-1 {t:g} at ~{2 ** ((t - a) / b):.2g} positions ({2 ** ((t - a) / b) / rows[-1][1]:.2g}x)"
+            if b > 0 else f"top-1 {t:g}: never (no gain)" for t in args.targets)
+        print(f"head {k}: +{b:.3f} top-1 per doubling of the data; straight-line extrapolation: {needs}")
+
+
+if __name__ == "__main__":
+    main()
