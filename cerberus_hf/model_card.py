@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
 from .bench import encode_prompts, load_bench_prompts, sum_per_head
+from .context_lookup import DEFAULT_MAX_NGRAM
 
 TRAINING_METRICS = "training_metrics.json"
 EVALUATION = "evaluation.json"
@@ -115,6 +116,10 @@ def render_card(
                      + (f"tree of {len(tree)} nodes `{tree}`" if tree else "chain")
                      + (f", gate drafts while {settings.get('gate_signal')} < {settings['gate_threshold']:.3f}"
                         if settings.get("gate_threshold") is not None else ", no gate"))
+    if config.prompt_lookup_num_tokens:
+        lines.append(f"- Prompt lookup on by default: up to {config.prompt_lookup_num_tokens} tokens copied from the "
+                     f"context after a repeated {config.max_matching_ngram_size or DEFAULT_MAX_NGRAM}-gram are grafted "
+                     "into each draft (`generate(prompt_lookup_num_tokens=0)` switches it off)")
     lines += [
         "",
         "```python",
