@@ -1,5 +1,6 @@
-"""How head accuracy grows with training data: train on nested fractions of the self-distilled set (same
-recipe as the shipped heads, same held-out split) and fit held-out top-1 against log(data).
+"""How head accuracy grows with training data: train on nested fractions of the self-distilled set (the
+recipe of a full-data run, read from its training metrics; same held-out split) and fit held-out top-1
+against log(data).
 
     python scripts/data_scaling.py OUT_DIR [--fractions 0.125 0.25 0.5] [--full model_cards/cerberus-...]
 
@@ -16,16 +17,22 @@ import math
 import subprocess
 from pathlib import Path
 
-RECIPE = ["--head-type", "cerberus", "--num-heads", "4", "--num-layers", "1", "--epochs", "2", "--batch-size", "256",
-          "--lr", "1e-3", "--warmup-ratio", "0.05", "--head-weight-decay", "0.8", "--distill-weight", "0",
-          "--teacher-topk", "0", "--projection-dtype", "bfloat16", "--eval-every", "0", "--seed", "0"]
+def recipe(metrics: dict) -> list[str]:
+    """`cerberus-hf train` arguments that repeat the run behind ``metrics`` (its ``training_metrics.json``)."""
+    run = metrics["config"]
+    flags = {"head-type": run["head_type"], "num-heads": run["num_heads"], "num-layers": run["num_layers"],
+             "epochs": metrics["epochs"], "batch-size": run["batch_size"], "lr": run["lr"],
+             "warmup-ratio": run["warmup_ratio"], "head-weight-decay": run["head_weight_decay"],
+             "distill-weight": run["distill_weight"], "teacher-topk": run["teacher_topk"],
+             "projection-dtype": run["projection_dtype"], "eval-fraction": run["eval_fraction"], "seed": run["seed"]}
+    return [item for name, value in flags.items() for item in (f"--{name}", str(value))] + ["--eval-every", "0"]
 
 
-def train(data: str, fraction: float, out: Path) -> Path:
+def train(data: str, fraction: float, out: Path, arguments: list[str]) -> Path:
     folder = out / f"cerberus-f{fraction}"
     if not (folder / "training_metrics.json").exists():
         subprocess.run(["cerberus-hf", "train", "--data", data, "--output", str(folder), "--train-fraction",
-                        str(fraction), *RECIPE], check=True)
+                        str(fraction), *arguments], check=True)
     return folder
 
 
@@ -42,13 +49,13 @@ def main() -> None:
     parser.add_argument("--data", default="data/smollm2_selfdistill.jsonl")
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5])
     parser.add_argument("--full", type=Path, default=Path("model_cards/cerberus-smollm2-135m-instruct"),
-                        help="a folder trained on all the data with the same recipe (fraction 1)")
+                        help="heads trained on all the data (fraction 1): their recipe is repeated on the fractions")
     parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.7])
     args = parser.parse_args()
 
-    folders = {f: train(args.data, f, args.out) for f in args.fractions}
-    if (args.full / "training_metrics.json").exists():
-        folders[1.0] = args.full
+    full = json.loads((args.full / "training_metrics.json").read_text())
+    folders = {f: train(args.data, f, args.out, recipe(full)) for f in args.fractions}
+    folders[1.0] = args.full
     rows = []
     for fraction, folder in sorted(folders.items()):
         metrics = json.loads((folder / "training_metrics.json").read_text())

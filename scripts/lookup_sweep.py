@@ -7,12 +7,11 @@ the training data's held-out split (never MT-Bench), to choose ``prompt_lookup_n
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.hidden_cache import split_record_ids
+from cerberus_hf.hidden_cache import read_records, split_record_ids
 from cerberus_hf.real_models import load_named_model
 
 
@@ -28,10 +27,9 @@ def main() -> None:
     torch.set_num_threads(2)
     base, _ = load_named_model("smollm2-135m-instruct", torch.float32)
     model = CerberusForCausalLM.from_pretrained(args.heads, base_model=base)
-    records = [json.loads(line) for line in open(args.data)]
-    held_out = split_record_ids([r["id"] for r in records], 0.05)  # training's default eval_fraction
-    prompts = [torch.tensor([r["input_ids"]]) for r in records
-               if r["id"] in held_out and r["mode"] == "greedy"][: args.prompts]
+    records = read_records(args.data)
+    held_out = split_record_ids([r.id for r in records], 0.05)  # training's default eval_fraction
+    prompts = [torch.tensor([r.input_ids]) for r in records if r.id in held_out and r.mode == "greedy"][: args.prompts]
     print(f"{len(prompts)} held-out prompts")
     for length in args.lengths:
         steps = tokens = 0

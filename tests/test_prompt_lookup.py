@@ -7,13 +7,14 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from cerberus_hf.candidate_generator import Draft
+from cerberus_hf.candidate_generator import Draft, with_copied
 from cerberus_hf.context_lookup import context_continuation
 from cerberus_hf.tree import CONTEXT_RANK, TreeSpec, graft_chain
 from helpers import ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, ForwardCounter, check_stats, fresh_model, get_base, \
     get_prompt, reference
 
 TREE = [[0], [1], [0, 0], [1, 0]]
+CPU = torch.device("cpu")
 
 
 # ------------------------------------------------------------------------------------------------ the search
@@ -44,18 +45,18 @@ def test_nothing_is_copied_when_asked_for_nothing():
 def test_copies_share_the_prefix_the_tree_holds_and_hang_the_rest_below():
     tree = TreeSpec.from_paths(TREE)  # nodes (0,), (1,), (0, 0), (1, 0)
     draft = Draft(tree, torch.tensor([10, 11, 12, 13]))
-    merged = Draft.with_copied(draft, [11, 13, 20, 21])  # shares (1,) and (1, 0)
+    merged = with_copied(draft, [11, 13, 20, 21], CPU)  # shares (1,) and (1, 0)
     assert merged.tree.paths[:4] == tree.paths
     assert merged.tree.paths[4:] == ((1, 0, CONTEXT_RANK), (1, 0, CONTEXT_RANK, CONTEXT_RANK))
     assert merged.tokens.tolist() == [10, 11, 12, 13, 20, 21]
     assert merged.tree.parents[4:] == [3, 4]
     assert merged.tree.position_offsets.tolist() == [0, 1, 1, 2, 2, 3, 4]
     # a copy the tree holds entirely changes nothing; one with no shared prefix hangs from the root
-    assert Draft.with_copied(draft, [10, 12]) is draft
-    fresh = Draft.with_copied(draft, [30, 31])
+    assert with_copied(draft, [10, 12], CPU) is draft
+    fresh = with_copied(draft, [30, 31], CPU)
     assert fresh.tree.parents[4:] == [-1, 4] and fresh.tokens.tolist()[4:] == [30, 31]
     # without head drafts the copy is a plain chain (no tree mask needed)
-    alone = Draft.with_copied(None, [7, 8, 9])
+    alone = with_copied(None, [7, 8, 9], CPU)
     assert alone.tree.is_chain and alone.tokens.tolist() == [7, 8, 9] and alone.top_chain().tokens.tolist() == [7, 8, 9]
     assert not merged.tree.is_chain and merged.top_chain().tokens.tolist() == [10, 12]
 

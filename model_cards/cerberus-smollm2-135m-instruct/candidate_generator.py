@@ -35,20 +35,22 @@ class Draft:
         nodes = self.tree.first_path
         return Draft(TreeSpec.chain(len(nodes)), self.tokens[nodes]) if nodes else None
 
-    def with_copied(self: "Draft | None", copied: list[int]) -> "Draft":
-        """This draft (None: none) with the chain ``copied`` merged in: its prefix that the tree already
-        holds is shared, the rest hangs below as new nodes."""
-        tree, tokens = (self.tree, self.tokens.tolist()) if self is not None else (None, [])
-        node, below, shared = -1, (), 0
-        while tree is not None and shared < len(copied):
-            node = next((c for c in tree.children[node + 1] if tokens[c] == copied[shared]), None)
-            if node is None:
-                break
-            below, shared = tree.paths[node], shared + 1
-        if shared == len(copied):
-            return self
-        rest = copied[shared:]
-        return Draft(graft_chain(tree, below, len(rest)), torch.tensor(tokens + rest, dtype=torch.long))
+
+
+def with_copied(draft: Draft | None, copied: list[int], device: torch.device) -> Draft:
+    """``draft`` (None: no head draft) with the chain ``copied`` merged in: its prefix that the tree
+    already holds is shared, the rest hangs below as new nodes (tokens on ``device``)."""
+    tree, tokens = (draft.tree, draft.tokens.tolist()) if draft is not None else (None, [])
+    node, below, shared = -1, (), 0
+    while tree is not None and shared < len(copied):
+        node = next((c for c in tree.children[node + 1] if tokens[c] == copied[shared]), None)
+        if node is None:
+            break
+        below, shared = tree.paths[node], shared + 1
+    if shared == len(copied):
+        return draft
+    rest = copied[shared:]
+    return Draft(graft_chain(tree, below, len(rest)), torch.tensor(tokens + rest, dtype=torch.long, device=device))
 
 
 class CerberusCandidateGenerator(CandidateGenerator):
@@ -124,10 +126,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         if self.lookup_tokens and room > 0:
             copied = context_continuation(input_ids[0].cpu(), min(self.lookup_tokens, room), self.lookup_ngram)
         if copied:
-            draft = Draft.with_copied(draft, copied)
+            draft = with_copied(draft, copied, input_ids.device)
             self.stats.context_steps += 1
-        if draft is not None and draft.tokens.device != input_ids.device:
-            draft = Draft(draft.tree, draft.tokens.to(input_ids.device))
         self._last = draft
         return draft
 

@@ -78,9 +78,10 @@ class CerberusConfig(PreTrainedConfig):
             raise ValueError(
                 f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
             )
-        for name in ("num_heads", "num_layers", "prompt_lookup_num_tokens", "max_matching_ngram_size"):
+        optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
+        for name in ("num_heads", "num_layers", *optional):
             value = getattr(self, name)
-            if value is None and name not in ("num_heads", "num_layers"):
+            if value is None and name in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
