@@ -151,6 +151,26 @@ def test_lookup_setting_comes_from_the_call_the_generation_config_or_the_heads_c
     assert model.generation_stats.context_steps == 0  # 0 switches it off per call
 
 
+def test_lookup_length_and_ngram_size_fall_back_to_the_config_each_on_its_own(monkeypatch):
+    from cerberus_hf import candidate_generator
+
+    seen = []
+
+    def spy(sequence, num_tokens, max_ngram):
+        seen.append((num_tokens, max_ngram))
+        return []
+
+    monkeypatch.setattr(candidate_generator, "context_continuation", spy)
+    model = fresh_model("llama", "cerberus", gate_threshold=0.0, prompt_lookup_num_tokens=4, max_matching_ngram_size=3)
+    prompt = get_prompt("llama")
+    for call, expected in (({}, (4, 3)), ({"prompt_lookup_num_tokens": 2}, (2, 3)),
+                           ({"max_matching_ngram_size": 1}, (4, 1))):
+        seen.clear()
+        model.generate(prompt, max_new_tokens=12, **call)
+        # the length is capped by the room left before max_length, so look at the first step
+        assert seen[0] == expected and {ngram for _, ngram in seen} == {expected[1]}, call
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
 def test_sampling_with_prompt_lookup_draws_what_the_base_draws(arch):
     """Copies only decide how far a step may go; each token is still one draw from the base's

@@ -261,10 +261,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         model_kwargs = effective.update(**kwargs)
         _refuse_unsupported(effective, model_kwargs)
         settings = self.decoding_settings()
+        # each prompt-lookup setting on its own: the call's (or its generation config's), else the heads'
         lookup_tokens = effective.prompt_lookup_num_tokens
-        lookup_ngram = effective.max_matching_ngram_size
         if lookup_tokens is None:
-            lookup_tokens, lookup_ngram = settings["prompt_lookup_num_tokens"], self.config.max_matching_ngram_size
+            lookup_tokens = settings["prompt_lookup_num_tokens"]
+        lookup_ngram = effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
         for name in _LOOKUP_FIELDS:
             kwargs.pop(name, None)
         generation_config = _without_lookup(generation_config)
@@ -317,7 +318,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             profiler=profiler,
             make_candidate_generator=functools.partial(
                 self._candidate_generator, gate=gate, tree=tree, stats=stats,
-                lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram or DEFAULT_MAX_NGRAM,
+                lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram,
             ),
         )
         with self._base_generation_defaults():
