@@ -2,12 +2,12 @@
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .candidate_generator import CerberusCandidateGenerator
+from .decoding.candidate_generator import CerberusCandidateGenerator
 from .configuration_cerberus import HEAD_TYPES, CerberusConfig
-from .gate import EntropyGate, entropy
-from .heads import CerberusHeads, DraftHeads, MedusaHeads, build_heads
+from .decoding.gate import EntropyGate, entropy
+from .drafters.heads import CerberusHeads, DraftHeads, MedusaHeads, build_heads
 from .modeling_cerberus import CerberusForCausalLM
-from .stats import GenerationStats
+from .decoding.stats import GenerationStats
 
 AutoConfig.register(CerberusConfig.model_type, CerberusConfig, exist_ok=True)
 AutoModelForCausalLM.register(CerberusConfig, CerberusForCausalLM, exist_ok=True)

@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.hidden_cache import read_records, split_record_ids
+from cerberus_hf.training.hidden_cache import read_records, split_record_ids
 from cerberus_hf.real_models import load_named_model
 
 

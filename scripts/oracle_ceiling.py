@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import torch
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_packaged_model
-from cerberus_hf.bench import DEFAULT_PROMPTS, encode_prompts, load_bench_prompts
+from cerberus_hf.tools.bench import DEFAULT_PROMPTS, encode_prompts, load_bench_prompts
 from helpers import install_oracle
 
 base, tok = load_packaged_model()

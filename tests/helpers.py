@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.gate import entropy
+from cerberus_hf.decoding.gate import entropy
 from tiny_models import ARCHITECTURES, EOS, PAD, VOCAB, prompt_ids, tiny_model
 
 PROMPT_LEN = 8

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from cerberus_hf.bench import markdown_profile, markdown_table, run_bench, save_plot
-from cerberus_hf.profiling import PHASES
+from cerberus_hf.tools.bench import markdown_profile, markdown_table, run_bench, save_plot
+from cerberus_hf.decoding.profiling import PHASES
 from helpers import fresh_model, get_base, get_prompt
 from tiny_models import prompt_ids
 
@@ -53,7 +53,7 @@ def test_bench_runs_every_method_and_reports_exactness(tmp_path):
 
 
 def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
-    from cerberus_hf.bench import build_methods
+    from cerberus_hf.tools.bench import build_methods
 
     base = get_base("llama")
     calibrated = fresh_model("llama", "cerberus", num_heads=2)

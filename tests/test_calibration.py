@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from cerberus_hf.calibration import (
+from cerberus_hf.tools.calibrate import (
     PositionRecord, accepted_length, build_tree, calibrate, fit_gate, format_report, path_frequencies,
 )
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference

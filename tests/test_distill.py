@@ -1,4 +1,4 @@
-"""Self-distillation data generation (cerberus_hf.distill) on a tiny random Llama."""
+"""Self-distillation data generation (cerberus_hf.training.distill) on a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from cerberus_hf import distill
-from cerberus_hf.distill import generate_distillation_data, load_prompts, read_records, sampled_ids
+from cerberus_hf.training import distill
+from cerberus_hf.training.distill import generate_distillation_data, load_prompts, read_records, sampled_ids
 from tiny_models import PAD, tiny_model, tiny_tokenizer
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cerberus_hf.bench import run_bench
-from cerberus_hf.model_card import evaluation_from_bench, render_card
+from cerberus_hf.tools.bench import run_bench
+from cerberus_hf.tools.model_card import evaluation_from_bench, render_card
 from helpers import fresh_model, get_base, get_prompt
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import glob
 import json
+import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,6 +19,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import cerberus_hf
+from cerberus_hf.remote_code import remote_code_files
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
 from helpers import NEW_TOKENS, PROMPT_LEN, randomize_heads
 from tiny_models import tiny_model, tiny_tokenizer, prompt_ids
@@ -116,17 +119,43 @@ def test_heads_file_holds_only_heads(saved):
         assert torch.equal(tensors[name], tensor), name
 
 
-def test_saved_code_is_the_package_code_and_complete(saved):
-    """The modeling code ships unchanged, with every module it imports relatively."""
-    _, folder = saved
-    package = os.path.dirname(cerberus_hf.__file__)
+def _assert_is_the_remote_code(folder: str) -> None:
+    """``folder`` holds exactly the package's flat remote code (`remote_code`), whose every relative
+    import names a module beside it, and no other Python file."""
+    expected = remote_code_files("cerberus_hf.modeling_cerberus")
     saved_code = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
-    assert {"modeling_cerberus.py", "configuration_cerberus.py"} <= set(saved_code)
+    assert saved_code == sorted(expected)
+    assert {"modeling_cerberus.py", "configuration_cerberus.py", "drafters_heads.py"} <= set(saved_code)
+    assert not any(name.startswith(("tools_", "training_")) for name in saved_code), "CLI/training code shipped"
     for name in saved_code:
         source = open(os.path.join(folder, name)).read()
-        assert source == open(os.path.join(package, name)).read(), name
-        for module in re.findall(r"^\s*from \.(\w+) import", source, flags=re.M):
+        assert source == expected[name], name
+        assert not re.findall(r"^\s*from \.\.", source, flags=re.M), f"{name} imports from a parent package"
+        for module in re.findall(r"^\s*from \.([\w.]+) import", source, flags=re.M):
             assert f"{module}.py" in saved_code, f"{name} imports .{module}, which was not saved"
+
+
+def test_saved_code_is_the_package_code_and_complete(saved):
+    """The modeling code ships as the package's modules, flattened, with every module it imports."""
+    _assert_is_the_remote_code(saved[1])
+
+
+def test_flattening_a_flat_copy_gives_the_same_files(saved, tmp_path):
+    """A model loaded as remote code and saved again writes the same code (flattening is idempotent)."""
+    flat = tmp_path / "flatpkg"
+    flat.mkdir()
+    (flat / "__init__.py").write_text("")
+    for name in os.listdir(saved[1]):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(saved[1], name), flat / name)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        importlib.import_module("flatpkg.modeling_cerberus")
+        assert remote_code_files("flatpkg.modeling_cerberus") == remote_code_files("cerberus_hf.modeling_cerberus")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "flatpkg" or m.startswith("flatpkg.")]:
+            del sys.modules[name]
 
 
 # ---------------------------------------------------------------------------------------------- round trips
@@ -335,12 +364,5 @@ SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "model_
 @pytest.mark.parametrize("config_path", SHIPPED, ids=[os.path.basename(os.path.dirname(p)) for p in SHIPPED])
 def test_shipped_checkpoints_carry_the_current_code(config_path):
     """A shipped folder loads with trust_remote_code from its own copy of the code: that copy must be the
-    package's current code (save again, or copy the modules, after changing the package)."""
-    folder = os.path.dirname(config_path)
-    package = os.path.dirname(cerberus_hf.__file__)
-    saved_code = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
-    assert "modeling_cerberus.py" in saved_code
-    for name in saved_code:
-        assert open(os.path.join(folder, name)).read() == open(os.path.join(package, name)).read(), name
-        for module in re.findall(r"^\s*from \.(\w+) import", open(os.path.join(folder, name)).read(), flags=re.M):
-            assert f"{module}.py" in saved_code, f"{name} imports .{module}, which the folder lacks"
+    package's current code (after changing the package: python scripts/refresh_shipped_code.py)."""
+    _assert_is_the_remote_code(os.path.dirname(config_path))

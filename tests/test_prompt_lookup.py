@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from cerberus_hf.candidate_generator import Draft, with_copied
-from cerberus_hf.context_lookup import context_continuation
-from cerberus_hf.tree import CONTEXT_RANK, TreeSpec, graft_chain
+from cerberus_hf.decoding.candidate_generator import Draft, with_copied
+from cerberus_hf.decoding.lookup import context_continuation
+from cerberus_hf.decoding.tree import CONTEXT_RANK, TreeSpec, graft_chain
 from helpers import ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, ForwardCounter, check_stats, fresh_model, get_base, \
     get_prompt, reference
 
@@ -152,7 +152,7 @@ def test_lookup_setting_comes_from_the_call_the_generation_config_or_the_heads_c
 
 
 def test_lookup_length_and_ngram_size_fall_back_to_the_config_each_on_its_own(monkeypatch):
-    from cerberus_hf import candidate_generator
+    from cerberus_hf.decoding import candidate_generator
 
     seen = []
 

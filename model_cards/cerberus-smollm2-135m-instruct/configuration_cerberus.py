@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
 
 from transformers import PreTrainedConfig
 
-from .gate import GATE_SIGNALS
-from .tree import TreeSpec
+from .decoding_gate import GATE_SIGNALS
+from .decoding_tree import TreeSpec
+from .remote_code import auto_map_entry, write_remote_code
 
 # Kept here (not in heads.py) so that reading a config never needs torch modules built.
 HEAD_TYPES = ("medusa", "cerberus")
@@ -41,7 +43,7 @@ class CerberusConfig(PreTrainedConfig):
         gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
             ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
         gate_signal: what the gate thresholds: ``"base_entropy"`` (the paper's), ``"head_entropy"`` or
-            ``"base_top1"`` (see `cerberus_hf.gate`).
+            ``"base_top1"`` (see `cerberus_hf.decoding.gate`).
         draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
             (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
             ``generate(draft_tree=...)`` overrides it per call.
@@ -97,3 +99,18 @@ class CerberusConfig(PreTrainedConfig):
             if math.isinf(self.gate_threshold) and self.gate_threshold > 0:
                 self.gate_threshold = None  # "always draft" has one spelling on disk, valid JSON included
         super().__post_init__(**kwargs)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
+        """Write ``config.json``; when registered for an Auto class, also the code that loads it as remote
+        code, as flat modules (`remote_code`: transformers' own copier cannot follow subpackages)."""
+        auto_class = type(self)._auto_class
+        if auto_class is None:
+            return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        os.makedirs(save_directory, exist_ok=True)
+        self.auto_map = {**(getattr(self, "auto_map", None) or {}), auto_class: auto_map_entry(type(self))}
+        write_remote_code(save_directory, type(self).__module__)
+        type(self)._auto_class = None  # the base class would copy the package's modules as they are
+        try:
+            super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        finally:
+            type(self)._auto_class = auto_class

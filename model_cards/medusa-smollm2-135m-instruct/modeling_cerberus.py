@@ -22,23 +22,23 @@ import torch
 from huggingface_hub import HfApi
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.dynamic_module_utils import custom_object_save
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .acceptance import TypicalAcceptance
+from .decoding_acceptance import TypicalAcceptance
 from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
-from .candidate_generator import CerberusCandidateGenerator
+from .decoding_candidate_generator import CerberusCandidateGenerator
 from .checkpoint import load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
 from .configuration_cerberus import CerberusConfig
-from .context_lookup import DEFAULT_MAX_NGRAM
-from .decoding import speculative_generate
-from .gate import EntropyGate
-from .heads import DraftHeads, build_heads
-from .profiling import StepProfiler
+from .decoding_lookup import DEFAULT_MAX_NGRAM
+from .decoding_loop import speculative_generate
+from .decoding_gate import EntropyGate
+from .drafters_heads import DraftHeads, build_heads
+from .decoding_profiling import StepProfiler
 from .real_models import describe_source
-from .stats import GenerationStats
-from .tree import TreeSpec
+from .remote_code import auto_map_entry, write_remote_code
+from .decoding_stats import GenerationStats
+from .decoding_tree import TreeSpec
 
 _UNSET = object()
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
@@ -149,7 +149,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         os.makedirs(save_directory, exist_ok=True)
         self.config.architectures = [type(self).__name__]
         if self._auto_class is not None:
-            custom_object_save(self, save_directory, config=self.config)
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), self._auto_class: auto_map_entry(type(self))}
+            write_remote_code(save_directory, type(self).__module__)
         self.config.save_pretrained(save_directory)
         self.generation_config.save_pretrained(save_directory)
         save_heads_state_dict(self.heads.state_dict(), save_directory)

@@ -23,9 +23,9 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .acceptance import TypicalAcceptance, pick_token
-from .candidate_generator import CerberusCandidateGenerator, Draft
-from .profiling import StepProfiler, phase_timer
+from .decoding_acceptance import TypicalAcceptance, pick_token
+from .decoding_candidate_generator import CerberusCandidateGenerator, Draft
+from .decoding_profiling import StepProfiler, phase_timer
 
 
 @contextmanager

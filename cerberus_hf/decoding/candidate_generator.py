@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .context_lookup import DEFAULT_MAX_NGRAM, context_continuation
+from .lookup import DEFAULT_MAX_NGRAM, context_continuation
 from .gate import EntropyGate
-from .heads import DraftHeads
+from ..drafters.heads import DraftHeads
 from .stats import GenerationStats
 from .tree import TreeSpec, graft_chain
 

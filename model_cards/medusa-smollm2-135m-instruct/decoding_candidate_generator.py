@@ -16,11 +16,11 @@ import torch
 from torch import nn
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .context_lookup import DEFAULT_MAX_NGRAM, context_continuation
-from .gate import EntropyGate
-from .heads import DraftHeads
-from .stats import GenerationStats
-from .tree import TreeSpec, graft_chain
+from .decoding_lookup import DEFAULT_MAX_NGRAM, context_continuation
+from .decoding_gate import EntropyGate
+from .drafters_heads import DraftHeads
+from .decoding_stats import GenerationStats
+from .decoding_tree import TreeSpec, graft_chain
 
 
 @dataclass

@@ -43,8 +43,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .hidden_cache import HiddenStateCache, build_hidden_cache, id_bucket, split_record_ids
-from .profiling import describe_device
-from .real_models import load_named_model
+from ..decoding.profiling import describe_device
+from ..real_models import load_named_model
 
 logger = logging.getLogger(__name__)
 
@@ -407,7 +407,7 @@ def _cosine_with_warmup(optimizer, warmup_steps: int, total_steps: int) -> torch
 
 def default_cache_dir() -> Path:
     """Where hidden-state caches go unless told: ``$CERBERUS_HF_CACHE/hidden_states``."""
-    from .real_models import cache_dir
+    from ..real_models import cache_dir
 
     return cache_dir() / "hidden_states"
 
@@ -775,7 +775,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run the ``train`` subcommand from parsed arguments."""
-    from .modeling_cerberus import CerberusForCausalLM
+    from ..modeling_cerberus import CerberusForCausalLM
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.output is None and not args.cache_only:

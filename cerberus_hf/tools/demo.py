@@ -19,7 +19,7 @@ DEMO_PROMPTS = (
     "List five tips for writing clean Python code.",
     "What is the difference between a list and a tuple in Python?",
 )
-SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "model_cards" / "cerberus-smollm2-135m-instruct"
+SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "model_cards" / "cerberus-smollm2-135m-instruct"
 
 
 def add_cli(subparsers) -> None:
@@ -40,8 +40,8 @@ def _timed(fn):
 
 def run_cli(args: argparse.Namespace) -> int:
     from .bench import encode_prompts
-    from .modeling_cerberus import CerberusForCausalLM
-    from .real_models import load_packaged_model
+    from ..modeling_cerberus import CerberusForCausalLM
+    from ..real_models import load_packaged_model
 
     torch.manual_seed(0)
     base, tokenizer = load_packaged_model()

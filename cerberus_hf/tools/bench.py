@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from .profiling import PHASES, describe_device, synchronize
+from ..decoding.profiling import PHASES, describe_device, synchronize
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "mt_bench.jsonl"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "mt_bench.jsonl"
 
 
 @dataclass
@@ -258,8 +258,8 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .modeling_cerberus import CerberusForCausalLM
-    from .real_models import load_named_model
+    from ..modeling_cerberus import CerberusForCausalLM
+    from ..real_models import load_named_model
 
     base, tokenizer = load_named_model(args.base, dtype=getattr(torch, args.dtype))
     base.to(args.device)

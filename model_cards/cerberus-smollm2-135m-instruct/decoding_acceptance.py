@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gate import entropy
+from .decoding_gate import entropy
 
 
 @dataclass(frozen=True)

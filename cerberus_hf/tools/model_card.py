@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
 from .bench import encode_prompts, load_bench_prompts, sum_per_head
-from .context_lookup import DEFAULT_MAX_NGRAM
+from ..decoding.lookup import DEFAULT_MAX_NGRAM
 
 TRAINING_METRICS = "training_metrics.json"
 EVALUATION = "evaluation.json"
@@ -195,7 +195,7 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .configuration_cerberus import CerberusConfig
+    from ..configuration_cerberus import CerberusConfig
 
     folder = Path(args.heads)
     config = CerberusConfig.from_pretrained(folder)
@@ -204,8 +204,8 @@ def run_cli(args: argparse.Namespace) -> int:
     elif args.bench:
         evaluation = evaluation_from_bench(json.loads(Path(args.bench).read_text()), f"{config.head_type} {folder.name}")
     else:
-        from .modeling_cerberus import CerberusForCausalLM
-        from .real_models import load_named_model
+        from ..modeling_cerberus import CerberusForCausalLM
+        from ..real_models import load_named_model
 
         base, tokenizer = load_named_model(config.base_model_source or config.base_model_name_or_path)
         model = CerberusForCausalLM.from_pretrained(folder, base_model=base)

@@ -7,7 +7,9 @@ import importlib
 import sys
 
 # Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
-SUBCOMMAND_MODULES = ("demo", "distill", "training", "calibration", "model_card", "bench")
+SUBCOMMAND_MODULES = (
+    "tools.demo", "training.distill", "training.trainer", "tools.calibrate", "tools.model_card", "tools.bench",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

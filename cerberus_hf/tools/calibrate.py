@@ -33,10 +33,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from .decoding import capture_lm_head_input
-from .gate import GATE_SIGNALS, gate_signal
-from .hidden_cache import Record, read_records, split_record_ids
-from .profiling import synchronize
+from ..decoding.loop import capture_lm_head_input
+from ..decoding.gate import GATE_SIGNALS, gate_signal
+from ..training.hidden_cache import Record, read_records, split_record_ids
+from ..decoding.profiling import synchronize
 
 
 @dataclass
@@ -294,7 +294,7 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .modeling_cerberus import CerberusForCausalLM
+    from ..modeling_cerberus import CerberusForCausalLM
 
     records = read_records(args.data)  # before the model: a bad data file fails fast
     model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device)

@@ -49,11 +49,11 @@ from typing import Iterable
 
 import torch
 
-from .real_models import load_named_model
+from ..real_models import load_named_model
 
 logger = logging.getLogger(__name__)
 
-PACKAGED_PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+PACKAGED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
 MODES = ("greedy", "sample")
 
 # Columns tried, in order, when a dataset's prompt column is not given.

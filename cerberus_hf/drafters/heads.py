@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .configuration_cerberus import CerberusConfig
+from ..configuration_cerberus import CerberusConfig
 
 
 class ResidualBlock(nn.Module):
