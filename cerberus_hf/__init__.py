@@ -5,7 +5,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .decoding.gate import EntropyGate, entropy
-from .drafters.heads import CerberusHeads, DraftHeads, MedusaHeads, build_heads
+from .drafters import CerberusDrafter, Drafter, MedusaDrafter, build_drafter
 from .modeling_cerberus import CerberusForCausalLM
 from .decoding.stats import GenerationStats
 
@@ -19,11 +19,11 @@ __all__ = [
     "CerberusCandidateGenerator",
     "CerberusConfig",
     "CerberusForCausalLM",
-    "CerberusHeads",
-    "DraftHeads",
+    "CerberusDrafter",
+    "Drafter",
     "EntropyGate",
     "GenerationStats",
-    "MedusaHeads",
-    "build_heads",
+    "MedusaDrafter",
+    "build_drafter",
     "entropy",
 ]

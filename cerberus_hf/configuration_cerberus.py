@@ -11,7 +11,7 @@ from .decoding.gate import GATE_SIGNALS
 from .decoding.tree import TreeSpec
 from .remote_code import auto_map_entry, write_remote_code
 
-# Kept here (not in heads.py) so that reading a config never needs torch modules built.
+# Kept here (not in drafters/) so that reading a config never needs torch modules built.
 HEAD_TYPES = ("medusa", "cerberus")
 HEAD_PROJECTIONS = ("shared", "own")
 

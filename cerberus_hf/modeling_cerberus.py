@@ -33,7 +33,8 @@ from .configuration_cerberus import CerberusConfig
 from .decoding.lookup import DEFAULT_MAX_NGRAM
 from .decoding.loop import speculative_generate
 from .decoding.gate import EntropyGate
-from .drafters.heads import DraftHeads, build_heads
+from .decoding.drafting import DynamicTree
+from .drafters import Drafter, build_drafter
 from .decoding.profiling import StepProfiler
 from .real_models import describe_source
 from .remote_code import auto_map_entry, write_remote_code
@@ -67,7 +68,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         check_base_compatible(config, base)
         self.base = base
         lm_weight = base.get_output_embeddings().weight
-        self.heads: DraftHeads = build_heads(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
+        self.heads: Drafter = build_drafter(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
+        self.heads.attach(base)
         self.heads.init_projections_from(lm_weight)
         self.generation_config = greedy_generation_config(getattr(base, "generation_config", None))
         self.generation_stats: GenerationStats | None = None
@@ -214,10 +216,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             **kwargs,
         )
 
-    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Head logits ``[..., num_heads, V]`` over the draft vocabulary (``self.heads.token_ids`` maps
-        indices to token ids) from base last hidden states ``[..., hidden]``."""
-        return self.heads(hidden_states, self.base.get_output_embeddings())
+    def draft_logits(self, hidden_states: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+        """Teacher-forced head logits ``[n, num_heads, V]`` over the draft vocabulary (``self.heads.token_ids``
+        maps indices to token ids) from base last hidden states ``[n, hidden]`` and the true tokens that
+        follow each state, ``tokens`` ``[n, num_heads]`` (read only by drafters that condition on them)."""
+        return self.heads(hidden_states, tokens)
 
     def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Let the heads draft among ``token_ids`` only (None: the whole vocabulary). Output is unchanged;
@@ -371,7 +374,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         lookup_tokens: int, lookup_ngram: int,
     ) -> CerberusCandidateGenerator:
         return CerberusCandidateGenerator(
-            self.heads, self.base.get_output_embeddings(), gate, tree, generation_config.max_length, stats,
+            self.heads, gate, tree, generation_config.max_length, stats,
             lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram,
         )
 
@@ -380,7 +383,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 def _check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.Tensor], path: str) -> None:
     """Compare a heads file with the heads its config describes, before anything heavy is loaded."""
     with torch.device("meta"):
-        expected = build_heads(config).state_dict()
+        expected = build_drafter(config).state_dict()
     problems = [f"missing {k}" for k in expected if k not in state_dict]
     problems += [f"unexpected {k}" for k in state_dict if k not in expected]
     problems += [

@@ -119,8 +119,8 @@ def check_stats(model: CerberusForCausalLM, new_tokens: int, forwards: int | Non
 def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict:
     """Make ``model``'s heads draft the known continuation: an oracle that knows the future.
 
-    Only the heads' output is replaced, so the gate, the room left before max_length, the draft tree,
-    verification and the statistics are all the real ones. The oracle recognises where it is by the
+    Only the heads' logits are replaced (per depth, whatever the drafted tokens above it), so the gate,
+    the room left before max_length, the draft tree, verification and the statistics are all the real ones. The oracle recognises where it is by the
     base's last hidden state (as the heads get it) among those of the ``references`` (full sequences,
     prompt included): at the state of position ``p``, head ``k`` is made to rank token ``p + k + 2``
     first. When ``corrupt(p, k)`` is true the right token is ranked second instead, behind a wrong one.
@@ -153,11 +153,10 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
     real_class = type(heads)
 
     class OracleHeads(real_class):
-        def forward(self, hidden, base_lm_head):
-            logits = real_class.forward(self, hidden, base_lm_head)
-            flat_hidden = hidden.reshape(-1, hidden.shape[-1]).float()
-            flat_logits = logits.reshape(-1, num_heads, logits.shape[-1]).clone()
-            for i, h in enumerate(flat_hidden):
+        def draft_level(self, k, hidden, tokens, previous):
+            state, logits = real_class.draft_level(self, k, hidden, tokens, previous)
+            logits = logits.clone()
+            for i, h in enumerate(hidden.float()):
                 distance = (table - h).norm(dim=-1)
                 row = int(distance.argmin())
                 if float(distance[row]) > 1e-3 * (float(h.norm()) + 1.0):
@@ -165,18 +164,17 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
                     continue
                 counters["hits"] += 1
                 p = int(positions[row])
-                for k in range(num_heads):
-                    target = int(targets[row, k])
-                    if target < 0:
-                        continue
-                    scores = flat_logits[i, k]
-                    scores -= scores.max() + 10.0  # every other token well below 0, their order kept
-                    if corrupt is not None and corrupt(p, k):
-                        scores[(target + 1) % scores.shape[0]] = 0.0
-                        scores[target] = -1.0
-                    else:
-                        scores[target] = 0.0
-            return flat_logits.reshape(logits.shape)
+                target = int(targets[row, k])
+                if target < 0:
+                    continue
+                scores = logits[i]
+                scores -= scores.max() + 10.0  # every other token well below 0, their order kept
+                if corrupt is not None and corrupt(p, k):
+                    scores[(target + 1) % scores.shape[0]] = 0.0
+                    scores[target] = -1.0
+                else:
+                    scores[target] = 0.0
+            return state, logits
 
     heads.__class__ = OracleHeads
     return counters

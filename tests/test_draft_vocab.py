@@ -16,7 +16,8 @@ def test_draft_vocab_keeps_output_exact_and_drafts_from_the_subset(head_projecti
     subset = torch.arange(0, VOCAB, 2)
     model.set_draft_vocab(subset)
     assert model.config.draft_vocab_size == len(subset)
-    logits = model.draft_logits(torch.randn(1, model.config.hidden_size))
+    hidden = torch.randn(1, model.config.hidden_size)
+    logits = model.draft_logits(hidden, _tokens(hidden, model))
     assert logits.shape == (1, 3, len(subset))
     proposals = []
     original = model._candidate_generator
@@ -41,13 +42,18 @@ def test_draft_vocab_keeps_output_exact_and_drafts_from_the_subset(head_projecti
     check_stats(model, NEW_TOKENS)
 
 
+def _tokens(hidden, model):
+    """Some tokens following each state (read only by drafters that condition on drafted tokens)."""
+    return torch.randint(0, VOCAB, (hidden.shape[0], model.config.num_heads), generator=torch.Generator().manual_seed(1))
+
+
 def test_subset_guesses_are_the_full_guesses_restricted_to_the_subset():
     model = fresh_model("llama", "cerberus", randomize=True, num_heads=3)
     hidden = torch.randn(5, model.config.hidden_size)
-    full = model.draft_logits(hidden)
+    full = model.draft_logits(hidden, _tokens(hidden, model))
     subset = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:40]
     model.set_draft_vocab(subset)
-    reduced = model.draft_logits(hidden)
+    reduced = model.draft_logits(hidden, _tokens(hidden, model))
     assert torch.allclose(reduced, full[..., subset], atol=1e-5)
     top = model.heads.token_ids(reduced.topk(3, dim=-1).indices)
     expected = subset[full[..., subset].topk(3, dim=-1).indices]
@@ -70,13 +76,13 @@ def test_reused_draft_rows_follow_changes_to_the_projection_and_the_subset(head_
     hidden = torch.randn(3, model.config.hidden_size)
     model.set_draft_vocab(torch.arange(0, VOCAB, 3))
     with torch.no_grad():
-        first = model.draft_logits(hidden)
-        assert torch.equal(model.draft_logits(hidden), first)
+        first = model.draft_logits(hidden, _tokens(hidden, model))
+        assert torch.equal(model.draft_logits(hidden, _tokens(hidden, model)), first)
         projections = model.heads.lm_heads or [model.base.get_output_embeddings()]
         for projection in projections:
             projection.weight.mul_(2.0)
-        assert torch.allclose(model.draft_logits(hidden), 2 * first, atol=1e-5)
+        assert torch.allclose(model.draft_logits(hidden, _tokens(hidden, model)), 2 * first, atol=1e-5)
         model.set_draft_vocab(None)
-        full = model.draft_logits(hidden)
+        full = model.draft_logits(hidden, _tokens(hidden, model))
         model.set_draft_vocab(torch.arange(1, VOCAB, 3))
-        assert torch.allclose(model.draft_logits(hidden), full[..., 1::3], atol=1e-5)
+        assert torch.allclose(model.draft_logits(hidden, _tokens(hidden, model)), full[..., 1::3], atol=1e-5)

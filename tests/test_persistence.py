@@ -125,7 +125,7 @@ def _assert_is_the_remote_code(folder: str) -> None:
     expected = remote_code_files("cerberus_hf.modeling_cerberus")
     saved_code = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
     assert saved_code == sorted(expected)
-    assert {"modeling_cerberus.py", "configuration_cerberus.py", "drafters_heads.py"} <= set(saved_code)
+    assert {"modeling_cerberus.py", "configuration_cerberus.py", "drafters.py", "drafters_base.py"} <= set(saved_code)
     assert not any(name.startswith(("tools_", "training_")) for name in saved_code), "CLI/training code shipped"
     for name in saved_code:
         source = open(os.path.join(folder, name)).read()

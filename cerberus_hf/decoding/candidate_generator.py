@@ -1,8 +1,9 @@
-"""`CerberusCandidateGenerator`: the verifier's last hidden state in, draft tokens out.
+"""`CerberusCandidateGenerator`: the verifier's state in, a draft tree out, from any `Drafter`.
 
 It follows transformers' `CandidateGenerator` contract (`get_candidates` returns the input ids with a
 candidate chain appended; `update_candidate_strategy` hears how many were accepted). The decoding loop
-asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The entropy
+asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The tree is a
+fixed tree of ranks or one grown each step from the drafter's confidence (`drafting`). The entropy
 gate lives here: a step the gate rejects gets no head draft, and the loop decodes a single token. With
 prompt lookup on, tokens copied from the context are grafted into the draft (gate or not: a repeated
 n-gram is its own evidence).
@@ -13,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from .lookup import DEFAULT_MAX_NGRAM, context_continuation
 from .gate import EntropyGate
-from ..drafters.heads import DraftHeads
+from ..drafters.base import Drafter
+from .drafting import DynamicTree, StepDrafts, dynamic_draft, static_draft
 from .stats import GenerationStats
 from .tree import TreeSpec, graft_chain
 
@@ -54,38 +55,41 @@ def with_copied(draft: Draft | None, copied: list[int], device: torch.device) ->
 
 
 class CerberusCandidateGenerator(CandidateGenerator):
-    """Drafts from draft heads: node ``(r0, ..., rd)`` of the tree is head ``d``'s rank-``rd`` guess.
+    """Drafts from a drafter: node ``(r0, ..., rd)`` of a static tree is depth ``d``'s rank-``rd`` guess
+    under node ``(r0, ..., r(d-1))``; a dynamic tree is grown anew each step.
 
     Args:
-        heads: the draft heads.
-        base_lm_head: the base model's output projection (used by heads without their own).
+        drafter: the drafter (its family does not matter here).
         gate: decides per step whether to draft at all.
-        tree: the tree shape to draft (a chain of all heads when None).
+        tree: the static tree shape to draft (a chain of all heads when None and no dynamic tree is given).
         max_length: total length the sequence may reach; drafts never run past it.
         stats: where per-step figures are recorded.
         lookup_tokens: how many tokens prompt lookup may copy from the context per step (0: off).
         lookup_ngram: the longest suffix n-gram prompt lookup matches.
+        dynamic: grow an EAGLE-2-style tree per step instead of drafting ``tree``.
     """
 
     requires_model_outputs = True
 
     def __init__(
         self,
-        heads: DraftHeads,
-        base_lm_head: nn.Module,
+        drafter: Drafter,
         gate: EntropyGate,
         tree: TreeSpec | None,
         max_length: int,
         stats: GenerationStats,
         lookup_tokens: int = 0,
         lookup_ngram: int = DEFAULT_MAX_NGRAM,
+        dynamic: DynamicTree | None = None,
     ):
-        self.heads = heads
-        self.base_lm_head = base_lm_head
+        self.drafter = drafter
         self.gate = gate
-        self.tree = tree if tree is not None else TreeSpec.chain(heads.num_heads)
-        if self.tree.depth > heads.num_heads:
-            raise ValueError(f"The draft tree is {self.tree.depth} deep but there are only {heads.num_heads} heads.")
+        self.tree = tree if tree is not None else TreeSpec.chain(drafter.num_heads)
+        if self.tree.depth > drafter.num_heads:
+            raise ValueError(f"The draft tree is {self.tree.depth} deep but there are only {drafter.num_heads} heads.")
+        if dynamic is not None and dynamic.depth > drafter.num_heads:
+            raise ValueError(f"The dynamic tree is {dynamic.depth} deep but there are only {drafter.num_heads} heads.")
+        self.dynamic = dynamic
         self.max_length = max_length
         self.stats = stats
         self.lookup_tokens = lookup_tokens
@@ -104,24 +108,19 @@ class CerberusCandidateGenerator(CandidateGenerator):
         are at most ``max_length - len - 1`` deep.
         """
         room = self.max_length - input_ids.shape[1] - 1
-        tree = self.tree.truncated(room)
-        logits = None
-        if tree is not None and self.gate.needs_heads:
-            logits = self._head_logits(last_hidden_state)
-        drafting = tree is not None and self.gate.should_draft(
-            next_token_logits, logits[0] if logits is not None else None
-        )
-        if tree is not None:  # no room left for a draft is not the gate's decision
+        static = self.tree.truncated(room) if self.dynamic is None else None
+        can_draft = room > 0 and (self.dynamic is not None or static is not None)
+        step = StepDrafts(self.drafter, last_hidden_state, int(input_ids[0, -1]))
+        first_logits = step.root_logits()[None] if can_draft and self.gate.needs_heads else None
+        drafting = can_draft and self.gate.should_draft(next_token_logits, first_logits)
+        if can_draft:  # no room left for a draft is not the gate's decision
             self.stats.record_gate(drafting)
         draft = None
-        if drafting:
-            if logits is None:
-                logits = self._head_logits(last_hidden_state)
-            logits = logits[: tree.depth]  # [depth, vocab]
-            top = logits.topk(tree.top_k, dim=-1).indices if tree.top_k > 1 else logits.argmax(dim=-1, keepdim=True)
-            top = self.heads.token_ids(top)
-            tokens = top[tree.head_index.to(top.device), tree.rank.to(top.device)].to(input_ids.dtype)
-            draft = Draft(tree, tokens)
+        if drafting and self.dynamic is not None:
+            tree, tokens = dynamic_draft(step, self.dynamic, room)
+            draft = Draft(tree, tokens.to(input_ids.dtype))
+        elif drafting:
+            draft = Draft(static, static_draft(step, static).to(input_ids.dtype))
         copied = []
         if self.lookup_tokens and room > 0:
             copied = context_continuation(input_ids[0].cpu(), min(self.lookup_tokens, room), self.lookup_ngram)
@@ -130,10 +129,6 @@ class CerberusCandidateGenerator(CandidateGenerator):
             self.stats.context_steps += 1
         self._last = draft
         return draft
-
-    def _head_logits(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
-        hidden = last_hidden_state.to(next(self.heads.parameters()).dtype)
-        return self.heads(hidden, self.base_lm_head)[0]  # [num_heads, draft vocab]
 
     def get_candidates(
         self,

@@ -33,8 +33,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..decoding.loop import capture_lm_head_input
+from ..drafters.base import capture_lm_head_input
+from ..decoding.drafting import StepDrafts, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
+from ..decoding.tree import TreeSpec
 from ..training.hidden_cache import Record, read_records, split_record_ids
 from ..decoding.profiling import synchronize
 
@@ -76,13 +78,15 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
 
 @torch.no_grad()
 def measure_draft_time(model, repeats: int = 20) -> float:
-    """Median seconds for the heads to produce one step's logits (the drafting overhead)."""
+    """Median seconds for the drafter to draft one step's chain through every head (the drafting
+    overhead; a drafter that reads its drafted tokens pays one call per depth)."""
     hidden = torch.zeros(1, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    chain = TreeSpec.chain(model.config.num_heads)
     values = []
     for _ in range(repeats):
         synchronize(model.device)
         start = time.perf_counter()
-        model.draft_logits(hidden).topk(8, dim=-1)
+        static_draft(StepDrafts(model.heads, hidden, 0), chain)
         synchronize(model.device)
         values.append(time.perf_counter() - start)
     return statistics.median(values)
@@ -100,7 +104,8 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
         with capture_lm_head_input(model.base) as captured:
             logits = model.base(input_ids=ids).logits[0]
         hidden = captured["hidden"][0]
-        head_logits = model.draft_logits(hidden)  # [len, heads, draft vocab]
+        ahead = (torch.arange(len(seq))[:, None] + 1 + torch.arange(num_heads)).clamp(max=len(seq) - 1)
+        head_logits = model.draft_logits(hidden, ids[0, ahead.to(ids.device)])  # [len, heads, draft vocab]
         top = model.heads.token_ids(head_logits.topk(top_k, dim=-1).indices)  # [len, heads, top_k]
         signals = {name: gate_signal(name, logits, head_logits[:, 0]).tolist() for name in GATE_SIGNALS}
         for t in range(skip, len(seq) - num_heads - 1):

@@ -47,7 +47,7 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..decoding.loop import capture_lm_head_input
+from ..drafters.base import capture_lm_head_input
 
 logger = logging.getLogger(__name__)
 

@@ -157,8 +157,8 @@ class _HeadStates(nn.Module):
         super().__init__()
         self.heads = heads
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.heads.hidden_states(hidden)
+    def forward(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+        return self.heads.forced_states(hidden, tokens)
 
 
 class _Rows:
@@ -188,6 +188,10 @@ class _Rows:
         self.target_ids = ids.to(device)
         self.target_probs = probs.to(device)
         self.hidden = cache.hidden[positions].to(device=device, dtype=torch.float32)
+        # the true tokens at t + 1 .. t + num_heads after each state (teacher forcing for drafters that read
+        # them); past a record's end they are never used, since those (position, head) pairs have no target
+        ahead = (positions[:, None] + torch.arange(num_heads)).clamp(max=cache.num_positions - 1)
+        self.tokens = cache.tokens[ahead].to(device)
         self.batch_index = self.batch_index.to(device)
         self.head = self.head.to(device)
 
@@ -253,7 +257,7 @@ def evaluate_heads(
     for start in range(0, positions.shape[0], batch_size):
         batch = positions[start : start + batch_size]
         rows = _Rows(cache, remaining, batch, num_heads, 0.0, device)
-        states = heads.hidden_states(rows.hidden.to(next(heads.parameters()).dtype))
+        states = heads.forced_states(rows.hidden.to(next(heads.parameters()).dtype), rows.tokens)
         picked = states[rows.batch_index, rows.head]
         for lo in range(0, picked.shape[0], chunk_rows):
             hi = min(lo + chunk_rows, picked.shape[0])
@@ -628,7 +632,7 @@ def train_heads(
         local = batch[accelerator.process_index :: accelerator.num_processes]
         rows = _Rows(cache, remaining, local, num_heads, distill_weight, device)
 
-        states = trainable(rows.hidden)
+        states = trainable(rows.hidden, rows.tokens)
         row_losses, row_correct = _head_losses(model, states, rows, weight, bias, chunk_rows)
         head_rows = torch.zeros(num_heads, device=device).index_add_(0, rows.head, torch.ones_like(row_losses))
         row_weights = (head_weights.to(device) / head_rows.clamp(min=1))[rows.head]

@@ -13,8 +13,7 @@ to the accepted branch.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import nn
@@ -26,22 +25,6 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .decoding_acceptance import TypicalAcceptance, pick_token
 from .decoding_candidate_generator import CerberusCandidateGenerator, Draft
 from .decoding_profiling import StepProfiler, phase_timer
-
-
-@contextmanager
-def capture_lm_head_input(model: nn.Module) -> Iterator[dict]:
-    """Record the input of the base's output projection on every forward: the last hidden state
-    exactly as the base turns it into logits (after the final norm, whatever the architecture)."""
-    captured: dict = {}
-
-    def hook(module, args):
-        captured["hidden"] = args[0]
-
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
-    try:
-        yield captured
-    finally:
-        handle.remove()
 
 
 def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):
@@ -136,7 +119,7 @@ def speculative_generate(
     raw_logits = () if (want_dict and generation_config.output_logits) else None
     phase = phase_timer(profiler)
 
-    with capture_lm_head_input(model) as captured:
+    with candidate_generator.drafter.capture(model) as captured:
         with phase("prefill"):
             outputs = model._prefill(input_ids, generation_config, model_kwargs)
         if hasattr(cache, "activate_past_recording"):
