@@ -5,7 +5,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .decoding.gate import EntropyGate, entropy
-from .drafters import CerberusDrafter, Drafter, MedusaDrafter, build_drafter
+from .drafters import CerberusDrafter, Drafter, HydraDrafter, MedusaDrafter, build_drafter
 from .modeling_cerberus import CerberusForCausalLM
 from .decoding.stats import GenerationStats
 
@@ -21,6 +21,7 @@ __all__ = [
     "CerberusForCausalLM",
     "CerberusDrafter",
     "Drafter",
+    "HydraDrafter",
     "EntropyGate",
     "GenerationStats",
     "MedusaDrafter",

@@ -12,7 +12,7 @@ STEPS=${STEPS:-"distill cache train calibrate bench card"}
 BENCH=${BENCH:-benchmarks/mt_bench_cpu}   # the bench run the cards quote (JSON, PNG, Markdown)
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
-TYPES=${TYPES:-"medusa cerberus"}   # head types to train / describe
+TYPES=${TYPES:-"medusa cerberus hydra"}   # head types to train / describe
 
 for step in $STEPS; do
   case $step in
@@ -23,10 +23,13 @@ for step in $STEPS; do
       cerberus-hf train --cache-only --data "$DATA" --teacher-topk 0 ;;
     train)
       for type in $TYPES; do
+        # Medusa and Cerberus were trained (2026-11-21) where a bf16 projection was fast; Hydra (2026-11-22) on an
+        # AMD EPYC where torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s), so in fp32.
+        proj=bfloat16; [ "$type" = hydra ] && proj=float32
         cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 --data "$DATA" \
           --output "$OUT/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
           --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
-          --projection-dtype bfloat16 --eval-every 200 --seed 0
+          --projection-dtype "$proj" --eval-every 200 --seed 0
       done ;;
     calibrate)  # the device's cost curve, the tree and the gate; a 4096-token draft vocabulary
       for type in $TYPES; do

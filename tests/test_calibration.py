@@ -10,7 +10,8 @@ import torch
 from transformers import GenerationConfig
 
 from cerberus_hf.tools.calibrate import (
-    PositionRecord, accepted_length, build_tree, calibrate, fit_gate, format_report, path_frequencies,
+    PositionRecord, accepted_length, build_tree, calibrate, dynamic_accepted, fit_dynamic_tree, fit_gate, format_report,
+    path_frequencies, static_accepted,
 )
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 
@@ -50,7 +51,7 @@ def test_tree_size_follows_the_cost_curve():
 def test_gate_threshold_separates_good_from_bad_positions():
     # Low signal: 3 tokens accepted; high signal: none. Drafting costs 2 plain steps.
     recs = records([[0, 0, 0]] * 50 + [[5, 5, 5]] * 50, signal=[0.1 * i for i in range(50)] + [10 + i for i in range(50)])
-    gate = fit_gate(recs, [[0], [0, 0], [0, 0, 0]], tree_step=2.0, plain_step=1.0)
+    gate = fit_gate(recs, static_accepted(recs, [[0], [0, 0], [0, 0, 0]]), tree_step=2.0, plain_step=1.0)
     row = gate["signals"]["base_entropy"]
     assert 4.9 < row["threshold"] < 10
     assert row["draft_rate"] == pytest.approx(0.5)
@@ -60,7 +61,21 @@ def test_gate_threshold_separates_good_from_bad_positions():
 
 def test_gate_never_drafts_when_drafts_never_pay():
     recs = records([[5, 5]] * 20, signal=[float(i) for i in range(20)])
-    assert fit_gate(recs, [[0]], tree_step=2.0, plain_step=1.0)["signals"]["base_entropy"]["threshold"] == 0.0
+    gate = fit_gate(recs, static_accepted(recs, [[0]]), tree_step=2.0, plain_step=1.0)
+    assert gate["signals"]["base_entropy"]["threshold"] == 0.0
+
+
+def test_dynamic_tree_size_follows_where_the_true_path_was_chosen():
+    # where each depth's true node came in the dynamic tree's order of choice (-1: never drafted)
+    recs = [PositionRecord([0, 0], {}, order) for order in ([0, 1], [0, 3], [2, -1], [-1, 0])]
+    assert dynamic_accepted(recs, 1) == [1, 1, 0, 0]
+    assert dynamic_accepted(recs, 2) == [2, 1, 0, 0]
+    assert dynamic_accepted(recs, 4) == [2, 2, 1, 0]
+    best, table = fit_dynamic_tree(recs, {n: 1.0 for n in range(1, 10)}, draft_time=0.0, max_nodes=6)
+    assert [row["expected_tau"] for row in table][:4] == pytest.approx([1.5, 1.75, 2.0, 2.25])
+    assert best["nodes"] == 4  # nothing more is ever accepted, and a flat curve breaks ties to the smallest
+    best, _ = fit_dynamic_tree(recs, {n: float(n) for n in range(1, 10)}, draft_time=0.0, max_nodes=6)
+    assert best["nodes"] == 1
 
 
 def test_calibrate_stores_settings_that_generate_uses(tmp_path):
@@ -70,13 +85,22 @@ def test_calibrate_stores_settings_that_generate_uses(tmp_path):
     assert "cost of one forward" in format_report(report)
     settings = model.decoding_settings("cpu")
     assert settings["draft_tree"] == report["settings"]["draft_tree"] and len(settings["draft_tree"]) >= 1
+    assert settings["tree_kind"] in ("static", "dynamic") and settings["dynamic_tree"]["depth"] == 3
+    assert 1 <= settings["dynamic_tree"]["nodes"] <= 32
     assert model.decoding_settings("cuda")["draft_tree"] is None  # nothing calibrated for CUDA
     model.generation_config.save_pretrained(tmp_path)
     loaded = GenerationConfig.from_pretrained(tmp_path)
     assert loaded.cerberus_calibration["cpu"]["draft_tree"] == settings["draft_tree"]
     # The calibrated defaults drive generate(), and output stays exact.
     model.generation_config.cerberus_calibration["cpu"]["gate_threshold"] = None
+    model.generation_config.cerberus_calibration["cpu"]["tree_kind"] = "static"
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
     assert torch.equal(out, reference("llama"))
     assert model.generation_stats.drafted_tokens >= len(settings["draft_tree"])
+    model.generation_config.cerberus_calibration["cpu"]["tree_kind"] = "dynamic"
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, reference("llama"))
+    nodes = settings["dynamic_tree"]["nodes"]
+    assert model.generation_stats.draft_steps > 0
+    assert model.generation_stats.drafted_tokens == nodes * model.generation_stats.draft_steps
     assert not math.isnan(report["expected"]["expected_tau"])

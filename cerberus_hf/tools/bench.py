@@ -32,28 +32,42 @@ class Method:
     records: list[dict] = field(default_factory=list)
 
 
-def load_bench_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """First turns of a JSONL prompt file (objects with a ``turns`` list, as MT-Bench)."""
+def load_bench_prompts(path: str | Path, limit: int | None = None, every: int = 1) -> list[str]:
+    """First turns of a JSONL prompt file (objects with a ``turns`` list, as MT-Bench): every ``every``-th
+    one (a subset spread over the file's categories), at most ``limit``."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}.")
     prompts = []
     with open(path) as handle:
         for line in handle:
             if line.strip():
                 record = json.loads(line)
                 prompts.append(record["turns"][0] if "turns" in record else record["prompt"])
+    prompts = prompts[::every]
     return prompts[:limit] if limit else prompts
 
 
 # Configurations a head checkpoint is run in: (row label, generate() overrides, settings it needs).
 # Rows without "lookup" switch prompt lookup off, whatever the checkpoint says; "+lookup" rows graft the
-# checkpoint's prompt_lookup_num_tokens copied tokens into each draft.
+# checkpoint's prompt_lookup_num_tokens copied tokens into each draft. "tree" rows draft the calibrated
+# static tree, "dtree" rows the calibrated dynamic one.
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
+_STATIC = {"dynamic_tree": None}
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
-    "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None, **_NO_LOOKUP}, ()),
-    "chain+gate": ("chain, gate on", {"draft_tree": None, **_NO_LOOKUP}, ("gate_threshold",)),
-    "tree": ("tree, gate off", {"gate_threshold": None, **_NO_LOOKUP}, ("draft_tree",)),
-    "tree+gate": ("tree, gate on", dict(_NO_LOOKUP), ("draft_tree", "gate_threshold")),
-    "tree+lookup": ("tree, gate off, lookup", {"gate_threshold": None}, ("draft_tree", "prompt_lookup_num_tokens")),
-    "tree+gate+lookup": ("tree, gate on, lookup", {}, ("draft_tree", "gate_threshold", "prompt_lookup_num_tokens")),
+    "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ()),
+    "chain+gate": ("chain, gate on", {"draft_tree": None, **_STATIC, **_NO_LOOKUP}, ("gate_threshold",)),
+    "tree": ("tree, gate off", {"gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ("draft_tree",)),
+    "tree+gate": ("tree, gate on", {**_STATIC, **_NO_LOOKUP}, ("draft_tree", "gate_threshold")),
+    "tree+lookup": ("tree, gate off, lookup", {"gate_threshold": None, **_STATIC},
+                    ("draft_tree", "prompt_lookup_num_tokens")),
+    "tree+gate+lookup": ("tree, gate on, lookup", dict(_STATIC),
+                         ("draft_tree", "gate_threshold", "prompt_lookup_num_tokens")),
+    "dtree": ("dynamic tree, gate off", {"gate_threshold": None, **_NO_LOOKUP}, ("dynamic_tree",)),
+    "dtree+gate": ("dynamic tree, gate on", dict(_NO_LOOKUP), ("dynamic_tree", "gate_threshold")),
+    "dtree+lookup": ("dynamic tree, gate off, lookup", {"gate_threshold": None},
+                     ("dynamic_tree", "prompt_lookup_num_tokens")),
+    "dtree+gate+lookup": ("dynamic tree, gate on, lookup", {},
+                          ("dynamic_tree", "gate_threshold", "prompt_lookup_num_tokens")),
 }
 
 
@@ -74,7 +88,7 @@ def build_methods(
     for label, model in head_models.items():
         settings = model.decoding_settings(base.device.type)  # calibrated for this device, or the config's
         options = [("", {})] if variants == [] else [
-            (suffix, overrides)
+            (suffix, {**overrides, "dynamic_tree": settings["dynamic_tree"]} if key.startswith("dtree") else overrides)
             for key, (suffix, overrides, needs) in VARIANTS.items()
             if (variants is None or key in variants) and all(settings[n] is not None for n in needs)
         ]
@@ -243,6 +257,8 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL with a 'turns' list per line")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    parser.add_argument("--every", type=int, default=1,
+                        help="use every N-th prompt (a subset spread over MT-Bench's categories), before --limit")
     parser.add_argument("--json", default=None, help="write every per-prompt figure here")
     parser.add_argument("--plot", default=None, help="save a PNG plot here")
     parser.add_argument("--base", default="smollm2-135m-instruct",
@@ -267,7 +283,7 @@ def run_cli(args: argparse.Namespace) -> int:
     for path in args.heads:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
         head_models[f"{model.config.head_type} {Path(path).name}"] = model
-    prompts = load_bench_prompts(args.prompts, args.limit)
+    prompts = load_bench_prompts(args.prompts, args.limit, args.every)
     encoded = encode_prompts(tokenizer, prompts, base.device)
     result = run_bench(base, head_models, encoded, args.max_new_tokens, variants=args.variants,
                        profile=args.profile)
@@ -276,7 +292,7 @@ def run_cli(args: argparse.Namespace) -> int:
                   command="cerberus-hf " + " ".join(sys.argv[1:]), machine=describe_device(base.device))
     print(markdown_table(result))
     if args.profile:
-        print("\nmilliseconds per decoding step, by phase (see cerberus_hf/profiling.py):")
+        print("\nmilliseconds per decoding step, by phase (see cerberus_hf/decoding/profiling.py):")
         print(markdown_profile(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

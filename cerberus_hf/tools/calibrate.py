@@ -34,19 +34,21 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from ..drafters.base import capture_lm_head_input
-from ..decoding.drafting import StepDrafts, static_draft
+from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
-from ..decoding.tree import TreeSpec
+from ..decoding.tree import DynamicTree, TreeSpec
 from ..training.hidden_cache import Record, read_records, split_record_ids
 from ..decoding.profiling import synchronize
 
 
 @dataclass
 class PositionRecord:
-    """What calibration keeps of one position: true-token ranks per head (-1 beyond ``top_k``) and signals."""
+    """What calibration keeps of one position: true-token ranks per head (-1 beyond ``top_k``), gate signals,
+    and where the true path's nodes come in a dynamic tree's order of choice (-1: not drafted)."""
 
     ranks: list[int]
     signals: dict[str, float]
+    dynamic_order: list[int] | None = None
 
 
 @torch.no_grad()
@@ -77,26 +79,29 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
 
 
 @torch.no_grad()
-def measure_draft_time(model, repeats: int = 20) -> float:
-    """Median seconds for the drafter to draft one step's chain through every head (the drafting
-    overhead; a drafter that reads its drafted tokens pays one call per depth)."""
+def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | None = None) -> float:
+    """Median seconds for the drafter to draft one step: the chain through every head, or a dynamic tree
+    (a drafter that reads its drafted tokens pays one call per depth)."""
     hidden = torch.zeros(1, model.config.hidden_size, device=model.device, dtype=model.dtype)
     chain = TreeSpec.chain(model.config.num_heads)
     values = []
     for _ in range(repeats):
         synchronize(model.device)
         start = time.perf_counter()
-        static_draft(StepDrafts(model.heads, hidden, 0), chain)
+        step = StepDrafts(model.heads, hidden, 0)
+        dynamic_selection(step, dynamic, model.config.num_heads) if dynamic else static_draft(step, chain)
         synchronize(model.device)
         values.append(time.perf_counter() - start)
     return statistics.median(values)
 
 
 @torch.no_grad()
-def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int = 10) -> list[PositionRecord]:
+def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int = 10,
+                      dynamic: DynamicTree | None = None) -> list[PositionRecord]:
     """Ranks of the true future tokens among the heads' guesses, and gate signals, at every position of
     every ``(tokens, start)`` sequence from ``start`` on (e.g. the prompt length) that has all heads'
-    targets."""
+    targets. With ``dynamic``, also the order in which a dynamic tree of those settings (its ``nodes``
+    the most considered) picks the true path's nodes, drafted for real at each position."""
     records = []
     num_heads = model.config.num_heads
     for seq, skip in tqdm(sequences, desc="head ranks", unit="seq"):
@@ -113,8 +118,25 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
             for k in range(num_heads):
                 hit = (top[t, k] == seq[t + k + 2]).nonzero()
                 ranks.append(int(hit[0, 0]) if len(hit) else -1)
-            records.append(PositionRecord(ranks, {name: values[t] for name, values in signals.items()}))
+            order = None
+            if dynamic is not None:
+                chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), dynamic, num_heads)
+                order = _true_path_order(chosen, seq[t + 2 : t + 2 + num_heads])
+            records.append(PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order))
     return records
+
+
+def _true_path_order(chosen: dict[tuple[int, ...], int], truth: list[int]) -> list[int]:
+    """Per depth, the place in ``chosen``'s order of the node on the true path (-1 from the first miss)."""
+    index = {path: i for i, path in enumerate(chosen)}
+    child = {(path[:-1], token): path for path, token in chosen.items()}
+    order, parent = [], ()
+    for token in truth:
+        parent = child.get((parent, token))
+        if parent is None:
+            break
+        order.append(index[parent])
+    return order + [-1] * (len(truth) - len(order))
 
 
 def rank_accuracy(records: list[PositionRecord], top_k: int) -> list[list[float]]:
@@ -167,10 +189,42 @@ def build_tree(records: list[PositionRecord], cost: dict[int, float], draft_time
     return paths, best, table
 
 
-def fit_gate(records: list[PositionRecord], tree: list[list[int]], tree_step: float, plain_step: float) -> dict:
-    """Per signal: the threshold maximising tokens per second, that throughput, rank correlation and AUC."""
+def static_accepted(records: list[PositionRecord], tree: list[list[int]]) -> list[int]:
+    """Drafts a static tree would get accepted at each position."""
     tree_set = {tuple(p) for p in tree}
-    accepted = torch.tensor([accepted_length(r.ranks, tree_set) for r in records], dtype=torch.float64)
+    return [accepted_length(r.ranks, tree_set) for r in records]
+
+
+def dynamic_accepted(records: list[PositionRecord], nodes: int) -> list[int]:
+    """Drafts a dynamic tree of ``nodes`` nodes would get accepted at each position (its nodes are the
+    first ``nodes`` chosen, so one drafting per position serves every size)."""
+    accepted = []
+    for record in records:
+        count = 0
+        for place in record.dynamic_order:
+            if place < 0 or place >= nodes:
+                break
+            count += 1
+        accepted.append(count)
+    return accepted
+
+
+def fit_dynamic_tree(records: list[PositionRecord], cost: dict[int, float], draft_time: float, max_nodes: int):
+    """The dynamic tree size maximising expected tokens per second, and the table of every size considered."""
+    table = []
+    for n in range(1, max_nodes + 1):
+        if n + 1 not in cost:
+            break
+        expected = 1.0 + sum(dynamic_accepted(records, n)) / len(records)
+        step = cost[n + 1] + draft_time
+        table.append({"nodes": n, "expected_tau": expected, "step_seconds": step, "tokens_per_s": expected / step})
+    return max(table, key=lambda row: row["tokens_per_s"]), table
+
+
+def fit_gate(records: list[PositionRecord], accepted: list[int], tree_step: float, plain_step: float) -> dict:
+    """Per signal: the threshold maximising tokens per second, that throughput, rank correlation and AUC,
+    given the drafts accepted at each position when drafting (``accepted``)."""
+    accepted = torch.tensor(accepted, dtype=torch.float64)
     always = (accepted.sum() + len(records)) / (len(records) * tree_step)
     results = {}
     for name in GATE_SIGNALS:
@@ -229,19 +283,32 @@ def _auc(score: torch.Tensor, positive: torch.Tensor) -> float:
 
 
 def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, max_nodes: int = 63,
-              repeats: int = 5) -> dict:
+              repeats: int = 5, dynamic_top_k: int = 4, dynamic_max_nodes: int = 32) -> dict:
     """Run all measurements and choices; store the result for this device type in the model's
-    generation config (``cerberus_calibration``) and return the full report."""
-    cost = measure_cost_curve(model.base, max_tokens=max_nodes + 1, repeats=repeats)
+    generation config (``cerberus_calibration``) and return the full report.
+
+    Both tree kinds are fitted: the static tree from how often each rank path is right, the dynamic tree's
+    size by drafting it for real at every position. The kind with the higher expected tokens per second is
+    the default (``tree_kind``); the gate is fitted to that kind; the other stays stored for the bench."""
+    cost = measure_cost_curve(model.base, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats)
     draft_time = measure_draft_time(model)
-    records = collect_positions(model, sequences, top_k=top_k)
+    probe = DynamicTree(nodes=dynamic_max_nodes, depth=model.config.num_heads, top_k=dynamic_top_k)
+    dynamic_time = measure_draft_time(model, dynamic=probe)
+    records = collect_positions(model, sequences, top_k=top_k, dynamic=probe)
     paths, best, table = build_tree(records, cost, draft_time, max_nodes=max_nodes)
-    tree_step = cost[len(paths) + 1] + draft_time
-    gate = fit_gate(records, paths, tree_step, cost[1])
+    dynamic_best, dynamic_table = fit_dynamic_tree(records, cost, dynamic_time, dynamic_max_nodes)
+    dynamic = DynamicTree(nodes=dynamic_best["nodes"], depth=probe.depth, top_k=probe.top_k)
+    kind = "dynamic" if dynamic_best["tokens_per_s"] > best["tokens_per_s"] else "static"
+    if kind == "dynamic":
+        gate = fit_gate(records, dynamic_accepted(records, dynamic.nodes), dynamic_best["step_seconds"], cost[1])
+    else:
+        gate = fit_gate(records, static_accepted(records, paths), cost[len(paths) + 1] + draft_time, cost[1])
     signal = max(gate["signals"], key=lambda name: gate["signals"][name]["tokens_per_s"])
     chosen = gate["signals"][signal]
     settings = {
         "draft_tree": paths,
+        "dynamic_tree": dynamic.to_dict(),
+        "tree_kind": kind,
         "gate_signal": signal,
         "gate_threshold": None if chosen["threshold"] == float("inf") else chosen["threshold"],
     }
@@ -253,6 +320,9 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         "settings": settings,
         "expected": best,
         "tree_sizes": table,
+        "dynamic_expected": dynamic_best,
+        "dynamic_tree_sizes": dynamic_table,
+        "dynamic_draft_seconds": dynamic_time,
         "gate": gate,
         "cost_curve_seconds": cost,
         "relative_cost": {n: t / cost[1] for n, t in cost.items()},
@@ -287,8 +357,11 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--held-out-fraction", type=float, default=0.05,
                         help="training's --eval-fraction, to select the held-out records (0: use every record)")
     parser.add_argument("--limit", type=int, default=200, help="sequences to use")
-    parser.add_argument("--max-nodes", type=int, default=63)
+    parser.add_argument("--max-nodes", type=int, default=63, help="largest static tree considered")
     parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--dynamic-max-nodes", type=int, default=32, help="largest dynamic tree considered")
+    parser.add_argument("--dynamic-top-k", type=int, default=4,
+                        help="children expanded per node and nodes kept per level of the dynamic tree")
     parser.add_argument("--repeats", type=int, default=5, help="timing repeats per size for the cost curve")
     parser.add_argument("--draft-vocab", type=int, default=None,
                         help="draft among the N most frequent answer tokens of --data (cheaper heads; exact output)")
@@ -306,7 +379,8 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.draft_vocab:
         model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
-    report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats)
+    report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats,
+                       dynamic_top_k=args.dynamic_top_k, dynamic_max_nodes=args.dynamic_max_nodes)
     print(format_report(report))
     if args.report:
         with open(args.report, "w") as handle:
@@ -319,7 +393,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def format_report(report: dict) -> str:
-    """The numbers a person needs: cost curve, chosen tree, gate comparison."""
+    """The numbers a person needs: cost curve, both tree kinds, gate comparison."""
     rel = report["relative_cost"]
     sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n in rel]
     lines = [f"device: {report['device']}; {report['positions']} calibration positions",
@@ -327,8 +401,13 @@ def format_report(report: dict) -> str:
              "| n | " + " | ".join(str(n) for n in sizes) + " |",
              "|---|" + "---|" * len(sizes),
              "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |",
-             f"tree: {len(report['settings']['draft_tree'])} nodes, expected tau "
-             f"{report['expected']['expected_tau']:.2f}, {report['settings']['draft_tree']}",
+             f"static tree: {len(report['settings']['draft_tree'])} nodes, expected tau "
+             f"{report['expected']['expected_tau']:.2f}, {report['expected']['tokens_per_s']:.1f} tokens/s (model), "
+             f"{report['settings']['draft_tree']}",
+             f"dynamic tree: {report['settings']['dynamic_tree']}, expected tau "
+             f"{report['dynamic_expected']['expected_tau']:.2f}, {report['dynamic_expected']['tokens_per_s']:.1f} "
+             f"tokens/s (model); drafting {report['draft_seconds'] * 1e3:.1f} ms (chain) / "
+             f"{report['dynamic_draft_seconds'] * 1e3:.1f} ms (dynamic); default: {report['settings']['tree_kind']}",
              "| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
              "|---|---|---|---|---|---|"]
     for name, row in report["gate"]["signals"].items():

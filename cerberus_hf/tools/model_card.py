@@ -77,6 +77,13 @@ def evaluation_from_bench(bench: dict, label: str) -> dict:
     }
 
 
+# What a family's heads read besides the base's last hidden state, for the card's first sentence.
+HEAD_READS = {
+    "cerberus": "; head k also reads head k-1's state",
+    "hydra": "; head k also reads the base's embeddings of the tokens drafted before it",
+}
+
+
 def render_card(
     config, training: dict | None, evaluation: dict | None, command: str, calibration: dict | None = None
 ) -> str:
@@ -99,7 +106,7 @@ def render_card(
         f"# {head_type.capitalize()} heads for {config.base_model_name_or_path}",
         "",
         f"{config.num_heads} {head_type} draft heads ({config.num_layers} residual layer(s) each, projecting through "
-        f"the frozen base `lm_head`), made with cerberus-hf. They make `generate()` faster without "
+        f"the frozen base `lm_head`{HEAD_READS.get(head_type, '')}), made with cerberus-hf. They make `generate()` faster without "
         "changing its output: the base verifies every drafted token.",
         "",
         f"- Base: `{config.base_model_name_or_path}`"
@@ -111,9 +118,14 @@ def render_card(
         lines.append(f"- Drafting among the {config.draft_vocab_size} most frequent answer tokens of the training data "
                      f"(verification always uses all {config.vocab_size}, so output is unchanged)")
     for device, settings in (calibration or {}).items():
-        tree = settings.get("draft_tree")
-        lines.append(f"- Calibrated for `{device}` (used by default there): "
-                     + (f"tree of {len(tree)} nodes `{tree}`" if tree else "chain")
+        tree, dynamic = settings.get("draft_tree"), settings.get("dynamic_tree")
+        static_text = f"static tree of {len(tree)} nodes `{tree}`" if tree else "chain"
+        dynamic_text = (f"dynamic tree of {dynamic['nodes']} nodes, {dynamic['depth']} deep, top-{dynamic['top_k']} "
+                        "per level" if dynamic else None)
+        chosen, other = ((dynamic_text, static_text) if settings.get("tree_kind") == "dynamic" and dynamic
+                         else (static_text, dynamic_text))
+        lines.append(f"- Calibrated for `{device}` (used by default there): " + chosen
+                     + (f" (also fitted: {other})" if other else "")
                      + (f", gate drafts while {settings.get('gate_signal')} < {settings['gate_threshold']:.3f}"
                         if settings.get("gate_threshold") is not None else ", no gate"))
     if config.prompt_lookup_num_tokens:
@@ -146,7 +158,7 @@ def render_card(
             + (f"caching the base's hidden states {cost['cache_time_s'] / 60:.1f} min."
                if cost.get("cache_time_s", 0) >= 1 else
                "none for the base's hidden states (read from a cache built beforehand by "
-               "`cerberus-hf train --cache-only`, shared by both head types)."),
+               "`cerberus-hf train --cache-only`, shared by every head type)."),
             "",
         ]
         if training.get("top1"):

@@ -43,6 +43,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .hidden_cache import HiddenStateCache, build_hidden_cache, id_bucket, split_record_ids
+from ..configuration_cerberus import HEAD_TYPES
 from ..decoding.profiling import describe_device
 from ..real_models import load_named_model
 
@@ -743,7 +744,7 @@ def add_cli(subparsers):
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default="smollm2-135m-instruct",
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
-    parser.add_argument("--head-type", default="cerberus", choices=("medusa", "cerberus"))
+    parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--num-layers", type=int, default=1)
     parser.add_argument("--data", required=True, help="distillation JSONL (from `cerberus-hf distill`)")

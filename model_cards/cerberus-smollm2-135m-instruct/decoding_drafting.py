@@ -22,34 +22,7 @@ from functools import lru_cache
 import torch
 
 from .drafters_base import Drafter
-from .decoding_tree import TreeSpec
-
-
-@dataclass(frozen=True)
-class DynamicTree:
-    """EAGLE-2-style tree settings: verify the ``nodes`` most probable of the paths grown ``depth`` deep,
-    expanding the ``top_k`` best children of the ``top_k`` best nodes per level."""
-
-    nodes: int
-    depth: int
-    top_k: int = 4
-
-    @classmethod
-    def from_dict(cls, value: dict, num_heads: int | None = None) -> "DynamicTree":
-        unknown = set(value) - {"nodes", "depth", "top_k"}
-        if unknown:
-            raise ValueError(f"dynamic_tree has unknown keys {sorted(unknown)}; expected nodes, depth, top_k.")
-        tree = cls(**value)
-        for name in ("nodes", "depth", "top_k"):
-            number = getattr(tree, name)
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"dynamic_tree {name} must be an integer >= 1, got {number!r}.")
-        if num_heads is not None and tree.depth > num_heads:
-            raise ValueError(f"dynamic_tree depth {tree.depth} exceeds the {num_heads} heads.")
-        return tree
-
-    def to_dict(self) -> dict:
-        return {"nodes": self.nodes, "depth": self.depth, "top_k": self.top_k}
+from .decoding_tree import DynamicTree, TreeSpec
 
 
 @dataclass
@@ -114,11 +87,12 @@ def _tree_of(paths: tuple[tuple[int, ...], ...]) -> TreeSpec:
     return TreeSpec.from_paths(paths)
 
 
-def dynamic_draft(step: StepDrafts, settings: DynamicTree, max_depth: int) -> tuple[TreeSpec, torch.LongTensor] | None:
-    """The tree EAGLE-2 would verify (see the module docstring), at most ``max_depth`` deep."""
+def dynamic_selection(step: StepDrafts, settings: DynamicTree, max_depth: int) -> dict[tuple[int, ...], int]:
+    """``{path of ranks: token}`` of the nodes EAGLE-2 would verify (see the module docstring), at most
+    ``max_depth`` deep, in the order they were chosen: the first ``n`` entries are the tree of ``n`` nodes."""
     depth = min(settings.depth, max_depth)
     if depth < 1:
-        return None
+        return {}
     frontier: list[tuple[float, tuple[int, ...], _Node]] = [(0.0, (), step.root)]
     drafted: list[tuple[float, tuple[int, ...], int]] = []  # (score, path of ranks, token)
     for level in range(depth):
@@ -140,6 +114,14 @@ def dynamic_draft(step: StepDrafts, settings: DynamicTree, max_depth: int) -> tu
             break
         if len(path) == 1 or path[:-1] in chosen:
             chosen[path] = token
+    return chosen
+
+
+def dynamic_draft(step: StepDrafts, settings: DynamicTree, max_depth: int) -> tuple[TreeSpec, torch.LongTensor] | None:
+    """The tree `dynamic_selection` chooses, with its tokens in tree order (None when nothing fits)."""
+    chosen = dynamic_selection(step, settings, max_depth)
+    if not chosen:
+        return None
     tree = _tree_of(tuple(sorted(chosen, key=lambda p: (len(p), p))))
     tokens = torch.tensor([chosen[path] for path in tree.paths], dtype=torch.long, device=step.hidden.device)
     return tree, tokens

@@ -33,13 +33,12 @@ from .configuration_cerberus import CerberusConfig
 from .decoding_lookup import DEFAULT_MAX_NGRAM
 from .decoding_loop import speculative_generate
 from .decoding_gate import EntropyGate
-from .decoding_drafting import DynamicTree
 from .drafters import Drafter, build_drafter
 from .decoding_profiling import StepProfiler
 from .real_models import describe_source
 from .remote_code import auto_map_entry, write_remote_code
 from .decoding_stats import GenerationStats
-from .decoding_tree import TreeSpec
+from .decoding_tree import DynamicTree, TreeSpec
 
 _UNSET = object()
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
@@ -239,6 +238,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         streamer=None,
         gate_threshold: float | None = _UNSET,
         draft_tree: list[list[int]] | None = _UNSET,
+        dynamic_tree: dict | DynamicTree | None = _UNSET,
         typical_acceptance: TypicalAcceptance | bool = False,
         profile: bool = False,
         **kwargs,
@@ -251,7 +251,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         context into each draft of the heads (default: the config's). ``gate_threshold`` overrides the config's
         entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never); ``draft_tree``
         overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
-        chain of every head's top-1). Without overrides, the settings `cerberus-hf calibrate` stored in
+        chain of every head's top-1); ``dynamic_tree`` (``{"nodes", "depth", "top_k"}`` or a `DynamicTree`;
+        ``None``: off) grows each step's tree from the drafter's confidence instead, and a call that names
+        only ``draft_tree`` drafts that static tree. Without overrides, the settings `cerberus-hf calibrate` stored in
         the generation config for this device type are used, else the config's.
         ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
         sampling, which is faster but NOT lossless. ``profile=True`` records the wall time of each phase
@@ -311,6 +313,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         )
         tree_paths = settings["draft_tree"] if draft_tree is _UNSET else draft_tree
         tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths is not None else None
+        if dynamic_tree is _UNSET:
+            use = draft_tree is _UNSET and settings["tree_kind"] == "dynamic"
+            dynamic_tree = settings["dynamic_tree"] if use else None
+        if isinstance(dynamic_tree, dict):
+            dynamic_tree = DynamicTree.from_dict(dynamic_tree, self.config.num_heads)
+        elif dynamic_tree is not None and not isinstance(dynamic_tree, DynamicTree):
+            raise TypeError(f"dynamic_tree must be a dict, a DynamicTree or None, got {type(dynamic_tree).__name__}.")
         if typical_acceptance is True:
             typical_acceptance = TypicalAcceptance()
         stats = GenerationStats()
@@ -321,7 +330,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             typical=typical_acceptance or None,
             profiler=profiler,
             make_candidate_generator=functools.partial(
-                self._candidate_generator, gate=gate, tree=tree, stats=stats,
+                self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, stats=stats,
                 lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram,
             ),
         )
@@ -346,7 +355,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
 
     def decoding_settings(self, device_type: str | None = None) -> dict:
-        """Gate threshold, gate signal, draft tree and prompt lookup used by default on a device type (this
+        """Gate threshold, gate signal, draft tree (static or dynamic) and prompt lookup used by default on a device type (this
         model's when None): what calibration stored for it in ``generation_config.cerberus_calibration``,
         falling back to the config's values."""
         calibrated = getattr(self.generation_config, "cerberus_calibration", None) or {}
@@ -355,6 +364,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),
             "gate_signal": stored.get("gate_signal", self.config.gate_signal),
             "draft_tree": stored.get("draft_tree", self.config.draft_tree),
+            "dynamic_tree": stored.get("dynamic_tree", self.config.dynamic_tree),
+            "tree_kind": stored.get("tree_kind", "dynamic" if self.config.dynamic_tree else "static"),
             "prompt_lookup_num_tokens": stored.get("prompt_lookup_num_tokens", self.config.prompt_lookup_num_tokens),
         }
 
@@ -370,12 +381,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             self.base.generation_config = own
 
     def _candidate_generator(
-        self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None, stats: GenerationStats,
-        lookup_tokens: int, lookup_ngram: int,
+        self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
+        dynamic: DynamicTree | None, stats: GenerationStats, lookup_tokens: int, lookup_ngram: int,
     ) -> CerberusCandidateGenerator:
         return CerberusCandidateGenerator(
             self.heads, gate, tree, generation_config.max_length, stats,
-            lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram,
+            lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic,
         )
 
 

@@ -8,11 +8,11 @@ import os
 from transformers import PreTrainedConfig
 
 from .decoding_gate import GATE_SIGNALS
-from .decoding_tree import TreeSpec
+from .decoding_tree import DynamicTree, TreeSpec
 from .remote_code import auto_map_entry, write_remote_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
-HEAD_TYPES = ("medusa", "cerberus")
+HEAD_TYPES = ("medusa", "cerberus", "hydra")
 HEAD_PROJECTIONS = ("shared", "own")
 
 
@@ -47,6 +47,9 @@ class CerberusConfig(PreTrainedConfig):
         draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
             (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
             ``generate(draft_tree=...)`` overrides it per call.
+        dynamic_tree: ``{"nodes": N, "depth": D, "top_k": k}`` grows each step's tree from the drafter's
+            own confidence (EAGLE-2; see `decoding.drafting`) instead of drafting ``draft_tree``; ``None``
+            drafts the static tree. ``generate(dynamic_tree=...)`` overrides it per call.
         prompt_lookup_num_tokens: tokens copied from the context (prompt lookup) and grafted into each
             draft; ``None`` copies nothing. ``generate(prompt_lookup_num_tokens=...)`` overrides it per call.
         max_matching_ngram_size: the longest suffix n-gram prompt lookup matches (``None``: 2, as in
@@ -70,6 +73,7 @@ class CerberusConfig(PreTrainedConfig):
     gate_threshold: float | None = None
     gate_signal: str = "base_entropy"
     draft_tree: list | None = None
+    dynamic_tree: dict | None = None
     prompt_lookup_num_tokens: int | None = None
     max_matching_ngram_size: int | None = None
 
@@ -92,6 +96,8 @@ class CerberusConfig(PreTrainedConfig):
         if self.draft_tree is not None:
             spec = TreeSpec.from_paths(self.draft_tree, self.num_heads)
             self.draft_tree = [list(path) for path in spec.paths]
+        if self.dynamic_tree is not None:
+            self.dynamic_tree = DynamicTree.from_dict(self.dynamic_tree, self.num_heads).to_dict()
         if self.gate_threshold is not None:
             self.gate_threshold = float(self.gate_threshold)
             if math.isnan(self.gate_threshold):

@@ -117,7 +117,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
             self.stats.record_gate(drafting)
         draft = None
         if drafting and self.dynamic is not None:
-            tree, tokens = dynamic_draft(step, self.dynamic, room)
+            tree, tokens = dynamic_draft(step, self.dynamic, room)  # room > 0: never None here
             draft = Draft(tree, tokens.to(input_ids.dtype))
         elif drafting:
             draft = Draft(static, static_draft(step, static).to(input_ids.dtype))

@@ -127,6 +127,33 @@ class TreeSpec:
         return mask
 
 
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2-style tree settings: verify the ``nodes`` most probable of the paths grown ``depth`` deep,
+    expanding the ``top_k`` best children of the ``top_k`` best nodes per level."""
+
+    nodes: int
+    depth: int
+    top_k: int = 4
+
+    @classmethod
+    def from_dict(cls, value: dict, num_heads: int | None = None) -> "DynamicTree":
+        unknown = set(value) - {"nodes", "depth", "top_k"}
+        if unknown:
+            raise ValueError(f"dynamic_tree has unknown keys {sorted(unknown)}; expected nodes, depth, top_k.")
+        tree = cls(**value)
+        for name in ("nodes", "depth", "top_k"):
+            number = getattr(tree, name)
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise ValueError(f"dynamic_tree {name} must be an integer >= 1, got {number!r}.")
+        if num_heads is not None and tree.depth > num_heads:
+            raise ValueError(f"dynamic_tree depth {tree.depth} exceeds the {num_heads} heads.")
+        return tree
+
+    def to_dict(self) -> dict:
+        return {"nodes": self.nodes, "depth": self.depth, "top_k": self.top_k}
+
+
 @lru_cache(maxsize=1024)
 def graft_chain(tree: TreeSpec | None, below: tuple[int, ...], length: int) -> TreeSpec:
     """``tree`` (None: no head nodes) with a chain of ``length`` copied-context nodes appended below the

@@ -1,0 +1,180 @@
+"""Every drafter family on every tiny architecture, with every tree kind: greedy output is the base's.
+
+The interface (`cerberus_hf.drafters.base.Drafter`) is checked for what decoding and training rely on:
+teacher-forced states equal the states drafting computes along the same path, a family that reads its
+drafted tokens really depends on them, and dynamic trees are trees of the drafter's most probable paths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cerberus_hf.configuration_cerberus import HEAD_TYPES
+from cerberus_hf.decoding.drafting import StepDrafts, dynamic_draft, dynamic_selection, static_draft
+from cerberus_hf.decoding.tree import DynamicTree, TreeSpec
+from cerberus_hf.drafters import DRAFTER_CLASSES
+from helpers import (
+    ARCHITECTURES,
+    NEW_TOKENS,
+    ForwardCounter,
+    check_stats,
+    fresh_model,
+    get_prompt,
+    install_oracle,
+    reference,
+)
+
+STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes: 8 + 6 fits a window of 16
+DYNAMIC = {"nodes": 6, "depth": 3, "top_k": 3}
+TREE_KINDS = {
+    "chain": dict(draft_tree=None, dynamic_tree=None),
+    "static": dict(draft_tree=STATIC_TREE, dynamic_tree=None),
+    "dynamic": dict(dynamic_tree=DYNAMIC),
+}
+
+
+def test_every_config_head_type_has_a_drafter():
+    assert tuple(DRAFTER_CLASSES) == HEAD_TYPES
+
+
+@pytest.mark.parametrize("lookup", [0, 3], ids=["no_lookup", "lookup"])
+@pytest.mark.parametrize("gate", ["always", "never"])
+@pytest.mark.parametrize("heads", ["untrained", "random"])
+@pytest.mark.parametrize("tree", list(TREE_KINDS))
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_greedy_output_equals_base(arch, head_type, tree, heads, gate, lookup):
+    model = fresh_model(arch, head_type, randomize=heads == "random", seed=5, num_heads=3,
+                        gate_threshold=None if gate == "always" else 0.0)
+    prompt = get_prompt(arch)
+    with ForwardCounter(model.base) as forwards:
+        out = model.generate(prompt, max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=lookup, **TREE_KINDS[tree])
+    assert out.tolist() == reference(arch).tolist()
+    check_stats(model, NEW_TOKENS, forwards=forwards.count)
+    stats = model.generation_stats
+    if gate == "never" and not lookup:
+        assert stats.drafted_tokens == 0
+    elif gate == "always" and not lookup:
+        assert stats.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("tree", list(TREE_KINDS))
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_oracle_drafts_are_accepted(arch, head_type, tree):
+    """Drafts that know the continuation are accepted several per step, with every tree kind."""
+    model = fresh_model(arch, head_type, num_heads=3)
+    oracle = install_oracle(model, [reference(arch, NEW_TOKENS + 8)])
+    out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0, **TREE_KINDS[tree])
+    assert out.tolist() == reference(arch).tolist()
+    assert oracle["hits"] > 0 and oracle["misses"] == 0
+    check_stats(model, NEW_TOKENS)
+    assert model.generation_stats.tau > 2.0
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_teacher_forced_states_are_the_drafted_states(head_type):
+    """Training fits `forced_states`; decoding drafts depth by depth. Along a path whose tokens are the
+    forced tokens, both must compute the same states and logits, or training fits the wrong thing."""
+    model = fresh_model("llama", head_type, randomize=True, seed=2, num_heads=3)
+    hidden = torch.randn(1, model.config.hidden_size)
+    tokens = torch.tensor([[4, 9, 2]])
+    forced = model.heads(hidden, tokens)[0]  # [heads, V]
+    step = StepDrafts(model.heads, hidden, int(tokens[0, 0]))
+    node = step.root
+    for depth in range(3):
+        states, logits = step.expand(depth, [node])
+        torch.testing.assert_close(logits[0], forced[depth])
+        if depth < 2:
+            node = type(node)((*node.tokens, int(tokens[0, depth + 1])), states[0])
+    torch.testing.assert_close(model.heads.forced_states(hidden, tokens)[0, 2], states[0])
+
+
+def test_hydra_heads_read_the_drafted_tokens_and_the_others_do_not():
+    hidden = torch.randn(1, 32)
+    for head_type in HEAD_TYPES:
+        model = fresh_model("llama", head_type, randomize=True, seed=4, num_heads=3)
+        a = model.heads(hidden, torch.tensor([[1, 2, 3]]))
+        b = model.heads(hidden, torch.tensor([[1, 7, 3]]))
+        assert torch.equal(a[:, :1], b[:, :1])  # depth 0 reads only the verifier's token (same in both)
+        assert torch.equal(a[:, 1:], b[:, 1:]) != model.heads.reads_tokens, head_type
+
+
+def test_untrained_hydra_heads_are_the_identity():
+    """A fresh Hydra head drafts the base's own next-token guess, like every other family's."""
+    model = fresh_model("llama", "hydra", num_heads=3)
+    hidden = torch.randn(2, model.config.hidden_size)
+    logits = model.heads(hidden, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    expected = model.base.get_output_embeddings()(hidden)
+    for k in range(3):
+        torch.testing.assert_close(logits[:, k], expected)
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_dynamic_tree_is_the_most_probable_paths(head_type):
+    """The chosen nodes form a tree, no more than asked; each node's score (its path's summed draft
+    log-probabilities) is at least that of every expanded node left out."""
+    model = fresh_model("llama", head_type, randomize=True, seed=3, num_heads=3)
+    hidden = torch.randn(1, model.config.hidden_size)
+    settings = DynamicTree(nodes=7, depth=3, top_k=3)
+    chosen = dynamic_selection(StepDrafts(model.heads, hidden, 5), settings, max_depth=3)
+    assert len(chosen) == 7
+    assert all(len(p) == 1 or p[:-1] in chosen for p in chosen)
+
+    @torch.no_grad()
+    def score(path):
+        tokens, total = [5], 0.0
+        for depth in range(len(path)):
+            logp = torch.log_softmax(model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))]))[0, depth], -1)
+            top = logp.topk(3)
+            total += float(top.values[path[depth]])
+            tokens.append(int(top.indices[path[depth]]))
+        return total, tokens[-1]
+
+    chosen_scores = []
+    for path, token in chosen.items():
+        value, drafted = score(path)
+        assert drafted == token
+        chosen_scores.append(value)
+    tree, tokens = dynamic_draft(StepDrafts(model.heads, hidden, 5), settings, max_depth=3)
+    assert sorted(tree.paths) == sorted(chosen) and len(tokens) == 7
+    assert tokens.tolist() == [chosen[p] for p in tree.paths]
+    # every child of a chosen node (or of the root) that was left out scores no higher than the worst chosen
+    for parent in [()] + list(chosen):
+        if len(parent) == 3:
+            continue
+        for rank in range(3):
+            child = (*parent, rank)
+            if child not in chosen:
+                assert score(child)[0] <= min(chosen_scores) + 1e-5
+    assert dynamic_draft(StepDrafts(model.heads, hidden, 5), settings, max_depth=0) is None
+
+
+def test_static_draft_of_a_parallel_drafter_is_its_top_guesses():
+    """For heads that ignore drafted tokens, node (r0, .., rd) is simply head d's rank-rd guess."""
+    model = fresh_model("llama", "medusa", randomize=True, seed=1, num_heads=3)
+    hidden = torch.randn(1, model.config.hidden_size)
+    tree = TreeSpec.from_paths(STATIC_TREE)
+    tokens = static_draft(StepDrafts(model.heads, hidden, 0), tree)
+    top = model.heads(hidden, torch.zeros(1, 3, dtype=torch.long))[0].topk(2, dim=-1).indices
+    assert tokens.tolist() == [int(top[len(p) - 1, p[-1]]) for p in tree.paths]
+
+
+def test_dynamic_tree_settings_are_validated():
+    with pytest.raises(ValueError, match="depth 5 exceeds the 3 heads"):
+        fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 4, "depth": 5})
+    with pytest.raises(ValueError, match="nodes must be an integer >= 1"):
+        fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 0, "depth": 2})
+    with pytest.raises(ValueError, match="unknown keys"):
+        fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 4, "depth": 2, "width": 3})
+    model = fresh_model("llama", "hydra", randomize=True, num_heads=3, dynamic_tree={"nodes": 4, "depth": 2})
+    assert model.config.dynamic_tree == {"nodes": 4, "depth": 2, "top_k": 4}
+    # the configured dynamic tree is the default: 4 nodes every drafting step (4 children of the root at
+    # least); a call that names a static tree drafts that one instead (the 3-head chain: 3 nodes at most)
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0)
+    stats = model.generation_stats
+    assert stats.draft_steps > 0 and stats.drafted_tokens == 4 * stats.draft_steps
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0, draft_tree=None)
+    stats = model.generation_stats
+    assert stats.draft_steps > 0 and stats.drafted_tokens <= 3 * stats.draft_steps
