@@ -11,7 +11,8 @@ import argparse
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.training.hidden_cache import read_records, split_record_ids
+from cerberus_hf.training.data import read_records
+from cerberus_hf.training.hidden_cache import split_record_ids
 from cerberus_hf.real_models import load_named_model
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from cerberus_hf.training import distill
-from cerberus_hf.training.distill import generate_distillation_data, load_prompts, read_records, sampled_ids
+from cerberus_hf.training.data import load_prompts, read_answer_file
+from cerberus_hf.training.distill import generate_distillation_data, sampled_ids
 from tiny_models import PAD, tiny_model, tiny_tokenizer
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
@@ -58,7 +59,7 @@ def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_pat
     model.generation_config.eos_token_id = stop
     try:
         path = _run(model, tokenizer, prompts, tmp_path / "d.jsonl")
-        records = read_records(path)
+        records = read_answer_file(path)
         assert tokenizer.padding_side == "left"
         assert len(records) == 10 + len(sampled_ids([p["id"] for p in prompts], 0.3, seed=0))
         assert any(r["mode"] == "sample" for r in records)
@@ -93,17 +94,17 @@ def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_pat
 def test_resume_after_truncation(model_and_tokenizer, tmp_path):
     model, tokenizer = model_and_tokenizer
     prompts = _prompts(10)
-    full = read_records(_run(model, tokenizer, prompts, tmp_path / "full.jsonl"))
+    full = read_answer_file(_run(model, tokenizer, prompts, tmp_path / "full.jsonl"))
 
     path = tmp_path / "resumed.jsonl"
     _run(model, tokenizer, prompts, path)
     lines = path.read_bytes().split(b"\n")
     # Simulate a kill mid-write: 5 complete lines, then half of the sixth.
     path.write_bytes(b"\n".join(lines[:5]) + b"\n" + lines[5][: len(lines[5]) // 2])
-    assert len(read_records(path)) == 5
+    assert len(read_answer_file(path)) == 5
 
     _run(model, tokenizer, prompts, path)
-    resumed = read_records(path)
+    resumed = read_answer_file(path)
     assert len(path.read_text().splitlines()) == len(resumed) == len(full)  # no broken or duplicate lines
     assert set(_by_key(resumed)) == set(_by_key(full))
     for key, r in _by_key(full).items():
@@ -127,7 +128,7 @@ def test_sample_fraction_split(model_and_tokenizer, tmp_path):
     assert sampled_ids(ids, 0.0, seed=0) == set() and sampled_ids(ids, 1.0, seed=0) == set(ids)
 
     prompts = _prompts(8)
-    records = read_records(_run(model, tokenizer, prompts, tmp_path / "s.jsonl", sample_fraction=0.5, seed=3))
+    records = read_answer_file(_run(model, tokenizer, prompts, tmp_path / "s.jsonl", sample_fraction=0.5, seed=3))
     greedy = {r["id"] for r in records if r["mode"] == "greedy"}
     sampled = {r["id"] for r in records if r["mode"] == "sample"}
     assert greedy == {p["id"] for p in prompts}
@@ -166,7 +167,7 @@ def test_cli(model_and_tokenizer, tmp_path):
                               "--limit", "4", "--batch-size", "2", "--max-new-tokens", "5", "--sample-fraction", "0.5",
                               "--no-progress"])
     args.func(args)
-    records = read_records(out)
+    records = read_answer_file(out)
     assert sorted((r["id"], r["mode"]) for r in records if r["mode"] == "greedy") == [(f"p{i}", "greedy") for i in range(4)]
     assert {r["id"] for r in records if r["mode"] == "sample"} == sampled_ids([f"p{i}" for i in range(4)], 0.5, seed=0)
     assert json.loads((tmp_path / "cli.jsonl.meta.json").read_text())["max_new_tokens"] == 5

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.training import trainer as training
 from cerberus_hf.drafters.base import capture_lm_head_input
-from cerberus_hf.training.hidden_cache import build_hidden_cache, read_records, split_record_ids
+from cerberus_hf.training.data import read_records
+from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_ids
 from cerberus_hf.training.trainer import evaluate_heads, projection_loss, train_heads
 
 from tiny_models import VOCAB, prompt_ids, tiny_model

@@ -37,7 +37,8 @@ from ..drafters.base import capture_lm_head_input
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
 from ..decoding.tree import DynamicTree, TreeSpec
-from ..training.hidden_cache import Record, read_records, split_record_ids
+from ..training.data import Record, read_records
+from ..training.hidden_cache import split_record_ids
 from ..decoding.profiling import synchronize
 
 

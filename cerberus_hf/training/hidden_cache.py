@@ -48,6 +48,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..drafters.base import capture_lm_head_input
+from .data import Record, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -58,56 +59,6 @@ MANIFEST_NAME = "manifest.json"
 # --------------------------------------------------------------------------------------------------------
 # Records
 # --------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Record:
-    """One self-distillation record: the prompt ids (chat template applied) and the base's answer ids."""
-
-    id: str
-    input_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    mode: str = "greedy"
-    finished: bool = True
-
-    def content_hash(self) -> str:
-        payload = json.dumps([self.id, self.mode, list(self.input_ids), list(self.output_ids)], separators=(",", ":"))
-        return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def read_records(path: str | os.PathLike) -> list[Record]:
-    """Records of a distillation JSONL file, in file order.
-
-    A truncated last line (a writer killed mid-line) is skipped with a warning; any other malformed line is
-    an error naming the line. Records whose answer is empty are kept (they simply yield no positions).
-    """
-    records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                logger.warning("%s: skipping a truncated last line (%s)", path, error)
-                continue
-            raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
-        missing = [key for key in ("input_ids", "output_ids") if key not in raw]
-        if missing:
-            raise ValueError(f"{path}:{number} has no {' or '.join(missing)}; expected a cerberus-hf distill record.")
-        records.append(
-            Record(
-                id=str(raw.get("id", number)),
-                input_ids=tuple(int(t) for t in raw["input_ids"]),
-                output_ids=tuple(int(t) for t in raw["output_ids"]),
-                mode=str(raw.get("mode", "greedy")),
-                finished=bool(raw.get("finished", True)),
-            )
-        )
-    if not records:
-        raise ValueError(f"{path} holds no records.")
-    return records
 
 
 def id_bucket(record_id: str) -> float:
@@ -517,13 +468,11 @@ def cache_bytes_per_token(hidden_size: int, teacher_topk: int) -> int:
 
 __all__ = [
     "HiddenStateCache",
-    "Record",
     "build_hidden_cache",
     "cache_bytes_per_token",
     "decoder_output_is_lm_head_input",
     "id_bucket",
     "lm_head_inputs",
     "load_hidden_cache",
-    "read_records",
     "split_record_ids",
 ]
