@@ -51,7 +51,8 @@ def _run(model, tokenizer, prompts, path, **kwargs):
     return generate_distillation_data(model, tokenizer, prompts, path, **kwargs)
 
 
-def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_path):
+@pytest.mark.parametrize("engine", ["continuous", "transformers", "static"])
+def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_path, engine):
     model, tokenizer = model_and_tokenizer
     prompts = _prompts(10)
     # Make a token the tiny model emits early act as EOS, so some answers finish before max_new_tokens.
@@ -63,7 +64,7 @@ def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_pat
     original_eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = stop
     try:
-        path = _run(model, tokenizer, prompts, tmp_path / "d.jsonl")
+        path = _run(model, tokenizer, prompts, tmp_path / "d.jsonl", engine=engine)
         records = _lines(path)
         assert tokenizer.padding_side == "left"
         assert len(records) == 10 + len(sampled_ids([p["id"] for p in prompts], 0.3, seed=0))

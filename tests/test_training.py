@@ -59,6 +59,25 @@ def heads_equal(a, b) -> bool:
 # ------------------------------------------------------------------------------------------------ the cache
 
 
+def test_cache_states_its_disk_cost_and_refuses_what_does_not_fit(base, data_path, tmp_path, monkeypatch, caplog):
+    import shutil
+    from collections import namedtuple
+
+    from cerberus_hf.training import hidden_cache
+
+    positions = sum(len(r.output_ids) for r in read_records(data_path))
+    need = positions * hidden_cache.cache_bytes_per_token(base.config.hidden_size, 4)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(need * 10, need * 10 - need + 1, need - 1))
+    with pytest.raises(RuntimeError, match="needs .* GB .* free"):
+        build_hidden_cache(base, data_path, tmp_path, teacher_topk=4, show_progress=False)
+    assert not list(tmp_path.rglob("shard-*"))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(need * 10, 0, need * 10))
+    with caplog.at_level("INFO", logger="cerberus_hf.training.hidden_cache"):
+        build_hidden_cache(base, data_path, tmp_path, teacher_topk=4, shard_tokens=200, show_progress=False)
+    assert f"{positions} answer positions" in caplog.text and "take about" in caplog.text
+
+
 def test_cache_holds_lm_head_inputs_tokens_and_teacher(base, data_path, tmp_path):
     cache = build_hidden_cache(base, data_path, tmp_path, teacher_topk=5, show_progress=False)
     records = read_records(data_path)

@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 
 MODES = ("greedy", "sample", "text")
 ANSWERS = ("base", "reference")
+ENGINES = ("auto", "continuous", "transformers", "static")
 
 
 def sampled_ids(ids: Iterable[str], fraction: float, seed: int) -> set[str]:
@@ -280,6 +281,41 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
             yield done
 
 
+def _transformers_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size: int, max_new_tokens: int,
+                           temperature: float, top_p: float, seed: int):
+    """transformers' own continuous batching (paged KV cache, ``continuous_batching_context_manager``), one
+    manager per mode since do_sample is a manager-wide setting; yields ``[(task, output_ids, finished)]`` as
+    answers finish, so the file grows (and resumes) answer by answer."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    for mode in MODES:
+        group = [t for t in tasks if t[1] == mode]
+        if not group:
+            continue
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if mode == "sample" else \
+            dict(do_sample=False)
+        config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=sorted(eos) or None, pad_token_id=pad_id,
+                                  **sampling)
+        settings = ContinuousBatchingConfig(max_requests_per_batch=batch_size, seed=seed)
+        with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=settings,
+                                                       warmup=False) as manager:
+            by_id = dict(zip(manager.add_requests([t[3] for t in group], max_new_tokens=max_new_tokens), group))
+            while by_id:
+                result = manager.get_result(timeout=1)
+                if result is None:
+                    if not manager.is_running():
+                        raise RuntimeError(f"transformers' continuous batching stopped with {len(by_id)} answers left")
+                    continue
+                if not result.is_finished():
+                    continue
+                if result.error is not None:
+                    raise RuntimeError(f"continuous batching failed on prompt {by_id[result.request_id][0]!r}: "
+                                       f"{result.error}")
+                task = by_id.pop(result.request_id)
+                yield [(task, *_trim(list(result.generated_tokens), eos))]
+
+
 def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_size: int = 16,
                                max_new_tokens: int = 256, sample_fraction: float = 0.25,
                                temperature: float = 0.7, top_p: float = 0.9, seed: int = 0,
@@ -390,6 +426,11 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
                                                 max_new_tokens=max_new_tokens, temperature=temperature,
                                                 top_p=top_p, generator=generator):
                 write(results)
+        elif engine == "transformers":
+            for results in _transformers_generate(model, queue, pad_id, eos, batch_size=batch_size,
+                                                  max_new_tokens=max_new_tokens, temperature=temperature,
+                                                  top_p=top_p, seed=seed):
+                write(results)
         elif engine == "static":
             for mode in MODES:
                 mode_queue = [t for t in queue if t[1] == mode]
@@ -403,7 +444,7 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
                                               temperature=temperature, top_p=top_p)
                     write([(t, out, fin) for t, (out, fin) in zip(batch, outputs)])
         else:
-            raise ValueError(f"engine must be 'auto', 'continuous' or 'static', not {engine!r}")
+            raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
     bar.close()
     return output_path
 
@@ -453,8 +494,10 @@ def _add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--system-prompt", default=None, help="system message (default: the chat template's)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--engine", default="auto", choices=("auto", "continuous", "static"),
-                        help="continuous batching (auto when the model supports it) or static generate() batches")
+    parser.add_argument("--engine", default="auto", choices=ENGINES,
+                        help="continuous: this module's continuous batching (auto when the model keeps a plain "
+                             "DynamicCache); transformers: transformers' generate_batch machinery (paged cache); "
+                             "static: generate() on fixed batches")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice). On a CPU shared with other jobs, 1 is "
                              "often much faster than oversubscribing the cores")

@@ -37,6 +37,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -384,6 +386,8 @@ def build_hidden_cache(
         if is_main and not manifest.is_file():
             _write_json(manifest, {"format": CACHE_FORMAT_VERSION, "base": fingerprint, "teacher_topk": teacher_topk,
                                    "max_seq_len": max_seq_len, "layout": "see cerberus_hf/hidden_cache.py"})
+        if is_main:
+            _check_room(base, records, missing, folder, teacher_topk, len(plans))
         if accelerator is not None and accelerator.num_processes > 1:
             missing = missing[accelerator.process_index :: accelerator.num_processes]
         _fill_shards(base, records, missing, folder, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
@@ -395,6 +399,19 @@ def build_hidden_cache(
                        "max_seq_len": max_seq_len, "shards": len(plans), "shards_computed": len(missing),
                        "data_digest": hashlib.sha256("".join(p.digest for p in plans).encode()).hexdigest()})
     return cache
+
+
+def _check_room(base, records, missing, folder: Path, teacher_topk: int, num_plans: int) -> None:
+    """Say what the missing shards will cost on disk before computing them, and refuse when it does not fit."""
+    positions = sum(len(records[i].output_ids) for plan in missing for i in plan.records)
+    need = positions * cache_bytes_per_token(base.get_output_embeddings().weight.shape[1], teacher_topk)
+    free = shutil.disk_usage(folder).free
+    logger.info("hidden-state cache %s: %d of %d shards to compute, %d sequence tokens, %d answer positions, "
+                "%.2f GB on disk (%.1f GB free); the time estimate follows the first shard",
+                folder, len(missing), num_plans, sum(plan.tokens for plan in missing), positions, need / 1e9, free / 1e9)
+    if need > free:
+        raise RuntimeError(f"the hidden-state cache needs {need / 1e9:.2f} GB in {folder} but {free / 1e9:.2f} GB are "
+                           "free; pass another --cache-dir")
 
 
 def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_len, batch_tokens, show_progress):
@@ -411,8 +428,9 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
     total = sum(plan.tokens for plan in plans)
     progress = tqdm(total=total, unit="tok", desc="caching hidden states", disable=not show_progress,
                     dynamic_ncols=True)
+    started = time.perf_counter()
     try:
-        for plan in plans:
+        for number, plan in enumerate(plans):
             shard = _compute_shard(base, records, plan, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
                                    batch_tokens=batch_tokens, use_decoder=use_decoder, pad_token_id=int(pad),
                                    progress=progress)
@@ -421,6 +439,10 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
             tmp = folder / f".{plan.filename}.tmp-{os.getpid()}"
             save_file({k: v.contiguous() for k, v in shard.items()}, str(tmp), metadata=metadata)
             os.replace(tmp, folder / plan.filename)
+            if number == 0 and len(plans) > 1:
+                rate = plan.tokens / (time.perf_counter() - started)
+                logger.info("hidden-state cache: %.0f sequence tokens/s; the other %d shards take about %.0f min",
+                            rate, len(plans) - 1, (total - plan.tokens) / rate / 60)
     finally:
         progress.close()
         base.train(was_training)
