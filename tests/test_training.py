@@ -202,6 +202,47 @@ def test_train_fraction_takes_nested_subsets_and_keeps_the_held_out_split(base, 
                     **FAST)
 
 
+def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, cache_dir, tmp_path):
+    """A second file of "text" records (a dataset's answers) trains with the base's distribution as the whole
+    target, and held-out accuracy is measured on the base's own answers only."""
+    from cerberus_hf.training import trainer as trainer_module
+
+    text_path = tmp_path / "text.jsonl"
+    g = torch.Generator().manual_seed(5)
+    with text_path.open("w") as f:
+        for i in range(16):
+            f.write(json.dumps({"id": f"t{i:03d}", "mode": "text", "input_ids": prompt_ids(seed=100 + i)[0].tolist(),
+                                "output_ids": torch.randint(3, VOCAB, (30,), generator=g).tolist()}) + "\n")
+    seen = []
+    original = trainer_module._Rows
+
+    class Spy(original):
+        def __init__(self, cache, remaining, positions, num_heads, distill_weight, device):
+            super().__init__(cache, remaining, positions, num_heads, distill_weight, device)
+            if torch.is_tensor(distill_weight):  # training rows (evaluation passes 0.0)
+                text = cache.position_modes("text")[positions[self.batch_index] + self.head + 1]
+                seen.append((text, self.target_probs[:, 0].clone(), self.target_probs[:, 1:].sum(-1)))
+
+    trainer_module._Rows = Spy
+    try:
+        metrics = train_heads(fresh(base), [data_path, text_path], tmp_path / "mixed", epochs=1, cache_dir=cache_dir,
+                              teacher_topk=4, eval_fraction=0.25, **FAST)
+    finally:
+        trainer_module._Rows = original
+    text = torch.cat([s[0] for s in seen])
+    label_share, teacher_share = torch.cat([s[1] for s in seen]), torch.cat([s[2] for s in seen])
+    assert text.any() and (~text).any()
+    assert torch.all(label_share[text] == 0) and torch.allclose(teacher_share[text], torch.ones(int(text.sum())))
+    assert torch.all(label_share[~text] == 1)  # distill_weight 0 for the base's own answers
+    assert metrics["data"]["text_records"] == 16 and metrics["data"]["path"] == [str(data_path), str(text_path)]
+    scored = metrics["eval"]["positions"]
+    only_own = train_heads(fresh(base), data_path, tmp_path / "own", epochs=1, cache_dir=cache_dir, teacher_topk=4,
+                           eval_fraction=0.25, **FAST)
+    assert scored == only_own["eval"]["positions"]  # the same held-out base answers, no text positions
+    with pytest.raises(ValueError, match="more than once"):
+        train_heads(fresh(base), [data_path, data_path], tmp_path / "twice", epochs=1, cache_dir=cache_dir, **FAST)
+
+
 def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_path, monkeypatch):
     settings = dict(max_steps=20, save_every=5, distill_weight=0.5, cache_dir=cache_dir, **FAST)
     uninterrupted = fresh(base)

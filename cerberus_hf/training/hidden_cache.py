@@ -300,6 +300,7 @@ class HiddenStateCache:
     teacher_logprobs: torch.Tensor | None  # [N, k] float16
     record_ids: list[str]
     record_offsets: torch.Tensor  # [R + 1] int64
+    record_modes: list[str] = field(default_factory=list)  # who wrote each answer: "greedy", "sample", "text"
     info: dict = field(default_factory=dict)
 
     @property
@@ -315,6 +316,11 @@ class HiddenStateCache:
         lengths = self.record_offsets[1:] - self.record_offsets[:-1]
         ends = torch.repeat_interleave(self.record_offsets[1:], lengths)
         return ends - torch.arange(self.num_positions) - 1
+
+    def position_modes(self, mode: str) -> torch.Tensor:
+        """``[N]`` bool: which positions belong to records of ``mode``."""
+        lengths = self.record_offsets[1:] - self.record_offsets[:-1]
+        return torch.repeat_interleave(torch.tensor([m == mode for m in self.record_modes], dtype=torch.bool), lengths)
 
     def positions(self, record_ids: set[str] | None = None, exclude: set[str] | None = None) -> torch.Tensor:
         """Rows usable for head training (at least one token ahead) of the selected records, ascending."""
@@ -453,6 +459,7 @@ def load_hidden_cache(folder: str | os.PathLike, plans: list[ShardPlan], records
     folder = Path(folder)
     parts: dict[str, list[torch.Tensor]] = {}
     record_ids: list[str] = []
+    record_modes: list[str] = []
     for plan in plans:
         path = folder / plan.filename
         with safe_open(str(path), framework="pt") as f:
@@ -462,6 +469,7 @@ def load_hidden_cache(folder: str | os.PathLike, plans: list[ShardPlan], records
             for name in f.keys():
                 parts.setdefault(name, []).append(f.get_tensor(name))
         record_ids.extend(records[i].id for i in plan.records)
+        record_modes.extend(records[i].mode for i in plan.records)
     lengths = torch.cat(parts.pop("record_lengths")).long()
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
     offsets[1:] = torch.cumsum(lengths, 0)
@@ -474,6 +482,7 @@ def load_hidden_cache(folder: str | os.PathLike, plans: list[ShardPlan], records
         teacher_logprobs=teacher_logprobs,
         record_ids=record_ids,
         record_offsets=offsets,
+        record_modes=record_modes,
     )
 
 

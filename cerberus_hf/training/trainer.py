@@ -33,7 +33,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
+from .data import read_records
 from .hidden_cache import HiddenStateCache, build_hidden_cache, id_bucket, split_record_ids
 from ..configuration_cerberus import HEAD_TYPES
 from ..decoding.profiling import describe_device
@@ -166,7 +167,7 @@ class _Rows:
     """The (position, head) pairs of a batch that have a target, with their targets."""
 
     def __init__(self, cache: HiddenStateCache, remaining: torch.Tensor, positions: torch.Tensor, num_heads: int,
-                 distill_weight: float, device: torch.device):
+                 distill_weight: float | torch.Tensor, device: torch.device):
         batch_index, heads = [], []
         for k in range(num_heads):
             valid = torch.nonzero(remaining[positions] >= k + 1).flatten()
@@ -176,13 +177,16 @@ class _Rows:
         self.head = torch.cat(heads)
         target_pos = positions[self.batch_index] + self.head + 1
         labels = cache.tokens[target_pos]
-        if distill_weight > 0:
+        # the teacher's share of each target: one number, or one per cache position (text records differ)
+        weight = distill_weight[target_pos] if torch.is_tensor(distill_weight) else \
+            torch.full((labels.shape[0],), float(distill_weight))
+        if bool((weight > 0).any()):
             if cache.teacher_ids is None:
-                raise ValueError("distill_weight > 0 needs a hidden-state cache built with teacher_topk > 0.")
+                raise ValueError("training on the base's distribution (distill weight > 0, or text records) needs a "
+                                 "hidden-state cache built with teacher_topk > 0.")
             teacher = torch.softmax(cache.teacher_logprobs[target_pos].float(), dim=-1)  # renormalised top-k
             ids = torch.cat([labels[:, None], cache.teacher_ids[target_pos].long()], dim=1)
-            probs = torch.cat([torch.full_like(labels[:, None], 1.0 - distill_weight, dtype=torch.float32),
-                               distill_weight * teacher], dim=1)
+            probs = torch.cat([(1.0 - weight)[:, None], weight[:, None] * teacher], dim=1)
         else:
             ids, probs = labels[:, None], torch.ones(labels.shape[0], 1)
         self.labels = labels.to(device)
@@ -423,7 +427,7 @@ def _on_step_end(step: int) -> None:
 
 def train_heads(
     model,
-    data_path: str | os.PathLike,
+    data_path: str | os.PathLike | Sequence[str | os.PathLike],
     output_dir: str | os.PathLike,
     *,
     epochs: float = 1.0,
@@ -432,6 +436,7 @@ def train_heads(
     warmup_ratio: float = 0.05,
     head_weight_decay: float = 0.8,
     distill_weight: float = 0.0,
+    text_distill_weight: float = 1.0,
     eval_every: int = 250,
     seed: int = 0,
     max_steps: int | None = None,
@@ -459,7 +464,8 @@ def train_heads(
     Args:
         model: a `CerberusForCausalLM` (e.g. from ``CerberusForCausalLM.from_base``); its heads are trained in
             place (in float32, cast back to the base's dtype at the end), its base is only read.
-        data_path: JSONL of ``{"id", "mode", "prompt", "input_ids", "output_ids", "finished"}`` records.
+        data_path: JSONL of ``{"id", "mode", "prompt", "input_ids", "output_ids", "finished"}`` records (from
+            ``cerberus-hf distill``), or several, read in order as one data set.
         output_dir: receives the final heads (``model.save_pretrained``), ``training_metrics.json`` and
             ``checkpoints/`` (leave that out when publishing the folder).
         epochs: passes over the training positions (fractions allowed); ignored when ``max_steps`` is set.
@@ -470,6 +476,9 @@ def train_heads(
         head_weight_decay: head ``k``'s loss weight is ``head_weight_decay ** k`` (Medusa uses 0.8).
         distill_weight: share of the target given to the base's own distribution (top ``teacher_topk``)
             instead of the data token; 0 is plain cross-entropy, 1 pure distillation.
+        text_distill_weight: the same share for ``"text"`` records (a dataset's answers, not the base's): by
+            default their targets are the base's own distribution alone. When the data holds the base's own
+            answers too, held-out accuracy is measured on those only, since that is what decoding meets.
         eval_every: steps between held-out evaluations (0: only at the end).
         seed: data order seed; the same seed and arguments give the same weights.
         max_steps: total optimizer steps (overrides ``epochs``).
@@ -521,8 +530,16 @@ def train_heads(
 
     # ---- the hidden-state cache (the only time the base runs)
     cache_started = time.perf_counter()
+    paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
+    records = [record for path in paths for record in read_records(path)]
+    repeated = {(r.id, r.mode) for r in records}
+    if len(repeated) != len(records):
+        raise ValueError(f"{', '.join(map(str, paths))}: a (prompt id, mode) pair appears more than once; "
+                         "combine data files whose prompt ids are distinct")
+    if not 0.0 <= text_distill_weight <= 1.0:
+        raise ValueError(f"text_distill_weight must be in [0, 1], got {text_distill_weight}.")
     cache = build_hidden_cache(
-        model.base, data_path, cache_dir if cache_dir is not None else default_cache_dir(),
+        model.base, records, cache_dir if cache_dir is not None else default_cache_dir(),
         teacher_topk=teacher_topk, max_seq_len=max_seq_len,
         batch_tokens=cache_batch_tokens, accelerator=accelerator, show_progress=show_progress,
     )
@@ -533,7 +550,12 @@ def train_heads(
     left_out = held_out | {r for r in cache.record_ids
                            if id_bucket(r) >= eval_fraction + train_fraction * (1.0 - eval_fraction)}
     train_positions = cache.positions(exclude=left_out)
-    eval_positions = _subset(cache.positions(record_ids=held_out), eval_max_positions, EVAL_SUBSET_SEED)
+    is_text = cache.position_modes("text")
+    eval_positions = cache.positions(record_ids=held_out)
+    if not bool(is_text.all()):  # score the base's own answers, which is what decoding meets
+        eval_positions = eval_positions[~is_text[eval_positions]]
+    eval_positions = _subset(eval_positions, eval_max_positions, EVAL_SUBSET_SEED)
+    target_weight = torch.where(is_text, text_distill_weight, distill_weight) if bool(is_text.any()) else distill_weight
     train_eval_positions = _subset(train_positions, eval_max_positions, EVAL_SUBSET_SEED)
     if train_positions.numel() == 0:
         raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
@@ -546,7 +568,8 @@ def train_heads(
         "head_type": model.config.head_type, "num_heads": num_heads, "num_layers": model.config.num_layers,
         "head_projection": model.config.head_projection, "lr": lr, "batch_size": batch_size,
         "warmup_ratio": warmup_ratio, "warmup_steps": warmup_steps, "head_weight_decay": head_weight_decay,
-        "distill_weight": distill_weight, "teacher_topk": cache.teacher_topk, "seed": seed,
+        "distill_weight": distill_weight, "text_distill_weight": text_distill_weight,
+        "teacher_topk": cache.teacher_topk, "seed": seed,
         "projection_dtype": str(projection_dtype).replace("torch.", ""),
         "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "weight_decay": weight_decay,
         "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "train_fraction": train_fraction,
@@ -631,7 +654,7 @@ def train_heads(
             permutation_epoch = epoch
         batch = train_positions[permutation[index * batch_size : (index + 1) * batch_size]].sort().values
         local = batch[accelerator.process_index :: accelerator.num_processes]
-        rows = _Rows(cache, remaining, local, num_heads, distill_weight, device)
+        rows = _Rows(cache, remaining, local, num_heads, target_weight, device)
 
         states = trainable(rows.hidden, rows.tokens)
         row_losses, row_correct = _head_losses(model, states, rows, weight, bias, chunk_rows)
@@ -699,7 +722,9 @@ def train_heads(
         "epochs": round(step / steps_per_epoch, 4),
         "config": run_config,
         "data": {
-            "path": str(data_path), "records": len(cache.record_ids), "held_out_records": len(held_out),
+            "path": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths],
+            "records": len(cache.record_ids), "text_records": sum(m == "text" for m in cache.record_modes),
+            "held_out_records": len(held_out),
             "positions": cache.num_positions, "train_positions": int(train_positions.shape[0]),
             "eval_positions": int(eval_positions.shape[0]), "base_agreement": cache.base_agreement(),
             "cache_folder": cache.info["folder"], "cache_shards_computed": cache.info["shards_computed"],
@@ -747,7 +772,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--num-layers", type=int, default=1)
-    parser.add_argument("--data", required=True, help="distillation JSONL (from `cerberus-hf distill`)")
+    parser.add_argument("--data", required=True, action="append",
+                        help="distillation JSONL (from `cerberus-hf distill`); repeat to train on several as one set")
     parser.add_argument("--output", default=None, help="folder for the heads, metrics and checkpoints")
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -756,6 +782,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--distill-weight", type=float, default=0.0,
                         help="share of the target given to the base's own distribution (0..1)")
+    parser.add_argument("--text-distill-weight", type=float, default=1.0,
+                        help="the same share for 'text' records (a dataset's answers; default: the base's distribution "
+                             "only). Held-out accuracy is then measured on the base's own answers")
     parser.add_argument("--head-weight-decay", type=float, default=0.8, help="head k's loss weight is this ** k")
     parser.add_argument("--warmup-ratio", type=float, default=0.05)
     parser.add_argument("--eval-every", type=int, default=250)
@@ -788,7 +817,8 @@ def run_cli(args: argparse.Namespace) -> int:
     base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
     if args.cache_only:
         started = time.perf_counter()
-        cache = build_hidden_cache(base, args.data, args.cache_dir if args.cache_dir is not None else default_cache_dir(),
+        records = [record for path in args.data for record in read_records(path)]
+        cache = build_hidden_cache(base, records, args.cache_dir if args.cache_dir is not None else default_cache_dir(),
                                    teacher_topk=args.teacher_topk, show_progress=not args.no_progress)
         print(f"{cache.info['folder']}: {len(cache.record_ids)} records, {cache.num_positions} answer positions, "
               f"{cache.info['shards_computed']} of {cache.info['shards']} shards computed in "
@@ -797,8 +827,10 @@ def run_cli(args: argparse.Namespace) -> int:
     model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads,
                                           num_layers=args.num_layers)
     metrics = train_heads(
-        model, args.data, args.output, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+        model, args.data if len(args.data) > 1 else args.data[0], args.output, epochs=args.epochs, lr=args.lr,
+        batch_size=args.batch_size,
         warmup_ratio=args.warmup_ratio, head_weight_decay=args.head_weight_decay, distill_weight=args.distill_weight,
+        text_distill_weight=args.text_distill_weight,
         eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, max_steps=args.max_steps,
         eval_fraction=args.eval_fraction, train_fraction=args.train_fraction, cache_dir=args.cache_dir,
         num_threads=args.num_threads,
