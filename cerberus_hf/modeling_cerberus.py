@@ -38,6 +38,8 @@ from .decoding.profiling import StepProfiler
 from .real_models import describe_source
 from .remote_code import auto_map_entry, write_remote_code
 from .decoding.stats import GenerationStats
+from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .decoding.rescoring import Rescoring
 from .decoding.tree import DynamicTree, TreeSpec
 
 _UNSET = object()
@@ -72,6 +74,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.heads.init_projections_from(lm_weight)
         self.generation_config = greedy_generation_config(getattr(base, "generation_config", None))
         self.generation_stats: GenerationStats | None = None
+        self.ngram: NgramModel | None = None  # the lattice rescorer's n-gram model, when the folder has one
         self.post_init()
 
     # ----------------------------------------------------------------------------------------- building
@@ -137,6 +140,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
         if generation_file is not None:
             model.generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
+        ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
+        if ngram_file is not None:
+            model.load_ngram(ngram_file)
         model.eval()
         return model
 
@@ -155,6 +161,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.config.save_pretrained(save_directory)
         self.generation_config.save_pretrained(save_directory)
         save_heads_state_dict(self.heads.state_dict(), save_directory)
+        if self.ngram is not None:
+            self.ngram.save(os.path.join(save_directory, NGRAM_WEIGHTS_NAME))
+
+    def load_ngram(self, path: str | os.PathLike | None) -> None:
+        """Use the n-gram model saved at ``path`` (`cerberus-hf ngram`) for lattice rescoring; None drops it.
+        A model counted over another vocabulary is refused."""
+        self.ngram = None if path is None else NgramModel.load(path, vocab_size=self.config.vocab_size)
 
     def push_to_hub(
         self,
@@ -239,6 +252,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         gate_threshold: float | None = _UNSET,
         draft_tree: list[list[int]] | None = _UNSET,
         dynamic_tree: dict | DynamicTree | None = _UNSET,
+        rescoring: dict | Rescoring | None = _UNSET,
         typical_acceptance: TypicalAcceptance | bool = False,
         profile: bool = False,
         **kwargs,
@@ -253,7 +267,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
         chain of every head's top-1); ``dynamic_tree`` (``{"nodes", "depth", "top_k"}`` or a `DynamicTree`;
         ``None``: off) grows each step's tree from the drafter's confidence instead, and a call that names
-        only ``draft_tree`` drafts that static tree. Without overrides, the settings `cerberus-hf calibrate` stored in
+        only ``draft_tree`` drafts that static tree. ``rescoring`` (``{"nodes", "depth", "top_k",
+        "candidates", "weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads' guesses
+        rescored by the checkpoint's n-gram model (``model.ngram``, from ``ngram.safetensors``; see
+        `decoding.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
         the generation config for this device type are used, else the config's.
         ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
         sampling, which is faster but NOT lossless. ``profile=True`` records the wall time of each phase
@@ -313,6 +330,16 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         )
         tree_paths = settings["draft_tree"] if draft_tree is _UNSET else draft_tree
         tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths is not None else None
+        if rescoring is _UNSET:
+            use = draft_tree is _UNSET and dynamic_tree is _UNSET and settings["tree_kind"] == "rescored"
+            rescoring = settings["rescoring"] if use and self.ngram is not None else None
+        if isinstance(rescoring, dict):
+            rescoring = Rescoring.from_dict(rescoring, self.config.num_heads)
+        elif rescoring is not None and not isinstance(rescoring, Rescoring):
+            raise TypeError(f"rescoring must be a dict, a Rescoring or None, got {type(rescoring).__name__}.")
+        if rescoring is not None and self.ngram is None:
+            raise ValueError("rescoring needs an n-gram model next to the heads (ngram.safetensors): build one with "
+                             "`cerberus-hf ngram --heads FOLDER --data DATA`, or load it with model.load_ngram(path).")
         if dynamic_tree is _UNSET:
             use = draft_tree is _UNSET and settings["tree_kind"] == "dynamic"
             dynamic_tree = settings["dynamic_tree"] if use else None
@@ -330,7 +357,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             typical=typical_acceptance or None,
             profiler=profiler,
             make_candidate_generator=functools.partial(
-                self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, stats=stats,
+                self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, rescoring=rescoring, stats=stats,
                 lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram,
             ),
         )
@@ -366,6 +393,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             "draft_tree": stored.get("draft_tree", self.config.draft_tree),
             "dynamic_tree": stored.get("dynamic_tree", self.config.dynamic_tree),
             "tree_kind": stored.get("tree_kind", "dynamic" if self.config.dynamic_tree else "static"),
+            "rescoring": stored.get("rescoring"),
             "prompt_lookup_num_tokens": stored.get("prompt_lookup_num_tokens", self.config.prompt_lookup_num_tokens),
         }
 
@@ -382,11 +410,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
     def _candidate_generator(
         self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
-        dynamic: DynamicTree | None, stats: GenerationStats, lookup_tokens: int, lookup_ngram: int,
+        dynamic: DynamicTree | None, rescoring: Rescoring | None, stats: GenerationStats, lookup_tokens: int,
+        lookup_ngram: int,
     ) -> CerberusCandidateGenerator:
         return CerberusCandidateGenerator(
             self.heads, gate, tree, generation_config.max_length, stats,
-            lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic,
+            lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic, rescoring=rescoring,
+            ngram=self.ngram if rescoring is not None else None,
         )
 
 

@@ -13,6 +13,7 @@ import torch
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding.gate import entropy
+from cerberus_hf.decoding.ngram import NgramModel
 from tiny_models import ARCHITECTURES, EOS, PAD, VOCAB, prompt_ids, tiny_model
 
 PROMPT_LEN = 8
@@ -59,6 +60,13 @@ def fresh_model(arch: str, head_type: str = "cerberus", randomize: bool = False,
     if randomize:
         randomize_heads(model, seed)
     return model
+
+
+def tiny_ngram(vocab_size: int, seed: int = 0, sequences: list[list[int]] = (), order: int = 3) -> NgramModel:
+    """An n-gram model over random token sequences (plus ``sequences``), for rescoring on the tiny models."""
+    generator = torch.Generator().manual_seed(seed)
+    data = [(torch.randint(0, vocab_size, (40,), generator=generator).tolist(), 2) for _ in range(20)]
+    return NgramModel.build(data + [(list(s), 1) for s in sequences], vocab_size, order)
 
 
 def randomize_heads(model: CerberusForCausalLM, seed: int = 0, std: float = 0.5) -> None:

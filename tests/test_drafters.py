@@ -23,6 +23,7 @@ from helpers import (
     get_prompt,
     install_oracle,
     reference,
+    tiny_ngram,
 )
 
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes: 8 + 6 fits a window of 16
@@ -31,7 +32,15 @@ TREE_KINDS = {
     "chain": dict(draft_tree=None, dynamic_tree=None),
     "static": dict(draft_tree=STATIC_TREE, dynamic_tree=None),
     "dynamic": dict(dynamic_tree=DYNAMIC),
+    "rescored": dict(rescoring={**DYNAMIC, "candidates": 5, "weight": 0.5}),  # with tiny_ngram beside the heads
 }
+
+
+def with_tree_kind(model, tree: str, arch: str):
+    """``model``, with an n-gram model (random text plus the reference continuation) for the rescored kind."""
+    if tree == "rescored":
+        model.ngram = tiny_ngram(model.config.vocab_size, sequences=[reference(arch)[0].tolist()])
+    return model
 
 
 def test_every_config_head_type_has_a_drafter():
@@ -47,6 +56,7 @@ def test_every_config_head_type_has_a_drafter():
 def test_greedy_output_equals_base(arch, head_type, tree, heads, gate, lookup):
     model = fresh_model(arch, head_type, randomize=heads == "random", seed=5, num_heads=3,
                         gate_threshold=None if gate == "always" else 0.0)
+    with_tree_kind(model, tree, arch)
     prompt = get_prompt(arch)
     with ForwardCounter(model.base) as forwards:
         out = model.generate(prompt, max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=lookup, **TREE_KINDS[tree])
@@ -64,7 +74,7 @@ def test_greedy_output_equals_base(arch, head_type, tree, heads, gate, lookup):
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_oracle_drafts_are_accepted(arch, head_type, tree):
     """Drafts that know the continuation are accepted several per step, with every tree kind."""
-    model = fresh_model(arch, head_type, num_heads=3)
+    model = with_tree_kind(fresh_model(arch, head_type, num_heads=3), tree, arch)
     oracle = install_oracle(model, [reference(arch, NEW_TOKENS + 8)])
     out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0, **TREE_KINDS[tree])
     assert out.tolist() == reference(arch).tolist()

@@ -1,8 +1,8 @@
 """Sampling stays lossless: the joint distribution of the first two sampled tokens matches the base's.
 
 A tiny Llama with a 12-token vocabulary makes the exact distribution cheap to compute (12 x 12 pairs)
-and a few thousand draws enough for a chi-square test; every drafter family with chain, static and dynamic
-trees is checked, with heads that really get drafts accepted.
+and a few thousand draws enough for a chi-square test; every drafter family with chain, static, dynamic
+and rescored trees is checked, with heads that really get drafts accepted.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from transformers.generation.logits_process import LogitsProcessorList, Temperat
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
+from cerberus_hf.decoding.ngram import NgramModel
 
 V = 12
 DRAWS = 2500
@@ -79,6 +80,8 @@ TREES = {
     "chain": dict(draft_tree=None, dynamic_tree=None),
     "tree": dict(draft_tree=[[0], [1], [2], [3]], dynamic_tree=None),
     "dynamic": dict(dynamic_tree={"nodes": 4, "depth": 1, "top_k": 4}),
+    # an n-gram model that favours other tokens than the heads: it decides which 4 of 6 guesses are verified
+    "rescored": dict(rescoring={"nodes": 4, "depth": 1, "top_k": 4, "candidates": 6, "weight": 1.0}),
 }
 
 
@@ -86,6 +89,8 @@ TREES = {
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_sampling_matches_base_distribution(base, head_type, tree):
     model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=1)
+    if tree == "rescored":
+        model.ngram = NgramModel.build([([t, (t * 5 + 1) % V, (t * 7 + 2) % V], 1) for t in range(V)] * 3, V, order=2)
     counts, accepted = draw(model, **TREES[tree])
     stat, bound = chi_square(counts, expected_pairs(base))
     assert accepted > DRAWS // 20, f"drafts were accepted only {accepted} times: the test would not test much"

@@ -3,7 +3,8 @@
 It follows transformers' `CandidateGenerator` contract (`get_candidates` returns the input ids with a
 candidate chain appended; `update_candidate_strategy` hears how many were accepted). The decoding loop
 asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The tree is a
-fixed tree of ranks or one grown each step from the drafter's confidence (`drafting`). The entropy
+fixed tree of ranks, one grown each step from the drafter's confidence (`drafting`), or one grown from
+the drafter's confidence rescored by an n-gram model (`rescoring`). The entropy
 gate lives here: a step the gate rejects gets no head draft, and the loop decodes a single token. With
 prompt lookup on, tokens copied from the context are grafted into the draft (gate or not: a repeated
 n-gram is its own evidence).
@@ -20,6 +21,8 @@ from .lookup import DEFAULT_MAX_NGRAM, context_continuation
 from .gate import EntropyGate
 from ..drafters.base import Drafter
 from .drafting import DynamicTree, StepDrafts, dynamic_draft, static_draft
+from .ngram import NgramModel
+from .rescoring import Rescoring, ngram_rescore
 from .stats import GenerationStats
 from .tree import TreeSpec, graft_chain
 
@@ -67,6 +70,9 @@ class CerberusCandidateGenerator(CandidateGenerator):
         lookup_tokens: how many tokens prompt lookup may copy from the context per step (0: off).
         lookup_ngram: the longest suffix n-gram prompt lookup matches.
         dynamic: grow an EAGLE-2-style tree per step instead of drafting ``tree``.
+        rescoring: grow the tree from the drafter's guesses rescored by ``ngram`` instead (overrides
+            ``tree`` and ``dynamic``).
+        ngram: the n-gram model ``rescoring`` reads.
     """
 
     requires_model_outputs = True
@@ -81,6 +87,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         lookup_tokens: int = 0,
         lookup_ngram: int = DEFAULT_MAX_NGRAM,
         dynamic: DynamicTree | None = None,
+        rescoring: Rescoring | None = None,
+        ngram: NgramModel | None = None,
     ):
         self.drafter = drafter
         self.gate = gate
@@ -89,7 +97,12 @@ class CerberusCandidateGenerator(CandidateGenerator):
             raise ValueError(f"The draft tree is {self.tree.depth} deep but there are only {drafter.num_heads} heads.")
         if dynamic is not None and dynamic.depth > drafter.num_heads:
             raise ValueError(f"The dynamic tree is {dynamic.depth} deep but there are only {drafter.num_heads} heads.")
-        self.dynamic = dynamic
+        if rescoring is not None and ngram is None:
+            raise ValueError("Lattice rescoring needs an n-gram model: build one with `cerberus-hf ngram`.")
+        if rescoring is not None and rescoring.depth > drafter.num_heads:
+            raise ValueError(f"The rescored tree is {rescoring.depth} deep but there are only {drafter.num_heads} heads.")
+        self.dynamic = rescoring if rescoring is not None else dynamic
+        self.ngram = ngram if rescoring is not None else None
         self.max_length = max_length
         self.stats = stats
         self.lookup_tokens = lookup_tokens
@@ -117,7 +130,10 @@ class CerberusCandidateGenerator(CandidateGenerator):
             self.stats.record_gate(drafting)
         draft = None
         if drafting and self.dynamic is not None:
-            tree, tokens = dynamic_draft(step, self.dynamic, room)  # room > 0: never None here
+            rescore = None
+            if self.ngram is not None:
+                rescore = ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight)
+            tree, tokens = dynamic_draft(step, self.dynamic, room, rescore)  # room > 0: never None here
             draft = Draft(tree, tokens.to(input_ids.dtype))
         elif drafting:
             draft = Draft(static, static_draft(step, static).to(input_ids.dtype))

@@ -32,27 +32,35 @@ class Method:
     records: list[dict] = field(default_factory=list)
 
 
-def load_bench_prompts(path: str | Path, limit: int | None = None, every: int = 1) -> list[str]:
-    """First turns of a JSONL prompt file (objects with a ``turns`` list, as MT-Bench): every ``every``-th
-    one (a subset spread over the file's categories), at most ``limit``."""
+def _bench_records(path: str | Path, limit: int | None, every: int) -> list[dict]:
+    """Every ``every``-th record of a JSONL prompt file (a subset spread over the file's categories), at
+    most ``limit``."""
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}.")
-    prompts = []
     with open(path) as handle:
-        for line in handle:
-            if line.strip():
-                record = json.loads(line)
-                prompts.append(record["turns"][0] if "turns" in record else record["prompt"])
-    prompts = prompts[::every]
-    return prompts[:limit] if limit else prompts
+        records = [json.loads(line) for line in handle if line.strip()][::every]
+    return records[:limit] if limit else records
+
+
+def load_bench_prompts(path: str | Path, limit: int | None = None, every: int = 1) -> list[str]:
+    """First turns of a JSONL prompt file (objects with a ``turns`` list, as MT-Bench, or a ``prompt``):
+    every ``every``-th one, at most ``limit``."""
+    return [r["turns"][0] if "turns" in r else r["prompt"] for r in _bench_records(path, limit, every)]
+
+
+def load_bench_categories(path: str | Path, limit: int | None = None, every: int = 1) -> list[str | None]:
+    """The ``category`` of each prompt `load_bench_prompts` returns (None where the file has none)."""
+    return [r.get("category") for r in _bench_records(path, limit, every)]
 
 
 # Configurations a head checkpoint is run in: (row label, generate() overrides, settings it needs).
 # Rows without "lookup" switch prompt lookup off, whatever the checkpoint says; "+lookup" rows graft the
 # checkpoint's prompt_lookup_num_tokens copied tokens into each draft. "tree" rows draft the calibrated
-# static tree, "dtree" rows the calibrated dynamic one.
+# static tree, "dtree" rows the calibrated dynamic one, "rtree" rows the calibrated lattice-rescored one
+# (a checkpoint with an n-gram model, `cerberus-hf ngram`).
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
-_STATIC = {"dynamic_tree": None}
+_STATIC = {"dynamic_tree": None, "rescoring": None}
+_RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
     "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ()),
     "chain+gate": ("chain, gate on", {"draft_tree": None, **_STATIC, **_NO_LOOKUP}, ("gate_threshold",)),
@@ -68,6 +76,12 @@ VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
                      ("dynamic_tree", "prompt_lookup_num_tokens")),
     "dtree+gate+lookup": ("dynamic tree, gate on, lookup", {},
                           ("dynamic_tree", "gate_threshold", "prompt_lookup_num_tokens")),
+    "rtree": ("rescored tree, gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP}, ("rescoring",)),
+    "rtree+gate": ("rescored tree, gate on", {**_RESCORED, **_NO_LOOKUP}, ("rescoring", "gate_threshold")),
+    "rtree+lookup": ("rescored tree, gate off, lookup", {"gate_threshold": None, **_RESCORED},
+                     ("rescoring", "prompt_lookup_num_tokens")),
+    "rtree+gate+lookup": ("rescored tree, gate on, lookup", dict(_RESCORED),
+                          ("rescoring", "gate_threshold", "prompt_lookup_num_tokens")),
 }
 
 
@@ -87,8 +101,12 @@ def build_methods(
         raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}.")
     for label, model in head_models.items():
         settings = model.decoding_settings(base.device.type)  # calibrated for this device, or the config's
+        if model.ngram is None:
+            settings["rescoring"] = None  # calibrated with an n-gram model the folder no longer has
+        tree_of = {"dtree": {"dynamic_tree": settings["dynamic_tree"], "rescoring": None},
+                   "rtree": {"rescoring": settings["rescoring"]}}
         options = [("", {})] if variants == [] else [
-            (suffix, {**overrides, "dynamic_tree": settings["dynamic_tree"]} if key.startswith("dtree") else overrides)
+            (suffix, {**overrides, **tree_of.get(key.split("+")[0], {})})
             for key, (suffix, overrides, needs) in VARIANTS.items()
             if (variants is None or key in variants) and all(settings[n] is not None for n in needs)
         ]
@@ -224,6 +242,22 @@ def markdown_profile(result: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown_categories(result: dict, categories: list[str | None]) -> str:
+    """tau per prompt category (e.g. MT-Bench's eight), per method that drafts."""
+    names = list(dict.fromkeys(c for c in categories if c is not None))
+    rows = [r for r in result["methods"] if r["tau"] is not None and r["prompts"][0]["steps"] is not None]
+    if not names or not rows:
+        return ""
+    lines = ["| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for row in rows:
+        cells = []
+        for name in names:
+            recs = [r for r in row["prompts"] if categories[r["prompt"]] == name]
+            cells.append(f"{sum(r['new_tokens'] for r in recs) / sum(r['steps'] for r in recs):.2f}")
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def save_plot(result: dict, path: str | Path) -> None:
     import matplotlib
 
@@ -284,13 +318,21 @@ def run_cli(args: argparse.Namespace) -> int:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
         head_models[f"{model.config.head_type} {Path(path).name}"] = model
     prompts = load_bench_prompts(args.prompts, args.limit, args.every)
+    categories = load_bench_categories(args.prompts, args.limit, args.every)
     encoded = encode_prompts(tokenizer, prompts, base.device)
     result = run_bench(base, head_models, encoded, args.max_new_tokens, variants=args.variants,
                        profile=args.profile)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"),
                   command="cerberus-hf " + " ".join(sys.argv[1:]), machine=describe_device(base.device))
+    for row in result["methods"]:
+        for record in row["prompts"]:
+            record["category"] = categories[record["prompt"]]
     print(markdown_table(result))
+    by_category = markdown_categories(result, categories)
+    if by_category:
+        print("\ntau by prompt category:")
+        print(by_category)
     if args.profile:
         print("\nmilliseconds per decoding step, by phase (see cerberus_hf/decoding/profiling.py):")
         print(markdown_profile(result))

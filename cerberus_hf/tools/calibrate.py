@@ -8,6 +8,12 @@ Three measurements, then two choices:
    among head ``k``'s guesses at every position ``t``, and the candidate gate signals there.
 3. The time the heads take to draft one step.
 
+With an n-gram model beside the heads (`cerberus-hf ngram`), a third tree kind is fitted: the dynamic
+tree over a wider lattice of the heads' guesses, rescored by the n-gram (`decoding.rescoring`), drafted
+for real at every position for each candidate weight; the weight and size with the best expected tokens
+per second are kept, and how often the heads' top-1 block repeats a token, before and after rescoring,
+is reported.
+
 The tree: a node ``(r0, ..., rd)`` is accepted at a position exactly when the true tokens' ranks there
 start with that path, so the mean accepted length of a tree is the sum of its paths' empirical
 frequencies. Adding paths in order of frequency gives the best tree of each size (prefixes are at
@@ -27,7 +33,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -36,6 +42,7 @@ from transformers import DynamicCache
 from ..drafters.base import capture_lm_head_input
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
+from ..decoding.rescoring import Rescoring, ngram_rescore, repeats_a_token
 from ..decoding.tree import DynamicTree, TreeSpec
 from ..training.data import Record, read_records
 from ..training.hidden_cache import split_record_ids
@@ -45,11 +52,15 @@ from ..decoding.profiling import synchronize
 @dataclass
 class PositionRecord:
     """What calibration keeps of one position: true-token ranks per head (-1 beyond ``top_k``), gate signals,
-    and where the true path's nodes come in a dynamic tree's order of choice (-1: not drafted)."""
+    where the true path's nodes come in a dynamic tree's order of choice (-1: not drafted), the same per
+    rescoring weight, and whether the top-1 block repeats a token (the heads' own; per weight, rescored)."""
 
     ranks: list[int]
     signals: dict[str, float]
     dynamic_order: list[int] | None = None
+    rescored_order: dict[float, list[int]] = field(default_factory=dict)
+    top_block_repeats: bool = False
+    rescored_block_repeats: dict[float, bool] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -80,17 +91,20 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
 
 
 @torch.no_grad()
-def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | None = None) -> float:
+def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescoring | None = None) -> float:
     """Median seconds for the drafter to draft one step: the chain through every head, or a dynamic tree
-    (a drafter that reads its drafted tokens pays one call per depth)."""
+    (a drafter that reads its drafted tokens pays one call per depth), rescored by ``model.ngram`` when
+    ``dynamic`` is a `Rescoring`."""
     hidden = torch.zeros(1, model.config.hidden_size, device=model.device, dtype=model.dtype)
     chain = TreeSpec.chain(model.config.num_heads)
+    history = torch.arange(16, device=model.device)
     values = []
     for _ in range(repeats):
         synchronize(model.device)
         start = time.perf_counter()
         step = StepDrafts(model.heads, hidden, 0)
-        dynamic_selection(step, dynamic, model.config.num_heads) if dynamic else static_draft(step, chain)
+        rescore = ngram_rescore(model.ngram, history, dynamic.weight) if isinstance(dynamic, Rescoring) else None
+        dynamic_selection(step, dynamic, model.config.num_heads, rescore) if dynamic else static_draft(step, chain)
         synchronize(model.device)
         values.append(time.perf_counter() - start)
     return statistics.median(values)
@@ -98,11 +112,12 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | None = N
 
 @torch.no_grad()
 def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int = 10,
-                      dynamic: DynamicTree | None = None) -> list[PositionRecord]:
+                      dynamic: DynamicTree | None = None, rescorings: list[Rescoring] = ()) -> list[PositionRecord]:
     """Ranks of the true future tokens among the heads' guesses, and gate signals, at every position of
     every ``(tokens, start)`` sequence from ``start`` on (e.g. the prompt length) that has all heads'
     targets. With ``dynamic``, also the order in which a dynamic tree of those settings (its ``nodes``
-    the most considered) picks the true path's nodes, drafted for real at each position."""
+    the most considered) picks the true path's nodes, drafted for real at each position; likewise for each
+    of ``rescorings`` (one per weight) with ``model.ngram``."""
     records = []
     num_heads = model.config.num_heads
     for seq, skip in tqdm(sequences, desc="head ranks", unit="seq"):
@@ -119,12 +134,32 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
             for k in range(num_heads):
                 hit = (top[t, k] == seq[t + k + 2]).nonzero()
                 ranks.append(int(hit[0, 0]) if len(hit) else -1)
+            truth = seq[t + 2 : t + 2 + num_heads]
             order = None
             if dynamic is not None:
                 chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), dynamic, num_heads)
-                order = _true_path_order(chosen, seq[t + 2 : t + 2 + num_heads])
-            records.append(PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order))
+                order = _true_path_order(chosen, truth)
+            record = PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order,
+                                    top_block_repeats=repeats_a_token([seq[t + 1], *top[t, :, 0].tolist()]))
+            history = ids[0, : t + 2]
+            for settings in rescorings:
+                rescore = ngram_rescore(model.ngram, history, settings.weight)
+                chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), settings, num_heads, rescore)
+                record.rescored_order[settings.weight] = _true_path_order(chosen, truth)
+                record.rescored_block_repeats[settings.weight] = repeats_a_token([seq[t + 1], *_top_block(chosen)])
+            records.append(record)
     return records
+
+
+def _top_block(chosen: dict[tuple[int, ...], int]) -> list[int]:
+    """The tokens of the best path: from the root, each time the first-chosen (best-scored) child."""
+    block, parent = [], ()
+    while True:
+        child = next((path for path in chosen if path[:-1] == parent), None)
+        if child is None:
+            return block
+        block.append(chosen[child])
+        parent = child
 
 
 def _true_path_order(chosen: dict[tuple[int, ...], int], truth: list[int]) -> list[int]:
@@ -196,13 +231,13 @@ def static_accepted(records: list[PositionRecord], tree: list[list[int]]) -> lis
     return [accepted_length(r.ranks, tree_set) for r in records]
 
 
-def dynamic_accepted(records: list[PositionRecord], nodes: int) -> list[int]:
-    """Drafts a dynamic tree of ``nodes`` nodes would get accepted at each position (its nodes are the
-    first ``nodes`` chosen, so one drafting per position serves every size)."""
+def dynamic_accepted(records: list[PositionRecord], nodes: int, weight: float | None = None) -> list[int]:
+    """Drafts a dynamic tree of ``nodes`` nodes (rescored with ``weight`` when given) would get accepted
+    at each position (its nodes are the first ``nodes`` chosen, so one drafting per position serves every size)."""
     accepted = []
     for record in records:
         count = 0
-        for place in record.dynamic_order:
+        for place in record.dynamic_order if weight is None else record.rescored_order[weight]:
             if place < 0 or place >= nodes:
                 break
             count += 1
@@ -210,13 +245,15 @@ def dynamic_accepted(records: list[PositionRecord], nodes: int) -> list[int]:
     return accepted
 
 
-def fit_dynamic_tree(records: list[PositionRecord], cost: dict[int, float], draft_time: float, max_nodes: int):
-    """The dynamic tree size maximising expected tokens per second, and the table of every size considered."""
+def fit_dynamic_tree(records: list[PositionRecord], cost: dict[int, float], draft_time: float, max_nodes: int,
+                     weight: float | None = None):
+    """The dynamic tree size (rescored with ``weight`` when given) maximising expected tokens per second,
+    and the table of every size considered."""
     table = []
     for n in range(1, max_nodes + 1):
         if n + 1 not in cost:
             break
-        expected = 1.0 + sum(dynamic_accepted(records, n)) / len(records)
+        expected = 1.0 + sum(dynamic_accepted(records, n, weight)) / len(records)
         step = cost[n + 1] + draft_time
         table.append({"nodes": n, "expected_tau": expected, "step_seconds": step, "tokens_per_s": expected / step})
     return max(table, key=lambda row: row["tokens_per_s"]), table
@@ -283,24 +320,57 @@ def _auc(score: torch.Tensor, positive: torch.Tensor) -> float:
     return float((ranks[positive].sum() + n_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+RESCORING_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+
+
 def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, max_nodes: int = 63,
-              repeats: int = 5, dynamic_top_k: int = 4, dynamic_max_nodes: int = 32) -> dict:
+              repeats: int = 5, dynamic_top_k: int = 4, dynamic_max_nodes: int = 32,
+              rescoring_weights: tuple[float, ...] = RESCORING_WEIGHTS, rescoring_candidates: int = 8) -> dict:
     """Run all measurements and choices; store the result for this device type in the model's
     generation config (``cerberus_calibration``) and return the full report.
 
     Both tree kinds are fitted: the static tree from how often each rank path is right, the dynamic tree's
-    size by drafting it for real at every position. The kind with the higher expected tokens per second is
-    the default (``tree_kind``); the gate is fitted to that kind; the other stays stored for the bench."""
+    size by drafting it for real at every position; with ``model.ngram``, the rescored tree's weight and
+    size too (each weight of ``rescoring_weights`` drafted for real over ``rescoring_candidates`` guesses
+    per depth; weight 0 is the plain dynamic tree over that wider lattice). The kind with the highest
+    expected tokens per second is the default (``tree_kind``); the gate is fitted to that kind; the others
+    stay stored for the bench."""
     cost = measure_cost_curve(model.base, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats)
     draft_time = measure_draft_time(model)
     probe = DynamicTree(nodes=dynamic_max_nodes, depth=model.config.num_heads, top_k=dynamic_top_k)
     dynamic_time = measure_draft_time(model, dynamic=probe)
-    records = collect_positions(model, sequences, top_k=top_k, dynamic=probe)
+    probes = []
+    if model.ngram is not None:
+        probes = [Rescoring(nodes=dynamic_max_nodes, depth=probe.depth, top_k=dynamic_top_k,
+                            candidates=rescoring_candidates, weight=float(w)) for w in rescoring_weights]
+    rescored_time = measure_draft_time(model, dynamic=probes[-1]) if probes else None
+    records = collect_positions(model, sequences, top_k=top_k, dynamic=probe, rescorings=probes)
     paths, best, table = build_tree(records, cost, draft_time, max_nodes=max_nodes)
     dynamic_best, dynamic_table = fit_dynamic_tree(records, cost, dynamic_time, dynamic_max_nodes)
     dynamic = DynamicTree(nodes=dynamic_best["nodes"], depth=probe.depth, top_k=probe.top_k)
-    kind = "dynamic" if dynamic_best["tokens_per_s"] > best["tokens_per_s"] else "static"
-    if kind == "dynamic":
+    expected = {"static": best["tokens_per_s"], "dynamic": dynamic_best["tokens_per_s"]}
+    rescoring, rescoring_report = None, None
+    if probes:
+        fits = {w.weight: fit_dynamic_tree(records, cost, rescored_time, dynamic_max_nodes, w.weight) for w in probes}
+        weight = max(fits, key=lambda w: fits[w][0]["tokens_per_s"])
+        rescoring = replace(probes[0], nodes=fits[weight][0]["nodes"], weight=weight)
+        expected["rescored"] = fits[weight][0]["tokens_per_s"]
+        rescoring_report = {
+            "settings": rescoring.to_dict(),
+            "draft_seconds": rescored_time,
+            "by_weight": {w: {"best": fit[0], "sizes": fit[1]} for w, fit in fits.items()},
+            "top_block_repeats": {
+                "heads": sum(r.top_block_repeats for r in records) / len(records),
+                **{w: sum(r.rescored_block_repeats[w] for r in records) / len(records) for w in fits},
+            },
+            "ngram": {"order": model.ngram.order, "tokens": model.ngram.tokens, "bytes": model.ngram.num_bytes()},
+        }
+    kind = max(expected, key=expected.get)
+    if kind == "rescored":
+        rescored_best = rescoring_report["by_weight"][rescoring.weight]["best"]
+        gate = fit_gate(records, dynamic_accepted(records, rescoring.nodes, rescoring.weight),
+                        rescored_best["step_seconds"], cost[1])
+    elif kind == "dynamic":
         gate = fit_gate(records, dynamic_accepted(records, dynamic.nodes), dynamic_best["step_seconds"], cost[1])
     else:
         gate = fit_gate(records, static_accepted(records, paths), cost[len(paths) + 1] + draft_time, cost[1])
@@ -313,7 +383,12 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         "gate_signal": signal,
         "gate_threshold": None if chosen["threshold"] == float("inf") else chosen["threshold"],
     }
+    if rescoring is not None:
+        settings["rescoring"] = rescoring.to_dict()
     calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
+    stored = calibrated.get(model.device.type, {})
+    if "prompt_lookup_num_tokens" in stored:  # not fitted here: keep what was chosen for this device
+        settings["prompt_lookup_num_tokens"] = stored["prompt_lookup_num_tokens"]
     calibrated[model.device.type] = settings
     model.generation_config.cerberus_calibration = calibrated
     return {
@@ -324,6 +399,7 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         "dynamic_expected": dynamic_best,
         "dynamic_tree_sizes": dynamic_table,
         "dynamic_draft_seconds": dynamic_time,
+        "rescoring": rescoring_report,
         "gate": gate,
         "cost_curve_seconds": cost,
         "relative_cost": {n: t / cost[1] for n, t in cost.items()},
@@ -363,6 +439,12 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--dynamic-max-nodes", type=int, default=32, help="largest dynamic tree considered")
     parser.add_argument("--dynamic-top-k", type=int, default=4,
                         help="children expanded per node and nodes kept per level of the dynamic tree")
+    parser.add_argument("--rescoring-weights", type=float, nargs="+", default=list(RESCORING_WEIGHTS),
+                        help="n-gram weights tried for the rescored tree (needs HEADS/ngram.safetensors or --ngram)")
+    parser.add_argument("--rescoring-candidates", type=int, default=8,
+                        help="guesses per depth the rescored tree considers under each path")
+    parser.add_argument("--ngram", default=None,
+                        help="n-gram model file to rescore with (default: the folder's; written there with --write)")
     parser.add_argument("--repeats", type=int, default=5, help="timing repeats per size for the cost curve")
     parser.add_argument("--draft-vocab", type=int, default=None,
                         help="draft among the N most frequent answer tokens of --data (cheaper heads; exact output)")
@@ -377,11 +459,14 @@ def run_cli(args: argparse.Namespace) -> int:
 
     records = read_records(args.data)  # before the model: a bad data file fails fast
     model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device)
+    if args.ngram:
+        model.load_ngram(args.ngram)
     if args.draft_vocab:
         model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
     report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats,
-                       dynamic_top_k=args.dynamic_top_k, dynamic_max_nodes=args.dynamic_max_nodes)
+                       dynamic_top_k=args.dynamic_top_k, dynamic_max_nodes=args.dynamic_max_nodes,
+                       rescoring_weights=tuple(args.rescoring_weights), rescoring_candidates=args.rescoring_candidates)
     print(format_report(report))
     if args.report:
         with open(args.report, "w") as handle:
@@ -409,6 +494,7 @@ def format_report(report: dict) -> str:
              f"{report['dynamic_expected']['expected_tau']:.2f}, {report['dynamic_expected']['tokens_per_s']:.1f} "
              f"tokens/s (model); drafting {report['draft_seconds'] * 1e3:.1f} ms (chain) / "
              f"{report['dynamic_draft_seconds'] * 1e3:.1f} ms (dynamic); default: {report['settings']['tree_kind']}",
+             *_format_rescoring(report.get("rescoring")),
              "| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
              "|---|---|---|---|---|---|"]
     for name, row in report["gate"]["signals"].items():
@@ -417,3 +503,20 @@ def format_report(report: dict) -> str:
     lines.append(f"always draft: {report['gate']['always_draft_tokens_per_s']:.1f} tokens/s (model); never: "
                  f"{report['gate']['never_tokens_per_s']:.1f}; chosen signal: {report['settings']['gate_signal']}")
     return "\n".join(lines)
+
+
+def _format_rescoring(rescoring: dict | None) -> list[str]:
+    if rescoring is None:
+        return ["rescored tree: no n-gram model beside the heads (cerberus-hf ngram)"]
+    repeats = rescoring["top_block_repeats"]
+    lines = [f"rescored tree: {rescoring['settings']}, drafting {rescoring['draft_seconds'] * 1e3:.1f} ms; "
+             f"n-gram order {rescoring['ngram']['order']} over {rescoring['ngram']['tokens']:,} tokens, "
+             f"{rescoring['ngram']['bytes'] / 1e6:.1f} MB",
+             "| n-gram weight | nodes | expected tau | tokens/s (model) | top-1 block repeats a token |",
+             "|---|---|---|---|---|"]
+    for weight, fit in rescoring["by_weight"].items():
+        best = fit["best"]
+        lines.append(f"| {weight} | {best['nodes']} | {best['expected_tau']:.3f} | {best['tokens_per_s']:.1f} | "
+                     f"{repeats[weight]:.1%} |")
+    lines.append(f"the heads' own top-1 block repeats a token at {repeats['heads']:.1%} of positions")
+    return lines

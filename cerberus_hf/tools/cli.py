@@ -8,7 +8,8 @@ import sys
 
 # Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
 SUBCOMMAND_MODULES = (
-    "tools.demo", "training.distill", "training.trainer", "tools.calibrate", "tools.model_card", "tools.bench",
+    "tools.demo", "training.distill", "training.trainer", "tools.calibrate", "tools.ngram", "tools.model_card",
+    "tools.bench",
 )
 
 

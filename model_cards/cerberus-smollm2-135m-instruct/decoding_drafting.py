@@ -12,6 +12,7 @@ one call per depth serves every node.
   node are scored by their cumulative draft log-probability, the ``top_k`` best of them form the next
   frontier, and at the end the ``nodes`` best of everything drafted (a path's score never exceeds its
   parent's, so the set is a tree) are verified. ``nodes`` and ``depth`` are fitted by ``calibrate``.
+  With an n-gram model the same search rescores a wider lattice of guesses (`rescoring`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from functools import lru_cache
 import torch
 
 from .drafters_base import Drafter
+from .decoding_rescoring import Rescore, Rescoring
 from .decoding_tree import DynamicTree, TreeSpec
 
 
@@ -87,23 +89,33 @@ def _tree_of(paths: tuple[tuple[int, ...], ...]) -> TreeSpec:
     return TreeSpec.from_paths(paths)
 
 
-def dynamic_selection(step: StepDrafts, settings: DynamicTree, max_depth: int) -> dict[tuple[int, ...], int]:
+def dynamic_selection(
+    step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
+) -> dict[tuple[int, ...], int]:
     """``{path of ranks: token}`` of the nodes EAGLE-2 would verify (see the module docstring), at most
-    ``max_depth`` deep, in the order they were chosen: the first ``n`` entries are the tree of ``n`` nodes."""
+    ``max_depth`` deep, in the order they were chosen: the first ``n`` entries are the tree of ``n`` nodes.
+
+    With `Rescoring` settings each frontier node is extended by the depth's ``candidates`` best guesses
+    (not ``top_k``), and ``rescore(paths, token_ids)`` is added to their scores (lattice rescoring)."""
     depth = min(settings.depth, max_depth)
     if depth < 1:
         return {}
+    width = getattr(settings, "candidates", settings.top_k)
     frontier: list[tuple[float, tuple[int, ...], _Node]] = [(0.0, (), step.root)]
     drafted: list[tuple[float, tuple[int, ...], int]] = []  # (score, path of ranks, token)
     for level in range(depth):
         states, logits = step.expand(level, [node for _, _, node in frontier])
-        top = torch.log_softmax(logits.float(), dim=-1).topk(settings.top_k, dim=-1)
-        scores = (top.values + torch.tensor([s for s, _, _ in frontier], device=top.values.device)[:, None]).tolist()
-        token_ids = step.drafter.token_ids(top.indices).tolist()
+        top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
+        candidates = step.drafter.token_ids(top.indices)
+        values = top.values
+        if rescore is not None:
+            values = values + rescore([node.tokens for _, _, node in frontier], candidates)
+        scores = (values + torch.tensor([s for s, _, _ in frontier], device=values.device)[:, None]).tolist()
+        token_ids = candidates.tolist()
         children = [
             (scores[r][j], (*frontier[r][1], j), token_ids[r][j], r)
             for r in range(len(frontier))
-            for j in range(settings.top_k)
+            for j in range(len(token_ids[r]))
         ]
         drafted.extend(child[:3] for child in children)
         best = sorted(children, key=lambda c: -c[0])[: settings.top_k]
@@ -117,9 +129,11 @@ def dynamic_selection(step: StepDrafts, settings: DynamicTree, max_depth: int) -
     return chosen
 
 
-def dynamic_draft(step: StepDrafts, settings: DynamicTree, max_depth: int) -> tuple[TreeSpec, torch.LongTensor] | None:
+def dynamic_draft(
+    step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
+) -> tuple[TreeSpec, torch.LongTensor] | None:
     """The tree `dynamic_selection` chooses, with its tokens in tree order (None when nothing fits)."""
-    chosen = dynamic_selection(step, settings, max_depth)
+    chosen = dynamic_selection(step, settings, max_depth, rescore)
     if not chosen:
         return None
     tree = _tree_of(tuple(sorted(chosen, key=lambda p: (len(p), p))))
