@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
-STEPS=${STEPS:-"distill cache train calibrate bench card"}
-BENCH=${BENCH:-benchmarks/mt_bench_cpu}   # the bench run the cards quote (JSON, PNG, Markdown)
+STEPS=${STEPS:-"distill cache train ngram calibrate bench card"}
+BENCH=${BENCH:-benchmarks/mt_bench_rescoring_cpu}   # the bench run the cards quote (JSON, PNG, Markdown)
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
 TYPES=${TYPES:-"medusa cerberus hydra"}   # head types to train / describe
@@ -31,15 +31,24 @@ for step in $STEPS; do
           --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
           --projection-dtype "$proj" --eval-every 200 --seed 0
       done ;;
-    calibrate)  # the device's cost curve, the tree and the gate; a 4096-token draft vocabulary
+    ngram)    # the n-gram model that rescores the parallel heads' lattice (Medusa, Cerberus), beside the heads
       for type in $TYPES; do
+        [ "$type" = hydra ] && continue
+        cerberus-hf ngram --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA"
+      done ;;
+    calibrate)  # the device's cost curve, the trees (static, dynamic, rescored) and the gate; 4096-token draft vocabulary
+      for type in $TYPES; do
+        # Medusa and Cerberus were recalibrated on 2026-11-23 with their n-gram models (--limit 100); Hydra on 2026-11-22.
+        limit=200; [ "$type" != hydra ] && limit=100
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --draft-vocab 4096 \
+          --limit "$limit" --rescoring-weights 0 0.3 0.5 1 1.5 2 \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
       done ;;
     bench)    # every method on MT-Bench (evaluation only; never trained on), interleaved, with step profiles
       mkdir -p "$(dirname "$BENCH")"
       cerberus-hf bench $(for type in $TYPES; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
-        --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --variants tree+gate tree+lookup tree+gate+lookup --profile \
+        --prompts "$PROMPTS_EVAL" --every 4 --max-new-tokens 128 --profile \
+        --variants tree rtree rtree+gate+lookup dtree+gate+lookup \
         --json "$BENCH.json" --plot "$BENCH.png" > "$BENCH.md" ;;
     card)     # the model cards, from the training metrics and the bench
       for type in $TYPES; do

@@ -9,7 +9,7 @@ import pytest
 
 from cerberus_hf.tools.bench import markdown_profile, markdown_table, run_bench, save_plot
 from cerberus_hf.decoding.profiling import PHASES
-from helpers import fresh_model, get_base, get_prompt
+from helpers import fresh_model, get_base, get_prompt, tiny_ngram
 from tiny_models import prompt_ids
 
 
@@ -70,6 +70,34 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
     assert names([]) == ["c", "m"]
     with pytest.raises(ValueError, match="Unknown variants"):
         build_methods(base, models, 4, ["beam"])
+
+
+def test_rescored_rows_need_the_ngram_model_and_category_tau_adds_up():
+    from cerberus_hf.tools.bench import build_methods, markdown_categories
+
+    base = get_base("llama")
+    model = fresh_model("llama", "medusa", randomize=True, num_heads=2)
+    rescoring = {"nodes": 3, "depth": 2, "top_k": 2, "candidates": 3, "weight": 0.5}
+    model.generation_config.cerberus_calibration = {"cpu": {"draft_tree": [[0], [1]], "rescoring": rescoring}}
+    names = [m.name for m in build_methods(base, {"m": model}, 4, ["tree", "rtree"])][2:]
+    assert names == ["m (tree, gate off)"]  # calibrated with an n-gram model the folder does not have
+    model.ngram = tiny_ngram(model.config.vocab_size)
+    methods = build_methods(base, {"m": model}, 6, ["tree", "rtree"])
+    assert [m.name for m in methods][2:] == ["m (tree, gate off)", "m (rescored tree, gate off)"]
+    calls = []
+    real = model.ngram.log_probs
+    model.ngram.log_probs = lambda *a: calls.append(1) or real(*a)
+    methods[2].run(get_prompt("llama"))
+    assert not calls
+    methods[3].run(get_prompt("llama"))
+    assert calls
+    result = {"methods": [
+        {"method": "plain", "tau": 1.0, "prompts": [{"prompt": i, "new_tokens": 4, "steps": None} for i in range(3)]},
+        {"method": "m", "tau": 2.0, "prompts": [{"prompt": 0, "new_tokens": 6, "steps": 2},
+                                                {"prompt": 1, "new_tokens": 4, "steps": 4},
+                                                {"prompt": 2, "new_tokens": 8, "steps": 2}]}]}
+    table = markdown_categories(result, ["a", "b", "a"])
+    assert table.splitlines()[0] == "| method | a | b |" and table.splitlines()[2] == "| m | 3.50 | 1.00 |"
 
 
 def test_profile_accounts_for_the_whole_call():
