@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
 STEPS=${STEPS:-"distill cache train ngram calibrate bench card"}
-BENCH=${BENCH:-benchmarks/mt_bench_rescoring_cpu}   # the bench run the cards quote (JSON, PNG, Markdown)
+FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
+RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
 TYPES=${TYPES:-"medusa cerberus hydra"}   # head types to train / describe
@@ -39,20 +40,25 @@ for step in $STEPS; do
     calibrate)  # the device's cost curve, the trees (static, dynamic, rescored) and the gate; 4096-token draft vocabulary
       for type in $TYPES; do
         # Medusa and Cerberus were recalibrated on 2026-11-23 with their n-gram models (--limit 100); Hydra on 2026-11-22.
+        # Stored under "cpu/float32/<processor>": add --dtype bfloat16 for that dtype's own entry.
         limit=200; [ "$type" != hydra ] && limit=100
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --draft-vocab 4096 \
           --limit "$limit" --rescoring-weights 0 0.3 0.5 1 1.5 2 \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
       done ;;
-    bench)    # every method on MT-Bench (evaluation only; never trained on), interleaved, with step profiles
-      mkdir -p "$(dirname "$BENCH")"
+    bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles
+      mkdir -p "$(dirname "$FAMILIES")" "$(dirname "$RESCORING")"
       cerberus-hf bench $(for type in $TYPES; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
-        --prompts "$PROMPTS_EVAL" --every 4 --max-new-tokens 128 --profile \
-        --variants tree rtree rtree+gate+lookup dtree+gate+lookup \
-        --json "$BENCH.json" --plot "$BENCH.png" > "$BENCH.md" ;;
-    card)     # the model cards, from the training metrics and the bench
+        --prompts "$PROMPTS_EVAL" --every 2 --max-new-tokens 128 --profile \
+        --variants tree dtree tree+gate+lookup dtree+gate+lookup \
+        --json "$FAMILIES.json" --plot "$FAMILIES.png" > "$FAMILIES.md"
+      cerberus-hf bench $(for type in $TYPES; do if [ "$type" != hydra ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
+        --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --profile --variants ltree rtree \
+        --json "$RESCORING.json" --plot "$RESCORING.png" > "$RESCORING.md" ;;
+    card)     # the model cards, from the training metrics and the bench of their default configuration
       for type in $TYPES; do
-        cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$BENCH.json"
+        bench=$RESCORING; [ "$type" = hydra ] && bench=$FAMILIES   # Hydra has no n-gram model: its trees are the default
+        cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$bench.json"
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from cerberus_hf.tools.bench import markdown_profile, markdown_table, run_bench, save_plot
 from cerberus_hf.decoding.profiling import PHASES
@@ -79,18 +80,21 @@ def test_rescored_rows_need_the_ngram_model_and_category_tau_adds_up():
     model = fresh_model("llama", "medusa", randomize=True, num_heads=2)
     rescoring = {"nodes": 3, "depth": 2, "top_k": 2, "candidates": 3, "weight": 0.5}
     model.generation_config.cerberus_calibration = {"cpu": {"draft_tree": [[0], [1]], "rescoring": rescoring}}
-    names = [m.name for m in build_methods(base, {"m": model}, 4, ["tree", "rtree"])][2:]
+    names = [m.name for m in build_methods(base, {"m": model}, 4, ["tree", "ltree", "rtree"])][2:]
     assert names == ["m (tree, gate off)"]  # calibrated with an n-gram model the folder does not have
     model.ngram = tiny_ngram(model.config.vocab_size)
-    methods = build_methods(base, {"m": model}, 6, ["tree", "rtree"])
-    assert [m.name for m in methods][2:] == ["m (tree, gate off)", "m (rescored tree, gate off)"]
+    methods = build_methods(base, {"m": model}, 6, ["tree", "ltree", "rtree"], profile=True)
+    assert [m.name for m in methods][2:] == ["m (tree, gate off)", "m (lattice tree (no rescorer), gate off)",
+                                             "m (rescored tree, gate off)"]
     calls = []
     real = model.ngram.log_probs
     model.ngram.log_probs = lambda *a: calls.append(1) or real(*a)
-    methods[2].run(get_prompt("llama"))
-    assert not calls
-    methods[3].run(get_prompt("llama"))
-    assert calls
+    for method in methods[2:4]:  # the static tree, and the same lattice and size as rtree at weight 0
+        _, stats = method.run(get_prompt("llama"))
+        assert not calls and stats.phase_seconds["rescore"] == 0
+    assert stats.drafted_tokens > 2 * stats.draft_steps  # the ltree row drafts the rescored tree's 3 nodes
+    _, stats = methods[4].run(get_prompt("llama"))
+    assert calls and stats.phase_seconds["rescore"] > 0 and stats.phase_seconds["draft"] > 0
     result = {"methods": [
         {"method": "plain", "tau": 1.0, "prompts": [{"prompt": i, "new_tokens": 4, "steps": None} for i in range(3)]},
         {"method": "m", "tau": 2.0, "prompts": [{"prompt": 0, "new_tokens": 6, "steps": 2},
@@ -114,3 +118,21 @@ def test_profile_accounts_for_the_whole_call():
     model.generate(get_prompt("llama"), max_new_tokens=4)
     assert model.generation_stats.phase_seconds is None
     assert out.shape[1] == get_prompt("llama").shape[1] + 16
+
+
+def test_a_phase_inside_another_is_charged_only_to_itself():
+    import time
+
+    from cerberus_hf.decoding.profiling import StepProfiler
+
+    profiler = StepProfiler(torch.device("cpu"))
+    start = time.perf_counter()
+    with profiler.phase("draft"):
+        time.sleep(0.02)
+        with profiler.phase("rescore"):
+            time.sleep(0.05)
+    outer = time.perf_counter() - start
+    assert profiler.seconds["rescore"] >= 0.05 and profiler.seconds["draft"] >= 0.02
+    assert profiler.seconds["draft"] + profiler.seconds["rescore"] == pytest.approx(outer, abs=1e-3)
+    phases = profiler.close(outer + 0.01)
+    assert sum(phases.values()) == pytest.approx(outer + 0.01) and phases["other"] == pytest.approx(0.01, abs=1e-3)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from cerberus_hf.decoding.hardware import HardwareKey, has_amx
 from cerberus_hf.tools.calibrate import (
     PositionRecord, accepted_length, build_tree, calibrate, dynamic_accepted, fit_dynamic_tree, fit_gate, format_report,
     path_frequencies, static_accepted,
@@ -83,21 +84,26 @@ def test_calibrate_stores_settings_that_generate_uses(tmp_path):
     install_oracle(model, [reference("llama")], corrupt=lambda p, k: (p + k) % 3 == 0)
     report = calibrate(model, [(reference("llama")[0].tolist(), PROMPT_LEN - 1)], max_nodes=8, repeats=1)
     assert "cost of one forward" in format_report(report)
+    key = report["key"]
+    assert key == str(HardwareKey.of("cpu", torch.float32)) and key.startswith("cpu/float32/")
+    assert list(model.generation_config.cerberus_calibration) == [key]
+    assert report["settings"]["amx"] == has_amx("cpu")
     settings = model.decoding_settings("cpu")
+    assert settings["calibration"] == key
     assert settings["draft_tree"] == report["settings"]["draft_tree"] and len(settings["draft_tree"]) >= 1
     assert settings["tree_kind"] in ("static", "dynamic") and settings["dynamic_tree"]["depth"] == 3
     assert 1 <= settings["dynamic_tree"]["nodes"] <= 32
     assert model.decoding_settings("cuda")["draft_tree"] is None  # nothing calibrated for CUDA
     model.generation_config.save_pretrained(tmp_path)
     loaded = GenerationConfig.from_pretrained(tmp_path)
-    assert loaded.cerberus_calibration["cpu"]["draft_tree"] == settings["draft_tree"]
+    assert loaded.cerberus_calibration[key]["draft_tree"] == settings["draft_tree"]
     # The calibrated defaults drive generate(), and output stays exact.
-    model.generation_config.cerberus_calibration["cpu"]["gate_threshold"] = None
-    model.generation_config.cerberus_calibration["cpu"]["tree_kind"] = "static"
+    model.generation_config.cerberus_calibration[key]["gate_threshold"] = None
+    model.generation_config.cerberus_calibration[key]["tree_kind"] = "static"
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
     assert torch.equal(out, reference("llama"))
     assert model.generation_stats.drafted_tokens >= len(settings["draft_tree"])
-    model.generation_config.cerberus_calibration["cpu"]["tree_kind"] = "dynamic"
+    model.generation_config.cerberus_calibration[key]["tree_kind"] = "dynamic"
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
     assert torch.equal(out, reference("llama"))
     nodes = settings["dynamic_tree"]["nodes"]

@@ -23,10 +23,14 @@ def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
     assert evaluation["runs"][1]["tau"] == by_name["cerberus tiny (tree, gate off)"]["tau"]
     assert "prompts" not in evaluation["runs"][0]  # per-prompt records stay in the bench JSON
 
-    calibration = {"cpu": {"draft_tree": [[0], [1], [0, 0]], "gate_signal": "head_entropy", "gate_threshold": 2.5}}
+    rescoring = {"nodes": 6, "depth": 2, "top_k": 2, "candidates": 4, "weight": 0.5}
+    calibration = {"cpu/float32/X": {"draft_tree": [[0], [1], [0, 0]], "gate_signal": "head_entropy", "gate_threshold": 2.5},
+                   "cpu/bfloat16/X": {"draft_tree": [[0]], "tree_kind": "rescored", "rescoring": rescoring}}
     card = render_card(model.config, None, evaluation, "cerberus-hf card --bench b.json", calibration)
-    assert "Calibrated for `cpu` (used by default there): static tree of 3 nodes `[[0], [1], [0, 0]]`, gate drafts while " \
-           "head_entropy < 2.500" in card
+    assert "Calibrated for `cpu/float32/X` (used by default on the closest hardware): static tree of 3 nodes " \
+           "`[[0], [1], [0, 0]]`, gate drafts while head_entropy < 2.500" in card
+    assert "Calibrated for `cpu/bfloat16/X` (used by default on the closest hardware): rescored tree of 6 nodes chosen " \
+           "among 4 guesses per depth with n-gram weight 0.5 (also fitted: static tree of 1 nodes `[[0]]`), no gate" in card
     assert card.startswith("---\nbase_model:") and "library_name: cerberus-hf" in card and "datasets:" in card
     tree = evaluation["runs"][1]
     assert f"| tree, gate off | {tree['tau']:.2f} | 100% | {tree['speedup']:.2f}x | 100% |" in card

@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from ..decoding.profiling import PHASES, describe_device, synchronize
+from ..decoding.hardware import describe_device
+from ..decoding.profiling import PHASES, synchronize
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "mt_bench.jsonl"
 
@@ -57,7 +58,8 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # Rows without "lookup" switch prompt lookup off, whatever the checkpoint says; "+lookup" rows graft the
 # checkpoint's prompt_lookup_num_tokens copied tokens into each draft. "tree" rows draft the calibrated
 # static tree, "dtree" rows the calibrated dynamic one, "rtree" rows the calibrated lattice-rescored one
-# (a checkpoint with an n-gram model, `cerberus-hf ngram`).
+# (a checkpoint with an n-gram model, `cerberus-hf ngram`), and "ltree" rows the same lattice and size
+# without the n-gram (weight 0): the same verification budget, so rtree against ltree is the rescorer's gain.
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
@@ -76,6 +78,8 @@ VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
                      ("dynamic_tree", "prompt_lookup_num_tokens")),
     "dtree+gate+lookup": ("dynamic tree, gate on, lookup", {},
                           ("dynamic_tree", "gate_threshold", "prompt_lookup_num_tokens")),
+    "ltree": ("lattice tree (no rescorer), gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP},
+              ("rescoring",)),
     "rtree": ("rescored tree, gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP}, ("rescoring",)),
     "rtree+gate": ("rescored tree, gate on", {**_RESCORED, **_NO_LOOKUP}, ("rescoring", "gate_threshold")),
     "rtree+lookup": ("rescored tree, gate off, lookup", {"gate_threshold": None, **_RESCORED},
@@ -100,11 +104,12 @@ def build_methods(
     if unknown:
         raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}.")
     for label, model in head_models.items():
-        settings = model.decoding_settings(base.device.type)  # calibrated for this device, or the config's
+        settings = model.decoding_settings(base.device, base.dtype)  # calibrated for the closest hardware, or the config's
         if model.ngram is None:
             settings["rescoring"] = None  # calibrated with an n-gram model the folder no longer has
         tree_of = {"dtree": {"dynamic_tree": settings["dynamic_tree"], "rescoring": None},
-                   "rtree": {"rescoring": settings["rescoring"]}}
+                   "rtree": {"rescoring": settings["rescoring"]},
+                   "ltree": {"rescoring": settings["rescoring"] and {**settings["rescoring"], "weight": 0.0}}}
         options = [("", {})] if variants == [] else [
             (suffix, {**overrides, **tree_of.get(key.split("+")[0], {})})
             for key, (suffix, overrides, needs) in VARIANTS.items()
@@ -206,7 +211,7 @@ def phase_profile(records: list[dict]) -> dict[str, float] | None:
     if not records or any(r["phase_seconds"] is None for r in records):
         return None
     steps = sum(r["steps"] for r in records)
-    return {name: 1000 * sum(r["phase_seconds"][name] for r in records) / steps for name in PHASES}
+    return {name: 1000 * sum(r["phase_seconds"].get(name, 0.0) for r in records) / steps for name in PHASES}
 
 
 def sum_per_head(lists: list[list[int]]) -> list[int]:
@@ -324,10 +329,15 @@ def run_cli(args: argparse.Namespace) -> int:
                        profile=args.profile)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"),
-                  command="cerberus-hf " + " ".join(sys.argv[1:]), machine=describe_device(base.device))
+                  command="cerberus-hf " + " ".join(sys.argv[1:]), machine=describe_device(base.device),
+                  calibrations={label: model.decoding_settings(base.device, base.dtype)["calibration"]
+                                for label, model in head_models.items()})
     for row in result["methods"]:
         for record in row["prompts"]:
             record["category"] = categories[record["prompt"]]
+    print(f"{result['machine']}, {args.dtype}; calibration used: "
+          + (", ".join(f"{label}: {key or 'none (config defaults)'}" for label, key in result["calibrations"].items())
+             or "no heads") + "\n")
     print(markdown_table(result))
     by_category = markdown_categories(result, categories)
     if by_category:

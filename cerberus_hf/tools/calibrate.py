@@ -42,6 +42,7 @@ from transformers import DynamicCache
 from ..drafters.base import capture_lm_head_input
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
+from ..decoding.hardware import HardwareKey, describe_device, has_amx
 from ..decoding.rescoring import Rescoring, ngram_rescore, repeats_a_token
 from ..decoding.tree import DynamicTree, TreeSpec
 from ..training.data import Record, read_records
@@ -326,8 +327,9 @@ RESCORING_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, max_nodes: int = 63,
               repeats: int = 5, dynamic_top_k: int = 4, dynamic_max_nodes: int = 32,
               rescoring_weights: tuple[float, ...] = RESCORING_WEIGHTS, rescoring_candidates: int = 8) -> dict:
-    """Run all measurements and choices; store the result for this device type in the model's
-    generation config (``cerberus_calibration``) and return the full report.
+    """Run all measurements and choices; store the result for this device, dtype and processor in the
+    model's generation config (``cerberus_calibration``, keyed as `hardware.HardwareKey`) and return the
+    full report.
 
     Both tree kinds are fitted: the static tree from how often each rank path is right, the dynamic tree's
     size by drafting it for real at every position; with ``model.ngram``, the rescored tree's weight and
@@ -385,14 +387,20 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     }
     if rescoring is not None:
         settings["rescoring"] = rescoring.to_dict()
+    key = HardwareKey.of(model.device, model.base.dtype)
+    if model.device.type == "cpu":
+        settings["amx"] = has_amx(model.device)
     calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
-    stored = calibrated.get(model.device.type, {})
-    if "prompt_lookup_num_tokens" in stored:  # not fitted here: keep what was chosen for this device
+    stored = model.decoding_settings()
+    if stored["calibration"] is not None and stored["prompt_lookup_num_tokens"] is not None:
+        # not fitted here: keep what was chosen for the closest device
         settings["prompt_lookup_num_tokens"] = stored["prompt_lookup_num_tokens"]
-    calibrated[model.device.type] = settings
+    calibrated[str(key)] = settings
     model.generation_config.cerberus_calibration = calibrated
     return {
         "device": model.device.type,
+        "key": str(key),
+        "machine": describe_device(model.device),
         "settings": settings,
         "expected": best,
         "tree_sizes": table,
@@ -449,6 +457,8 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--draft-vocab", type=int, default=None,
                         help="draft among the N most frequent answer tokens of --data (cheaper heads; exact output)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the dtype the base and heads compute in: each dtype has its own cost curve and entry")
     parser.add_argument("--report", default=None, help="write the full report (JSON) here")
     parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
     parser.set_defaults(func=run_cli)
@@ -458,7 +468,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..modeling_cerberus import CerberusForCausalLM
 
     records = read_records(args.data)  # before the model: a bad data file fails fast
-    model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device)
+    model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device, getattr(torch, args.dtype))
     if args.ngram:
         model.load_ngram(args.ngram)
     if args.draft_vocab:
@@ -473,7 +483,7 @@ def run_cli(args: argparse.Namespace) -> int:
             json.dump(report, handle, indent=1)
     if args.write:
         model.save_pretrained(args.heads)
-        print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['device']!r}]"
+        print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['key']!r}]"
               + (f", a {args.draft_vocab}-token draft vocabulary with the heads" if args.draft_vocab else ""))
     return 0
 
@@ -482,7 +492,8 @@ def format_report(report: dict) -> str:
     """The numbers a person needs: cost curve, both tree kinds, gate comparison."""
     rel = report["relative_cost"]
     sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n in rel]
-    lines = [f"device: {report['device']}; {report['positions']} calibration positions",
+    lines = [f"{report.get('machine', report['device'])}, stored as {report.get('key', report['device'])!r}; "
+             f"{report['positions']} calibration positions",
              "cost of one forward with n new tokens, relative to n = 1:",
              "| n | " + " | ".join(str(n) for n in sizes) + " |",
              "|---|" + "---|" * len(sizes),

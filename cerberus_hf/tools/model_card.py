@@ -122,10 +122,14 @@ def render_card(
         static_text = f"static tree of {len(tree)} nodes `{tree}`" if tree else "chain"
         dynamic_text = (f"dynamic tree of {dynamic['nodes']} nodes, {dynamic['depth']} deep, top-{dynamic['top_k']} "
                         "per level" if dynamic else None)
-        chosen, other = ((dynamic_text, static_text) if settings.get("tree_kind") == "dynamic" and dynamic
-                         else (static_text, dynamic_text))
-        lines.append(f"- Calibrated for `{device}` (used by default there): " + chosen
-                     + (f" (also fitted: {other})" if other else "")
+        rescoring = settings.get("rescoring")
+        rescored_text = (f"rescored tree of {rescoring['nodes']} nodes chosen among {rescoring['candidates']} guesses "
+                         f"per depth with n-gram weight {rescoring['weight']}" if rescoring else None)
+        texts = {"static": static_text, "dynamic": dynamic_text, "rescored": rescored_text}
+        kind = settings.get("tree_kind") if texts.get(settings.get("tree_kind")) else "static"
+        others = [text for name, text in texts.items() if name != kind and text]
+        lines.append(f"- Calibrated for `{device}` (used by default on the closest hardware): " + texts[kind]
+                     + (f" (also fitted: {'; '.join(others)})" if others else "")
                      + (f", gate drafts while {settings.get('gate_signal')} < {settings['gate_threshold']:.3f}"
                         if settings.get("gate_threshold") is not None else ", no gate"))
     if config.prompt_lookup_num_tokens:

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from .data import read_records
 from .hidden_cache import HiddenStateCache, build_hidden_cache, id_bucket, split_record_ids
 from ..configuration_cerberus import HEAD_TYPES
-from ..decoding.profiling import describe_device
+from ..decoding.hardware import describe_device
 from ..real_models import load_named_model
 
 logger = logging.getLogger(__name__)
