@@ -5,6 +5,7 @@ that share has to be measured, not guessed. `StepProfiler` splits a `generate()`
 
 * ``prefill``: the base's forward over the prompt;
 * ``draft``: the heads, the gate and the tree's tokens (`CerberusCandidateGenerator.propose`);
+* ``rescore``: the n-gram model scoring the lattice inside a rescored draft (charged here, not to ``draft``);
 * ``verify``: the base's forward over the last token and the draft (or the last token alone);
 * ``accept``: walking the outputs (logits processors, token choice, stopping criteria, streamer);
 * ``cache``: cutting the KV cache back to the accepted branch;
@@ -16,31 +17,13 @@ that adds synchronisations, so profile separately from timing runs there. On a C
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 from typing import ContextManager, Iterator
 
 import torch
 
-PHASES = ("prefill", "draft", "verify", "accept", "cache", "other")
-
-
-def describe_device(device: torch.device) -> str:
-    """The device in words, for the records of a timing (CPU model, cores and torch threads on a CPU)."""
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu: {name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+PHASES = ("prefill", "draft", "rescore", "verify", "accept", "cache", "other")
 
 
 def synchronize(device: torch.device) -> None:
@@ -50,21 +33,27 @@ def synchronize(device: torch.device) -> None:
 
 
 class StepProfiler:
-    """Accumulates wall-clock seconds per phase (see the module docstring)."""
+    """Accumulates wall-clock seconds per phase (see the module docstring). A phase opened inside
+    another is charged its own time, and the enclosing phase only the rest."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._nested: list[float] = []  # per open phase, the seconds its inner phases took
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         synchronize(self.device)
         start = time.perf_counter()
+        self._nested.append(0.0)
         try:
             yield
         finally:
             synchronize(self.device)
-            self.seconds[name] += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.seconds[name] += elapsed - self._nested.pop()
+            if self._nested:
+                self._nested[-1] += elapsed
 
     def close(self, total_seconds: float) -> dict[str, float]:
         """The phases with ``other`` = what of ``total_seconds`` no phase accounts for."""

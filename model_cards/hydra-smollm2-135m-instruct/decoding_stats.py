@@ -25,6 +25,7 @@ class GenerationStats:
     proposed_per_head: list[int] = field(default_factory=list)
     accepted_per_head: list[int] = field(default_factory=list)
     phase_seconds: dict[str, float] | None = None  # per-phase wall time, with generate(profile=True)
+    calibration: str | None = None  # the cerberus_calibration entry whose defaults the call used
 
     @property
     def tau(self) -> float:

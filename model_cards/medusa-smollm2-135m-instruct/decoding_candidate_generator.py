@@ -13,6 +13,7 @@ n-gram is its own evidence).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
@@ -22,6 +23,7 @@ from .decoding_gate import EntropyGate
 from .drafters_base import Drafter
 from .decoding_drafting import DynamicTree, StepDrafts, dynamic_draft, static_draft
 from .decoding_ngram import NgramModel
+from .decoding_profiling import phase_timer
 from .decoding_rescoring import Rescoring, ngram_rescore
 from .decoding_stats import GenerationStats
 from .decoding_tree import TreeSpec, graft_chain
@@ -73,6 +75,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         rescoring: grow the tree from the drafter's guesses rescored by ``ngram`` instead (overrides
             ``tree`` and ``dynamic``).
         ngram: the n-gram model ``rescoring`` reads.
+        phase: the profiler's phase timer (`profiling.phase_timer`), which charges the n-gram's scoring to
+            the ``rescore`` phase.
     """
 
     requires_model_outputs = True
@@ -89,6 +93,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
         dynamic: DynamicTree | None = None,
         rescoring: Rescoring | None = None,
         ngram: NgramModel | None = None,
+        phase: Callable[[str], ContextManager[None]] = phase_timer(None),
     ):
         self.drafter = drafter
         self.gate = gate
@@ -107,6 +112,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
         self.stats = stats
         self.lookup_tokens = lookup_tokens
         self.lookup_ngram = lookup_ngram
+        self.phase = phase
         self._last: Draft | None = None
 
     @torch.no_grad()
@@ -131,8 +137,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         draft = None
         if drafting and self.dynamic is not None:
             rescore = None
-            if self.ngram is not None:
-                rescore = ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight)
+            if self.ngram is not None and self.dynamic.weight > 0:  # weight 0: the same tree without the n-gram
+                rescore = self._profiled(ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight))
             tree, tokens = dynamic_draft(step, self.dynamic, room, rescore)  # room > 0: never None here
             draft = Draft(tree, tokens.to(input_ids.dtype))
         elif drafting:
@@ -159,6 +165,15 @@ class CerberusCandidateGenerator(CandidateGenerator):
         if chain is None:
             return input_ids, None
         return torch.cat([input_ids, chain.tokens[None]], dim=1), None
+
+    def _profiled(self, rescore: Callable) -> Callable:
+        """``rescore`` charged to the profiler's ``rescore`` phase."""
+
+        def timed(*args):
+            with self.phase("rescore"):
+                return rescore(*args)
+
+        return timed
 
     def fall_back_to_chain(self, draft: Draft) -> Draft | None:
         """Verify only the draft's top-1 chain this step (for attention that cannot take a tree mask)."""

@@ -33,8 +33,9 @@ from .configuration_cerberus import CerberusConfig
 from .decoding_lookup import DEFAULT_MAX_NGRAM
 from .decoding_loop import speculative_generate
 from .decoding_gate import EntropyGate
+from .decoding_hardware import HardwareKey, has_amx, select_calibration
 from .drafters import Drafter, build_drafter
-from .decoding_profiling import StepProfiler
+from .decoding_profiling import StepProfiler, phase_timer
 from .real_models import describe_source
 from .remote_code import auto_map_entry, write_remote_code
 from .decoding_stats import GenerationStats
@@ -271,7 +272,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         "candidates", "weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads' guesses
         rescored by the checkpoint's n-gram model (``model.ngram``, from ``ngram.safetensors``; see
         `decoding.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
-        the generation config for this device type are used, else the config's.
+        the generation config for the closest device, dtype and processor are used (`decoding_settings`;
+        ``generation_stats.calibration`` names the entry), else the config's.
         ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
         sampling, which is faster but NOT lossless. ``profile=True`` records the wall time of each phase
         of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
@@ -349,7 +351,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             raise TypeError(f"dynamic_tree must be a dict, a DynamicTree or None, got {type(dynamic_tree).__name__}.")
         if typical_acceptance is True:
             typical_acceptance = TypicalAcceptance()
-        stats = GenerationStats()
+        stats = GenerationStats(calibration=settings["calibration"])
         profiler = StepProfiler(self.device) if profile else None
         decode = functools.partial(
             speculative_generate,
@@ -358,7 +360,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             profiler=profiler,
             make_candidate_generator=functools.partial(
                 self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, rescoring=rescoring, stats=stats,
-                lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram,
+                lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram, profiler=profiler,
             ),
         )
         with self._base_generation_defaults():
@@ -381,13 +383,17 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             return results[0]
         return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
 
-    def decoding_settings(self, device_type: str | None = None) -> dict:
-        """Gate threshold, gate signal, draft tree (static or dynamic) and prompt lookup used by default on a device type (this
-        model's when None): what calibration stored for it in ``generation_config.cerberus_calibration``,
-        falling back to the config's values."""
-        calibrated = getattr(self.generation_config, "cerberus_calibration", None) or {}
-        stored = calibrated.get(device_type or self.device.type, {})
+    def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> dict:
+        """Gate threshold, gate signal, draft tree (static, dynamic or rescored) and prompt lookup used by
+        default on a device and dtype (this model's when None): what calibration stored in
+        ``generation_config.cerberus_calibration`` for the closest device, dtype and processor
+        (`hardware.select_calibration`; ``"calibration"`` names the entry used), else the config's values."""
+        device = torch.device(device) if device is not None else self.device
+        wanted = HardwareKey.of(device, dtype or self.base.dtype)
+        key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted,
+                                         amx=has_amx(device))
         return {
+            "calibration": key,
             "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),
             "gate_signal": stored.get("gate_signal", self.config.gate_signal),
             "draft_tree": stored.get("draft_tree", self.config.draft_tree),
@@ -411,12 +417,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     def _candidate_generator(
         self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
         dynamic: DynamicTree | None, rescoring: Rescoring | None, stats: GenerationStats, lookup_tokens: int,
-        lookup_ngram: int,
+        lookup_ngram: int, profiler: StepProfiler | None = None,
     ) -> CerberusCandidateGenerator:
         return CerberusCandidateGenerator(
             self.heads, gate, tree, generation_config.max_length, stats,
             lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic, rescoring=rescoring,
-            ngram=self.ngram if rescoring is not None else None,
+            ngram=self.ngram if rescoring is not None else None, phase=phase_timer(profiler),
         )
 
 
