@@ -9,7 +9,7 @@ import sys
 # Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
 SUBCOMMAND_MODULES = (
     "tools.demo", "training.distill", "training.trainer", "tools.calibrate", "tools.ngram", "tools.model_card",
-    "tools.bench",
+    "tools.bench", "tools.divergence",
 )
 
 
