@@ -13,7 +13,7 @@ trees are built per step by `graft_chain` and are never stored in a config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
 
 import torch
@@ -138,20 +138,30 @@ class DynamicTree:
 
     @classmethod
     def from_dict(cls, value: dict, num_heads: int | None = None) -> "DynamicTree":
-        unknown = set(value) - {"nodes", "depth", "top_k"}
-        if unknown:
-            raise ValueError(f"dynamic_tree has unknown keys {sorted(unknown)}; expected nodes, depth, top_k.")
-        tree = cls(**value)
-        for name in ("nodes", "depth", "top_k"):
-            number = getattr(tree, name)
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"dynamic_tree {name} must be an integer >= 1, got {number!r}.")
-        if num_heads is not None and tree.depth > num_heads:
-            raise ValueError(f"dynamic_tree depth {tree.depth} exceeds the {num_heads} heads.")
-        return tree
+        return tree_settings_from_dict(cls, "dynamic_tree", value, num_heads)
 
     def to_dict(self) -> dict:
-        return {"nodes": self.nodes, "depth": self.depth, "top_k": self.top_k}
+        return asdict(self)
+
+
+def tree_settings_from_dict(cls: type, label: str, value: dict, num_heads: int | None = None):
+    """``cls(**value)`` for a dataclass of grown-tree settings (`DynamicTree`, `rescoring.Rescoring`) read
+    from a config or a call, named ``label`` in errors: unknown keys, an ``int`` field below 1, a
+    ``float`` field below 0 and a depth beyond ``num_heads`` heads are refused."""
+    names = [f.name for f in fields(cls)]
+    unknown = set(value) - set(names)
+    if unknown:
+        raise ValueError(f"{label} has unknown keys {sorted(unknown)}; expected {', '.join(names)}.")
+    settings = cls(**value)
+    for f in fields(cls):  # the annotations are strings (postponed evaluation)
+        number = getattr(settings, f.name)
+        if f.type == "int" and (isinstance(number, bool) or not isinstance(number, int) or number < 1):
+            raise ValueError(f"{label} {f.name} must be an integer >= 1, got {number!r}.")
+        if f.type == "float" and (isinstance(number, bool) or not isinstance(number, (int, float)) or not number >= 0):
+            raise ValueError(f"{label} {f.name} must be a number >= 0, got {number!r}.")
+    if num_heads is not None and settings.depth > num_heads:
+        raise ValueError(f"{label} depth {settings.depth} exceeds the {num_heads} heads.")
+    return settings
 
 
 @lru_cache(maxsize=1024)

@@ -18,12 +18,13 @@ the emitted tokens are still the base's own. ``weight``, ``nodes`` and ``candida
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
 
 from .decoding_ngram import NgramModel
+from .decoding_tree import tree_settings_from_dict
 
 Rescore = Callable[[list[tuple[int, ...]], torch.Tensor], torch.Tensor]
 
@@ -42,23 +43,10 @@ class Rescoring:
 
     @classmethod
     def from_dict(cls, value: dict, num_heads: int | None = None) -> "Rescoring":
-        unknown = set(value) - {"nodes", "depth", "top_k", "candidates", "weight"}
-        if unknown:
-            raise ValueError(f"rescoring has unknown keys {sorted(unknown)}; expected nodes, depth, top_k, candidates, weight.")
-        settings = cls(**value)
-        for name in ("nodes", "depth", "top_k", "candidates"):
-            number = getattr(settings, name)
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"rescoring {name} must be an integer >= 1, got {number!r}.")
-        if isinstance(settings.weight, bool) or not isinstance(settings.weight, (int, float)) or not settings.weight >= 0:
-            raise ValueError(f"rescoring weight must be a number >= 0, got {settings.weight!r}.")
-        if num_heads is not None and settings.depth > num_heads:
-            raise ValueError(f"rescoring depth {settings.depth} exceeds the {num_heads} heads.")
-        return settings
+        return tree_settings_from_dict(cls, "rescoring", value, num_heads)
 
     def to_dict(self) -> dict:
-        return {"nodes": self.nodes, "depth": self.depth, "top_k": self.top_k, "candidates": self.candidates,
-                "weight": self.weight}
+        return asdict(self)
 
 
 def ngram_rescore(model: NgramModel, history: torch.LongTensor, weight: float) -> Rescore:

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 NGRAM_WEIGHTS_NAME = "ngram.safetensors"
 NGRAM_FORMAT_VERSION = "1"
@@ -158,8 +158,8 @@ class NgramModel:
     def load(cls, path: str | os.PathLike, vocab_size: int | None = None) -> "NgramModel":
         """Read a saved model; ``vocab_size`` (the base's) is checked against the one it was counted over."""
         try:
-            tables = load_file(str(path))
-            with safe_open(str(path), framework="pt") as handle:
+            with safe_open(str(path), framework="pt") as handle:  # one read: the tables and the metadata
+                tables = {name: handle.get_tensor(name) for name in handle.keys()}
                 metadata = handle.metadata() or {}
         except (SafetensorError, OSError, ValueError, RuntimeError) as error:
             raise OSError(f"{path} is not a readable n-gram file ({error}); build it again with `cerberus-hf ngram`.") from error
