@@ -12,7 +12,7 @@ from .decoding.tree import DynamicTree, TreeSpec
 from .remote_code import auto_map_entry, write_remote_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
-HEAD_TYPES = ("medusa", "cerberus", "hydra")
+HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo")
 HEAD_PROJECTIONS = ("shared", "own")
 
 
@@ -54,6 +54,14 @@ class CerberusConfig(PreTrainedConfig):
             draft; ``None`` copies nothing. ``generate(prompt_lookup_num_tokens=...)`` overrides it per call.
         max_matching_ngram_size: the longest suffix n-gram prompt lookup matches (``None``: 2, as in
             transformers).
+        exit_layer: Kangaroo only: how many of the base's first layers draft (the adapter reads the output
+            of layer ``exit_layer - 1``); must be below the base's layer count.
+        adapter_heads: Kangaroo only: attention heads of the adapter.
+        adapter_head_dim: Kangaroo only: width of each adapter head (the adapter's attention is
+            ``adapter_heads * adapter_head_dim`` wide, which sets its size: about ``4 * hidden * width``).
+        exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
+            probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
+            longest draft is ``num_heads`` tokens.
     """
 
     model_type = "cerberus"
@@ -76,6 +84,10 @@ class CerberusConfig(PreTrainedConfig):
     dynamic_tree: dict | None = None
     prompt_lookup_num_tokens: int | None = None
     max_matching_ngram_size: int | None = None
+    exit_layer: int = 2
+    adapter_heads: int = 2
+    adapter_head_dim: int = 32
+    exit_confidence: float = 0.6
 
     def __post_init__(self, **kwargs):
         if self.head_type not in HEAD_TYPES:
@@ -85,12 +97,17 @@ class CerberusConfig(PreTrainedConfig):
                 f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
             )
         optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
-        for name in ("num_heads", "num_layers", *optional):
+        for name in ("num_heads", "num_layers", "exit_layer", "adapter_heads", "adapter_head_dim", *optional):
             value = getattr(self, name)
             if value is None and name in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        self.exit_confidence = float(self.exit_confidence)
+        if not 0.0 <= self.exit_confidence <= 1.0:
+            raise ValueError(f"exit_confidence must be a probability in [0, 1], got {self.exit_confidence!r}.")
+        if self.head_type == "kangaroo" and self.head_projection != "shared":
+            raise ValueError("Kangaroo drafts through the base's own lm_head: head_projection must be 'shared'.")
         if self.gate_signal not in GATE_SIGNALS:
             raise ValueError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
         if self.draft_tree is not None:
@@ -98,6 +115,10 @@ class CerberusConfig(PreTrainedConfig):
             self.draft_tree = [list(path) for path in spec.paths]
         if self.dynamic_tree is not None:
             self.dynamic_tree = DynamicTree.from_dict(self.dynamic_tree, self.num_heads).to_dict()
+        if self.head_type == "kangaroo" and (self.dynamic_tree is not None or (
+                self.draft_tree is not None and not TreeSpec.from_paths(self.draft_tree).is_chain)):
+            raise ValueError("Kangaroo drafts a chain token by token: set draft_tree to a chain (or None) and "
+                             "dynamic_tree to None.")
         if self.gate_threshold is not None:
             self.gate_threshold = float(self.gate_threshold)
             if math.isnan(self.gate_threshold):

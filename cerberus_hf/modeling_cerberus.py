@@ -256,6 +256,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         rescoring: dict | Rescoring | None = _UNSET,
         typical_acceptance: TypicalAcceptance | bool = False,
         profile: bool = False,
+        exit_confidence: float | None = None,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
@@ -274,7 +275,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         `decoding.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
         the generation config for the closest device, dtype and processor are used (`decoding_settings`;
         ``generation_stats.calibration`` names the entry), else the config's.
-        ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
+        ``exit_confidence`` overrides the early exit of a drafter that drafts its own chain (Kangaroo: a
+        draft ends after a token drafted with a lower probability). ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
         sampling, which is faster but NOT lossless. ``profile=True`` records the wall time of each phase
         of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
         row by row and re-padded as the base pads them.
@@ -361,6 +363,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             make_candidate_generator=functools.partial(
                 self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, rescoring=rescoring, stats=stats,
                 lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram, profiler=profiler,
+                exit_confidence=settings["exit_confidence"] if exit_confidence is None else float(exit_confidence),
             ),
         )
         with self._base_generation_defaults():
@@ -401,6 +404,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             "tree_kind": stored.get("tree_kind", "dynamic" if self.config.dynamic_tree else "static"),
             "rescoring": stored.get("rescoring"),
             "prompt_lookup_num_tokens": stored.get("prompt_lookup_num_tokens", self.config.prompt_lookup_num_tokens),
+            "exit_confidence": stored.get("exit_confidence", self.config.exit_confidence),
         }
 
     @contextmanager
@@ -417,12 +421,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     def _candidate_generator(
         self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
         dynamic: DynamicTree | None, rescoring: Rescoring | None, stats: GenerationStats, lookup_tokens: int,
-        lookup_ngram: int, profiler: StepProfiler | None = None,
+        lookup_ngram: int, profiler: StepProfiler | None = None, exit_confidence: float = 0.0,
     ) -> CerberusCandidateGenerator:
         return CerberusCandidateGenerator(
             self.heads, gate, tree, generation_config.max_length, stats,
             lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic, rescoring=rescoring,
             ngram=self.ngram if rescoring is not None else None, phase=phase_timer(profiler),
+            exit_confidence=exit_confidence,
         )
 
 

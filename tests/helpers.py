@@ -55,7 +55,10 @@ def reference(arch: str, max_new_tokens: int = NEW_TOKENS) -> torch.Tensor:
 
 
 def fresh_model(arch: str, head_type: str = "cerberus", randomize: bool = False, seed: int = 0, **kwargs):
-    """New heads on the shared base; ``randomize`` gives every head parameter random normal values."""
+    """New heads on the shared base; ``randomize`` gives every head parameter random normal values.
+    Kangaroo drafts through the tiny bases' first layer (of two) unless told otherwise."""
+    if head_type == "kangaroo":
+        kwargs.setdefault("exit_layer", 1)
     model = CerberusForCausalLM.from_base(get_base(arch), head_type=head_type, **kwargs)
     if randomize:
         randomize_heads(model, seed)
@@ -136,6 +139,8 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
     ``{"hits", "misses"}`` (per hidden state the heads were called on).
     """
     heads = model.heads
+    if heads.drafts_chains:
+        return _install_chain_oracle(model, references, corrupt)
     num_heads = heads.num_heads
     states, targets, positions = [], [], []
     for ref in references:
@@ -185,6 +190,45 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
             return state, logits
 
     heads.__class__ = OracleHeads
+    return counters
+
+
+def _install_chain_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict:
+    """`install_oracle` for a drafter that drafts its own chain: it recognises where it is by the tokens
+    so far (drafted ones included), which must be a prefix of a reference; a draft ``k`` tokens deep
+    (0-based) after position ``p`` is corrupted when ``corrupt(p, k)``."""
+    references = [ref.reshape(-1).tolist() for ref in references]
+    counters = {"hits": 0, "misses": 0}
+    heads = model.heads
+    real_class = type(heads)
+    drafting_from = {}
+
+    class OracleChain(real_class):
+        def draft_chain(self, state, input_ids, max_tokens, confidence):
+            drafting_from["length"] = input_ids.shape[1]
+            return real_class.draft_chain(self, state, input_ids, max_tokens, confidence)
+
+        def next_logits(self, adapted, sequence):
+            logits = real_class.next_logits(self, adapted, sequence).clone()
+            ref = next((r for r in references if r[: len(sequence)] == sequence), None)
+            if ref is None:
+                counters["misses"] += 1
+                return logits
+            counters["hits"] += 1
+            if len(sequence) >= len(ref):
+                return logits
+            target = ref[len(sequence)]
+            index = target if self.draft_vocab is None else int((self.draft_vocab == target).nonzero()[0])
+            logits -= logits.max() + 10.0
+            p, k = drafting_from["length"] - 2, len(sequence) - drafting_from["length"]
+            if corrupt is not None and corrupt(p, k):
+                logits[(index + 1) % logits.shape[0]] = 0.0
+                logits[index] = -1.0
+            else:
+                logits[index] = 0.0
+            return logits
+
+    heads.__class__ = OracleChain
     return counters
 
 

@@ -36,6 +36,13 @@ TREE_KINDS = {
 }
 
 
+# Families that guess depth by depth draft every tree kind; one that drafts its own chain (Kangaroo) drafts chains.
+TREE_FAMILIES = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].drafts_chains)
+FAMILY_TREES = [(h, tree) for h in TREE_FAMILIES for tree in TREE_KINDS] + [
+    (h, "chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains
+]
+
+
 def with_tree_kind(model, tree: str, arch: str):
     """``model``, with an n-gram model (random text plus the reference continuation) for the rescored kind."""
     if tree == "rescored":
@@ -50,8 +57,7 @@ def test_every_config_head_type_has_a_drafter():
 @pytest.mark.parametrize("lookup", [0, 3], ids=["no_lookup", "lookup"])
 @pytest.mark.parametrize("gate", ["always", "never"])
 @pytest.mark.parametrize("heads", ["untrained", "random"])
-@pytest.mark.parametrize("tree", list(TREE_KINDS))
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("head_type, tree", FAMILY_TREES)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_greedy_output_equals_base(arch, head_type, tree, heads, gate, lookup):
     model = fresh_model(arch, head_type, randomize=heads == "random", seed=5, num_heads=3,
@@ -69,8 +75,7 @@ def test_greedy_output_equals_base(arch, head_type, tree, heads, gate, lookup):
         assert stats.drafted_tokens > 0
 
 
-@pytest.mark.parametrize("tree", list(TREE_KINDS))
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("head_type, tree", FAMILY_TREES)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_oracle_drafts_are_accepted(arch, head_type, tree):
     """Drafts that know the continuation are accepted several per step, with every tree kind."""
@@ -83,7 +88,7 @@ def test_oracle_drafts_are_accepted(arch, head_type, tree):
     assert model.generation_stats.tau > 2.0
 
 
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("head_type", TREE_FAMILIES)
 def test_teacher_forced_states_are_the_drafted_states(head_type):
     """Training fits `forced_states`; decoding drafts depth by depth. Along a path whose tokens are the
     forced tokens, both must compute the same states and logits, or training fits the wrong thing."""
@@ -103,7 +108,7 @@ def test_teacher_forced_states_are_the_drafted_states(head_type):
 
 def test_hydra_heads_read_the_drafted_tokens_and_the_others_do_not():
     hidden = torch.randn(1, 32)
-    for head_type in HEAD_TYPES:
+    for head_type in TREE_FAMILIES:
         model = fresh_model("llama", head_type, randomize=True, seed=4, num_heads=3)
         a = model.heads(hidden, torch.tensor([[1, 2, 3]]))
         b = model.heads(hidden, torch.tensor([[1, 7, 3]]))
@@ -121,7 +126,7 @@ def test_untrained_hydra_heads_are_the_identity():
         torch.testing.assert_close(logits[:, k], expected)
 
 
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("head_type", TREE_FAMILIES)
 def test_dynamic_tree_is_the_most_probable_paths(head_type):
     """The chosen nodes form a tree, no more than asked; each node's score (its path's summed draft
     log-probabilities) is at least that of every expanded node left out."""

@@ -16,6 +16,7 @@ from transformers.generation.logits_process import LogitsProcessorList, Temperat
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.ngram import NgramModel
+from cerberus_hf.drafters import DRAFTER_CLASSES
 
 V = 12
 DRAWS = 2500
@@ -85,10 +86,16 @@ TREES = {
 }
 
 
-@pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
+# Kangaroo drafts its own chain only (through the base's first layer of two).
+FAMILY_TREES = [(h, tree) for h in HEAD_TYPES if not DRAFTER_CLASSES[h].drafts_chains for tree in TREES] + [
+    (h, "chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains
+]
+
+
+@pytest.mark.parametrize("head_type, tree", FAMILY_TREES)
 def test_sampling_matches_base_distribution(base, head_type, tree):
-    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=1)
+    extra = {"exit_layer": 1} if DRAFTER_CLASSES[head_type].drafts_chains else {}
+    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=1, **extra)
     if tree == "rescored":
         model.ngram = NgramModel.build([([t, (t * 5 + 1) % V, (t * 7 + 2) % V], 1) for t in range(V)] * 3, V, order=2)
     counts, accepted = draw(model, **TREES[tree])

@@ -1,9 +1,10 @@
 """Drafter families, each in its own module as the small part that differs from `base.Drafter`.
 
-Adding a family: a module here with a `Drafter` subclass (``drafter_type``, ``reads_tokens``,
+Adding a family of heads: a module here with a `Drafter` subclass (``drafter_type``, ``reads_tokens``,
 `head_state`, and `make_block` if its blocks take more inputs), its name in `DRAFTER_CLASSES` below and in
 `configuration_cerberus.HEAD_TYPES`. Decoding, calibration, training, the bench and the cards then work
-for it unchanged.
+for it unchanged. A drafter that drafts through the base itself (Kangaroo) sets ``drafts_chains`` and
+implements `Drafter.start` / `Drafter.draft_chain` instead of `head_state`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from ..configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .base import Drafter, ResidualBlock
 from .cerberus import CerberusDrafter
 from .hydra import HydraDrafter
+from .kangaroo import KangarooDrafter
 from .medusa import MedusaDrafter
 
 DRAFTER_CLASSES: dict[str, type[Drafter]] = {
-    cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter, HydraDrafter)
+    cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter, HydraDrafter, KangarooDrafter)
 }
 assert tuple(DRAFTER_CLASSES) == HEAD_TYPES, "configuration_cerberus.HEAD_TYPES must list every family"
 
@@ -29,5 +31,5 @@ def build_drafter(config: CerberusConfig) -> Drafter:
     return DRAFTER_CLASSES[config.head_type](config)
 
 
-__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "Drafter", "HydraDrafter", "MedusaDrafter", "ResidualBlock",
-           "build_drafter"]
+__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "Drafter", "HydraDrafter", "KangarooDrafter", "MedusaDrafter",
+           "ResidualBlock", "build_drafter"]

@@ -759,7 +759,7 @@ def train_heads(
 def add_cli(subparsers):
     """Register the ``train`` subcommand; returns its parser."""
     parser = subparsers.add_parser(
-        "train", help="train Medusa or Cerberus heads on a frozen base from distillation data",
+        "train", help="train draft heads (Medusa, Cerberus, Hydra) or a Kangaroo adapter on a frozen base",
         description=__doc__.split("\n\n")[0])
     _add_arguments(parser)
     parser.set_defaults(func=run_cli)
@@ -805,6 +805,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-only", action="store_true",
                         help="only compute the hidden-state cache (e.g. while distillation data is still being written)")
     parser.add_argument("--no-progress", action="store_true")
+    kangaroo = parser.add_argument_group("kangaroo", "the adapter on the base's first layers (--head-type kangaroo; "
+                                         "--num-heads is the longest draft)")
+    kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
+    kangaroo.add_argument("--adapter-heads", type=int, default=2)
+    kangaroo.add_argument("--adapter-head-dim", type=int, default=32)
+    kangaroo.add_argument("--batch-tokens", type=int, default=8192, help="padded sequence tokens per step")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -824,6 +830,8 @@ def run_cli(args: argparse.Namespace) -> int:
               f"{cache.info['shards_computed']} of {cache.info['shards']} shards computed in "
               f"{time.perf_counter() - started:.0f} s; base top-1 = data token at {cache.base_agreement()}")
         return 0
+    if args.head_type == "kangaroo":
+        return _run_chain_cli(args, base)
     model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads,
                                           num_layers=args.num_layers)
     metrics = train_heads(
@@ -845,4 +853,29 @@ def run_cli(args: argparse.Namespace) -> int:
           f"(cache {cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s, "
           f"{cost['positions_per_s']} positions/s) on {cost['device']}")
     print(f"heads saved to {args.output}")
+    return 0
+
+
+def _run_chain_cli(args: argparse.Namespace, base) -> int:
+    """``cerberus-hf train --head-type kangaroo``: the adapter, trained on whole sequences (`chain_trainer`)."""
+    from ..modeling_cerberus import CerberusForCausalLM
+    from .chain_trainer import train_chain_drafter
+
+    model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads,
+                                          exit_layer=args.exit_layer, adapter_heads=args.adapter_heads,
+                                          adapter_head_dim=args.adapter_head_dim)
+    metrics = train_chain_drafter(
+        model, args.data, args.output, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
+        warmup_ratio=args.warmup_ratio, distill_weight=args.distill_weight, teacher_topk=args.teacher_topk,
+        eval_every=args.eval_every, save_every=args.save_every or 50, eval_fraction=args.eval_fraction,
+        seed=args.seed, max_steps=args.max_steps, cache_dir=args.cache_dir, num_threads=args.num_threads,
+        resume=not args.no_resume, show_progress=not args.no_progress,
+    )
+    cost = metrics["cost"]
+    if metrics["eval"] is not None:
+        print(f"held-out top-1 {metrics['eval']['top1']:.3f}, top-5 {metrics['eval']['top5']:.3f} "
+              f"({metrics['eval']['positions']} answer positions)")
+    print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s (exit states "
+          f"{cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s) on {cost['device']}")
+    print(f"adapter saved to {args.output}")
     return 0

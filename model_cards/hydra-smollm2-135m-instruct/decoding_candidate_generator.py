@@ -77,6 +77,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         ngram: the n-gram model ``rescoring`` reads.
         phase: the profiler's phase timer (`profiling.phase_timer`), which charges the n-gram's scoring to
             the ``rescore`` phase.
+        exit_confidence: for drafters that draft their own chain (``drafts_chains``), end a draft after a
+            token drafted with probability below this.
     """
 
     requires_model_outputs = True
@@ -94,6 +96,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
         rescoring: Rescoring | None = None,
         ngram: NgramModel | None = None,
         phase: Callable[[str], ContextManager[None]] = phase_timer(None),
+        exit_confidence: float = 0.0,
     ):
         self.drafter = drafter
         self.gate = gate
@@ -106,6 +109,14 @@ class CerberusCandidateGenerator(CandidateGenerator):
             raise ValueError("Lattice rescoring needs an n-gram model: build one with `cerberus-hf ngram`.")
         if rescoring is not None and rescoring.depth > drafter.num_heads:
             raise ValueError(f"The rescored tree is {rescoring.depth} deep but there are only {drafter.num_heads} heads.")
+        if drafter.drafts_chains:
+            if dynamic is not None or rescoring is not None or not self.tree.is_chain:
+                raise ValueError(f"{drafter.drafter_type} drafts a chain token by token: pass no draft_tree other "
+                                 "than a chain, no dynamic_tree and no rescoring.")
+            if gate.needs_heads:
+                raise ValueError(f"The {gate.signal!r} gate reads parallel heads' first guess, which "
+                                 f"{drafter.drafter_type} does not make: use 'base_entropy' or 'base_top1'.")
+        self.exit_confidence = exit_confidence
         self.dynamic = rescoring if rescoring is not None else dynamic
         self.ngram = ngram if rescoring is not None else None
         self.max_length = max_length
@@ -114,6 +125,15 @@ class CerberusCandidateGenerator(CandidateGenerator):
         self.lookup_ngram = lookup_ngram
         self.phase = phase
         self._last: Draft | None = None
+        self.state = None
+
+    def start(self, model, cache) -> None:
+        """Begin a sequence decoded by ``model`` with ``cache`` (the drafter's state for it starts empty)."""
+        self.state = self.drafter.start(model, cache)
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        """The base's latest forward and which of its input positions were kept (`SequenceState.observe`)."""
+        self.state.observe(captured, keep)
 
     @torch.no_grad()
     def propose(
@@ -135,7 +155,10 @@ class CerberusCandidateGenerator(CandidateGenerator):
         if can_draft:  # no room left for a draft is not the gate's decision
             self.stats.record_gate(drafting)
         draft = None
-        if drafting and self.dynamic is not None:
+        if drafting and self.drafter.drafts_chains:
+            chain = self.drafter.draft_chain(self.state, input_ids, static.depth, self.exit_confidence)
+            draft = Draft(TreeSpec.chain(len(chain)), torch.tensor(chain, dtype=input_ids.dtype, device=input_ids.device))
+        elif drafting and self.dynamic is not None:
             rescore = None
             if self.ngram is not None and self.dynamic.weight > 0:  # weight 0: the same tree without the n-gram
                 rescore = self._profiled(ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight))

@@ -120,6 +120,7 @@ def speculative_generate(
     phase = phase_timer(profiler)
 
     with candidate_generator.drafter.capture(model) as captured:
+        candidate_generator.start(model, cache)
         with phase("prefill"):
             outputs = model._prefill(input_ids, generation_config, model_kwargs)
         if hasattr(cache, "activate_past_recording"):
@@ -127,6 +128,7 @@ def speculative_generate(
         step_logits = outputs.logits[:, -1:]
         step_hidden = captured["hidden"][:, -1:]
         draft: Draft | None = None
+        after_prefill = True  # the outputs being read are the prefill's: every position of it is kept
         while True:
             # Walk the tree from the root (input position 0, the last token): each emitted token is picked
             # from the base's prediction at the current node, then matched against that node's children.
@@ -156,13 +158,16 @@ def speculative_generate(
                         break
                     accepted.append(node)
             candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=len(accepted))
+            kept = [0] + [n + 1 for n in accepted]
             if draft is not None:
                 with phase("cache"):
-                    keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=[0] + [n + 1 for n in accepted])
+                    keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=kept)
             if finished:
                 break
             last = accepted[-1] + 1 if accepted else 0
             with phase("draft"):
+                candidate_generator.observe(captured, None if after_prefill else kept)
+                after_prefill = False
                 draft = candidate_generator.propose(
                     input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last]
                 )

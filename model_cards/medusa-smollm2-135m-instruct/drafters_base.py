@@ -66,24 +66,40 @@ class ResidualBlock(nn.Module):
         return x + self.act(self.linear(inputs))
 
 
+class SequenceState:
+    """What a drafter keeps across the steps of one sequence, following acceptance and rollback.
+
+    The decoding loop makes one per sequence (`Drafter.start`) and tells it, after the prefill and after
+    every verification, what the base computed (``captured``, as `Drafter.capture` recorded it) and which
+    of the forward's input positions were kept (``keep``; None: all of them, the prefill). Heads that
+    guess from the newest state alone keep nothing; a drafter with its own KV cache (Kangaroo) extends
+    it with the kept positions here, so the cache always covers exactly the tokens the base has verified.
+    """
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        """The base's latest forward, of which the input positions ``keep`` were kept."""
+
+
 class Drafter(nn.Module):
     """Draft heads on a frozen base; subclasses set ``drafter_type``, ``reads_tokens`` and `head_state`.
 
     Each head's blocks live in their own ``ModuleList`` (``blocks[k][layer]``; no block is shared).
+
+    A drafter guesses depth by depth (`draft_level`), and decoding builds any tree from those guesses.
+    A drafter that runs through the base itself (``drafts_chains = True``: Kangaroo) proposes its own chain
+    instead (`draft_chain`), token by token with a state kept across steps (`start`); it drafts chains only.
     """
 
     drafter_type: ClassVar[str]
     reads_tokens: ClassVar[bool] = False
+    drafts_chains: ClassVar[bool] = False
 
     def __init__(self, config: CerberusConfig):
         super().__init__()
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
         self.num_heads = config.num_heads
-        self.blocks = nn.ModuleList(
-            nn.ModuleList(self.make_block(k, layer) for layer in range(config.num_layers))
-            for k in range(config.num_heads)
-        )
+        self.blocks = self.build_blocks(config)
         self.lm_heads = (
             nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads))
             if config.head_projection == "own"
@@ -98,6 +114,13 @@ class Drafter(nn.Module):
         self._draft_rows: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------------------ the family's part
+    def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
+        """``blocks[k][layer]``: each head's stack of `make_block` blocks."""
+        return nn.ModuleList(
+            nn.ModuleList(self.make_block(k, layer) for layer in range(config.num_layers))
+            for k in range(config.num_heads)
+        )
+
     def make_block(self, k: int, layer: int) -> nn.Module:
         """Block ``layer`` of head ``k`` (a plain residual block unless the family needs more inputs)."""
         return ResidualBlock(self.hidden_size)
@@ -122,7 +145,11 @@ class Drafter(nn.Module):
 
     def embed(self, tokens: torch.LongTensor) -> torch.Tensor:
         """The base's input embeddings of ``tokens`` (as the base itself embeds them, scaling included)."""
-        return self._attached().get_input_embeddings()(tokens).to(self.blocks[0][0].linear.weight.dtype)
+        return self._attached().get_input_embeddings()(tokens).to(self.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
 
     def _attached(self) -> nn.Module:
         ref = self.__dict__.get("_base")
@@ -138,6 +165,16 @@ class Drafter(nn.Module):
         return capture_lm_head_input(model)
 
     # ------------------------------------------------------------------------------ drafting
+    def start(self, model: nn.Module, cache) -> SequenceState:
+        """The state this drafter keeps for one sequence decoded by ``model`` (the base) with ``cache``."""
+        return SequenceState()
+
+    def draft_chain(self, state: SequenceState, input_ids: torch.LongTensor, max_tokens: int,
+                    confidence: float) -> list[int]:
+        """A chain drafter's draft after ``input_ids`` (at most ``max_tokens``, ending after the first token
+        drafted with probability below ``confidence``); only for ``drafts_chains`` drafters."""
+        raise NotImplementedError(f"{type(self).__name__} guesses depth by depth (draft_level), not whole chains.")
+
     def draft_level(
         self, k: int, hidden: torch.Tensor, tokens: torch.LongTensor, previous: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,360 @@
+"""Train a drafter that drafts through the base itself (Kangaroo's adapter) on a frozen base.
+
+The adapter reads the base's layer-``l`` states of whole sequences (its attention looks back over the
+prompt and the answer so far), so it trains on sequences, not on independent positions as heads do:
+
+1. The base's first ``exit_layer`` layers run once over every sequence ``input_ids + output_ids`` (a small
+   share of the base's cost); the exited states are kept on disk in float16 (one file per base, exit
+   layer and data, beside the hidden-state caches) and reused by later runs.
+2. The adapter runs over a batch of sequences (right-padded: causal attention keeps real positions
+   exact) and its output at sequence position ``p - 1 + i`` is projected through the frozen ``lm_head``
+   and trained to predict answer token ``A[i]``: cross-entropy on the data token mixed with the base's own
+   distribution there (``distill_weight``; Kangaroo's loss is the pure soft cross-entropy, weight 1, which
+   needs the hidden-state cache's top-k teacher). Only answer tokens are targets; held-out records are
+   never trained on, and held-out accuracy is measured on the base's own answers.
+3. The loss goes through `trainer.projection_loss`, in row chunks, as the heads' does.
+
+Runs are deterministic under a seed and resumable: every ``save_every`` steps accelerate's ``save_state``
+writes the adapter, AdamW, the schedule and the RNG states under ``output_dir/checkpoints/step-N``; the
+same command continues from the last one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..decoding.hardware import describe_device
+from ..drafters.kangaroo import capture_exit_states, first_layers
+from .data import Record, read_records
+from .hidden_cache import _sequence, base_fingerprint, build_hidden_cache, split_record_ids
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+METRICS_NAME = "training_metrics.json"
+
+
+@torch.no_grad()
+def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cache_dir: str | os.PathLike,
+                max_seq_len: int | None, batch_tokens: int = 4096, show_progress: bool = True) -> list[torch.Tensor]:
+    """The output of the base's layer ``exit_layer - 1`` over each record's sequence (``[len, hidden]``,
+    float16), computed once with the first ``exit_layer`` layers only and kept in ``cache_dir``."""
+    digest = hashlib.sha256(json.dumps([base_fingerprint(base), exit_layer, max_seq_len,
+                                        [r.content_hash() for r in records]]).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"exit-states-{digest}.safetensors"
+    sequences = [_sequence(r, max_seq_len)[0] for r in records]
+    if path.is_file():
+        flat = load_file(path)["states"]
+        return list(flat.split([len(s) for s in sequences]))
+    total = sum(map(len, sequences))
+    hidden = base.get_output_embeddings().weight.shape[1]
+    logger.info("exit states: %d sequences, %d tokens through %d layers, %.2f GB in %s", len(sequences), total,
+                exit_layer, total * hidden * 2 / 1e9, path)
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    progress = tqdm(total=total, unit="tok", desc=f"exit states (layer {exit_layer})", disable=not show_progress)
+    pad = base.config.pad_token_id if base.config.pad_token_id is not None else 0
+    device = base.get_output_embeddings().weight.device
+    start = 0
+    with capture_exit_states(base, exit_layer) as captured, first_layers(base, exit_layer) as decoder:
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and len(sequences[order[end]]) * (end - start + 1) <= batch_tokens:
+                end += 1
+            batch = order[start:end]
+            width = max(len(sequences[i]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, i in enumerate(batch):  # right padding: real positions never see the padding
+                ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+                mask[row, : len(sequences[i])] = 1
+            decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+            for row, i in enumerate(batch):
+                out[i] = captured["exit"][row, : len(sequences[i])].to(torch.float16).cpu()
+            progress.update(sum(len(sequences[i]) for i in batch))
+            start = end
+    progress.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    save_file({"states": torch.cat(out)}, str(partial))
+    os.replace(partial, path)
+    return out
+
+
+class _Batch:
+    """A batch of sequences: padded exited states and, per answer position, its place and target."""
+
+    def __init__(self, members: list[int], states: list[torch.Tensor], answers: list[tuple[int, int]],
+                 records: Sequence[Record], teacher: dict | None, distill_weight: float, device):
+        width = max(states[i].shape[0] for i in members)
+        hidden = states[members[0]].shape[1]
+        self.states = torch.zeros(len(members), width, hidden)
+        rows, cols, labels, teacher_rows = [], [], [], []
+        for b, i in enumerate(members):
+            length, answer = states[i].shape[0], answers[i][1]
+            self.states[b, :length] = states[i].float()
+            first = length - answer - 1  # the state at p - 1 predicts the first answer token
+            rows += [b] * answer
+            cols += range(first, first + answer)
+            labels += records[i].output_ids[:answer]
+            if teacher is not None:
+                offset = int(teacher["offsets"][i])
+                teacher_rows += range(offset, offset + answer)
+        self.rows, self.cols = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
+        labels = torch.tensor(labels, dtype=torch.long)
+        if teacher is not None and distill_weight > 0:
+            index = torch.tensor(teacher_rows, dtype=torch.long)
+            probs = torch.softmax(teacher["logprobs"][index].float(), dim=-1)
+            self.target_ids = torch.cat([labels[:, None], teacher["ids"][index].long()], dim=1)
+            self.target_probs = torch.cat([torch.full((len(labels), 1), 1.0 - distill_weight), distill_weight * probs], 1)
+        else:
+            self.target_ids, self.target_probs = labels[:, None], torch.ones(len(labels), 1)
+        self.labels = labels.to(device)
+        self.target_ids, self.target_probs = self.target_ids.to(device), self.target_probs.to(device)
+        self.states, self.rows, self.cols = self.states.to(device), self.rows.to(device), self.cols.to(device)
+
+
+def _batches(members: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups of ``members`` whose padded size stays within ``batch_tokens`` (one at least)."""
+    groups, current, width = [], [], 0
+    for i in members:
+        if current and max(width, lengths[i]) * (len(current) + 1) > batch_tokens:
+            groups.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, lengths[i])
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _loss(drafter, batch: _Batch, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from .trainer import projection_loss
+
+    adapted = drafter.adapter(batch.states, torch.arange(batch.states.shape[1], device=batch.states.device))[0]
+    picked = adapted[batch.rows, batch.cols]
+    weight = drafter.base_lm_head.weight.detach().float()
+    bias = getattr(drafter.base_lm_head, "bias", None)
+    return projection_loss(picked, weight, batch.target_ids, batch.target_probs, batch.labels,
+                           bias=None if bias is None else bias.detach().float(), chunk_rows=chunk_rows)
+
+
+@torch.no_grad()
+def evaluate_adapter(drafter, batches: list[_Batch], chunk_rows: int = 512) -> dict:
+    """Top-1 / top-5 accuracy and cross-entropy of the adapter's next-token guess at answer positions."""
+    counts = torch.zeros(4, dtype=torch.float64)
+    was_training = drafter.training
+    drafter.eval()
+    weight = drafter.base_lm_head.weight.float()
+    for batch in batches:
+        adapted = drafter.adapter(batch.states, torch.arange(batch.states.shape[1], device=batch.states.device))[0]
+        picked = adapted[batch.rows, batch.cols]
+        for lo in range(0, picked.shape[0], chunk_rows):
+            logits = F.linear(picked[lo : lo + chunk_rows], weight).float()
+            labels = batch.labels[lo : lo + chunk_rows]
+            top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+            counts += torch.tensor([labels.shape[0], float((top5[:, 0] == labels).sum()),
+                                    float((top5 == labels[:, None]).any(-1).sum()),
+                                    float(F.cross_entropy(logits, labels, reduction="sum"))], dtype=torch.float64)
+    drafter.train(was_training)
+    n = max(float(counts[0]), 1.0)
+    return {"top1": round(float(counts[1]) / n, 6), "top5": round(float(counts[2]) / n, 6),
+            "loss": round(float(counts[3]) / n, 6), "positions": int(counts[0])}
+
+
+def train_chain_drafter(
+    model,
+    data_path: str | os.PathLike | Sequence[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    *,
+    epochs: float = 1.0,
+    lr: float = 1e-3,
+    batch_tokens: int = 8192,
+    warmup_ratio: float = 0.05,
+    distill_weight: float = 0.0,
+    teacher_topk: int = 32,
+    eval_every: int = 100,
+    eval_fraction: float = 0.05,
+    seed: int = 0,
+    max_steps: int | None = None,
+    max_grad_norm: float | None = 1.0,
+    save_every: int = 50,
+    cache_dir: str | os.PathLike | None = None,
+    max_seq_len: int | None = None,
+    chunk_rows: int = 512,
+    num_threads: int | None = None,
+    resume: bool = True,
+    show_progress: bool = True,
+) -> dict:
+    """Train ``model.heads`` (a drafter with ``drafts_chains``: Kangaroo's adapter) on a frozen base from a
+    distillation JSONL file; returns the metrics, also written to ``output_dir/training_metrics.json``.
+
+    ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``distill_weight`` is the share
+    of the base's own top-``teacher_topk`` distribution in the target (a hidden-state cache with the
+    teacher is built for it when above 0). The other arguments are `train_heads`'.
+    """
+    from accelerate import Accelerator
+    from . import trainer as trainer_module
+    from .trainer import _cosine_with_warmup, default_cache_dir
+
+    started = time.perf_counter()
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    if not 0.0 <= distill_weight <= 1.0:
+        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    if accelerator.num_processes > 1:
+        raise ValueError("Training a chain drafter runs in one process.")
+    output_dir = Path(output_dir)
+    drafter = model.heads
+    device = accelerator.device
+    model.base.to(device)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if max_seq_len is None:
+        max_seq_len = getattr(model.base.config, "max_position_embeddings", None)
+    paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
+    records = [r for path in paths for r in read_records(path)]
+    if len({(r.id, r.mode) for r in records}) != len(records):
+        raise ValueError("a (prompt id, mode) pair appears more than once; combine files whose prompt ids are distinct")
+
+    cache_started = time.perf_counter()
+    states = exit_states(model.base, records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress)
+    answers = [_sequence(r, max_seq_len) for r in records]
+    answers = [(len(ids), answer) for ids, answer in answers]
+    teacher = None
+    if distill_weight > 0:
+        cache = build_hidden_cache(model.base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
+                                   show_progress=show_progress)
+        teacher = {"ids": cache.teacher_ids, "logprobs": cache.teacher_logprobs, "offsets": cache.record_offsets}
+    cache_time = time.perf_counter() - cache_started
+
+    held_out = split_record_ids([r.id for r in records], eval_fraction)
+    train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i][1] > 0]
+    eval_members = [i for i, r in enumerate(records) if r.id in held_out and answers[i][1] > 0 and r.mode != "text"]
+    if not train_members:
+        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
+    lengths = [s.shape[0] for s in states]
+
+    def make(members: list[int]) -> _Batch:
+        return _Batch(members, states, answers, records, teacher, distill_weight, device)
+
+    eval_batches = [make(g) for g in _batches(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)]
+
+    # one epoch's batches are fixed by the seed: records shuffled, then grouped in that order
+    def epoch_batches(epoch: int) -> list[list[int]]:
+        order = torch.randperm(len(train_members), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        return _batches([train_members[i] for i in order.tolist()], lengths, batch_tokens)
+
+    steps_per_epoch = len(epoch_batches(0))
+    total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
+    run_config = {"head_type": model.config.head_type, "exit_layer": drafter.exit_layer,
+                  "adapter_heads": model.config.adapter_heads, "adapter_head_dim": model.config.adapter_head_dim,
+                  "lr": lr, "batch_tokens": batch_tokens, "warmup_ratio": warmup_ratio,
+                  "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
+                  "seed": seed, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
+                  "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len}
+
+    drafter_dtype = drafter.dtype
+    drafter.to(device=device, dtype=torch.float32)
+    drafter.train()
+    optimizer = torch.optim.AdamW(drafter.adapter.parameters(), lr=lr)
+    scheduler = _cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
+    adapter, optimizer = accelerator.prepare(drafter.adapter, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+
+    state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
+    checkpoints = sorted(output_dir.glob(f"{CHECKPOINTS_DIR}/step-*"), key=lambda p: int(p.name[5:]))
+    if checkpoints and not resume:
+        shutil.rmtree(output_dir / CHECKPOINTS_DIR)
+        checkpoints = []
+    if checkpoints:
+        saved = json.loads((checkpoints[-1] / "trainer_state.json").read_text())
+        if saved["run_config"] != run_config:
+            raise ValueError(f"{checkpoints[-1]} was written by a run with other settings; resume with the same "
+                             "arguments, pass resume=False (--no-resume), or use another output directory.")
+        accelerator.load_state(str(checkpoints[-1]))
+        state = saved
+        logger.info("resuming from %s (step %d of %d)", checkpoints[-1], state["step"], total_steps)
+
+    progress = tqdm(total=total_steps, initial=state["step"], unit="step", desc="training the kangaroo adapter",
+                    disable=not show_progress, dynamic_ncols=True)
+    train_started, time_before = time.perf_counter(), state["train_time_s"]
+    eval_time = 0.0
+    epoch_cache: tuple[int, list[list[int]]] = (-1, [])
+
+    def run_eval(step: int) -> None:
+        nonlocal eval_time
+        t0 = time.perf_counter()
+        if eval_batches:
+            result = {"step": step, **evaluate_adapter(drafter, eval_batches, chunk_rows)}
+            state["evals"].append(result)
+            progress.write(f"step {step}: held-out top-1 {result['top1']:.3f} top-5 {result['top5']:.3f}")
+        eval_time += time.perf_counter() - t0
+
+    while state["step"] < total_steps:
+        epoch, index = divmod(state["step"], steps_per_epoch)
+        if epoch_cache[0] != epoch:
+            epoch_cache = (epoch, epoch_batches(epoch))
+        batch = make(epoch_cache[1][index])
+        losses, correct = _loss(drafter, batch, chunk_rows)
+        loss = losses.mean()
+        accelerator.backward(loss)
+        if max_grad_norm:
+            accelerator.clip_grad_norm_(adapter.parameters(), max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        step = state["step"]
+        entry = {"step": step, "loss": round(loss.item(), 6), "top1": round(correct.float().mean().item(), 5),
+                 "lr": scheduler.get_last_lr()[0]}
+        state["history"].append(entry)
+        progress.set_postfix(loss=f"{entry['loss']:.3f}", top1=f"{entry['top1']:.2f}")
+        progress.update(1)
+        if eval_every and step % eval_every == 0 and step != total_steps:
+            run_eval(step)
+        if step % save_every == 0 or step == total_steps:
+            state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
+            folder = output_dir / CHECKPOINTS_DIR / f"step-{step}"
+            accelerator.save_state(str(folder))
+            (folder / "trainer_state.json").write_text(json.dumps(state))
+            for old in sorted(output_dir.glob(f"{CHECKPOINTS_DIR}/step-*"), key=lambda p: int(p.name[5:]))[:-2]:
+                shutil.rmtree(old)
+        trainer_module._on_step_end(step)
+    progress.close()
+    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
+        run_eval(state["step"])
+    train_time = time.perf_counter() - train_started - eval_time
+    drafter.to(dtype=drafter_dtype)
+    drafter.eval()
+    final = state["evals"][-1] if state["evals"] else None
+    metrics = {
+        "top1": [final["top1"]] if final else None, "top5": [final["top5"]] if final else None,
+        "eval": final, "steps": state["step"], "epochs": round(state["step"] / steps_per_epoch, 4),
+        "config": run_config,
+        "data": {"path": [str(p) for p in paths], "records": len(records), "held_out_records": len(held_out),
+                 "train_positions": sum(answers[i][1] for i in train_members),
+                 "eval_positions": sum(answers[i][1] for i in eval_members)},
+        "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),
+                 "train_time_s": round(train_time, 3), "train_time_s_total": round(time_before + train_time, 3),
+                 "eval_time_s": round(eval_time, 3), "device": describe_device(device)},
+        "history": state["history"], "evals": state["evals"],
+    }
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
+    return metrics
