@@ -220,8 +220,7 @@ def _install_chain_oracle(model: CerberusForCausalLM, references, corrupt=None) 
             target = ref[len(sequence)]
             index = target if self.draft_vocab is None else int((self.draft_vocab == target).nonzero()[0])
             logits -= logits.max() + 10.0
-            p, k = drafting_from["length"] - 2, len(sequence) - drafting_from["length"]
-            if corrupt is not None and corrupt(p, k):
+            if corrupt is not None and corrupt(drafting_from["length"] - 2, len(sequence) - drafting_from["length"]):
                 logits[(index + 1) % logits.shape[0]] = 0.0
                 logits[index] = -1.0
             else:

@@ -11,8 +11,9 @@ from transformers import GenerationConfig
 
 from cerberus_hf.decoding.hardware import HardwareKey, has_amx
 from cerberus_hf.tools.calibrate import (
-    PositionRecord, accepted_length, build_tree, calibrate, dynamic_accepted, fit_dynamic_tree, fit_gate, format_report,
-    path_frequencies, static_accepted,
+    ChainPosition, PositionRecord, accepted_length, build_tree, calibrate, calibrate_chain, collect_chain_positions,
+    dynamic_accepted, fit_dynamic_tree, fit_gate, format_chain_report, format_report, path_frequencies,
+    static_accepted,
 )
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 
@@ -113,3 +114,36 @@ def test_calibrate_stores_settings_that_generate_uses(tmp_path):
     # (the size depends on the measured cost curve, so a large one under load is limited there too)
     assert nodes * (stats.draft_steps - 3) <= stats.drafted_tokens <= nodes * stats.draft_steps
     assert not math.isnan(report["expected"]["expected_tau"])
+
+
+def test_chain_positions_follow_the_drafts_and_the_exit():
+    """drafted(): up to the length, ending after the first draft below the confidence; accepted(): the
+    leading right drafts among those."""
+    position = ChainPosition(confidences=[0.9, 0.4, 0.8], hits=[True, True, False], signals={})
+    assert [position.drafted(3, c) for c in (0.0, 0.5, 0.95)] == [3, 2, 1]
+    assert position.drafted(1, 0.0) == 1
+    assert [position.accepted(n) for n in (1, 2, 3)] == [1, 2, 2]
+
+
+def test_calibrate_chain_measures_what_kangaroo_drafts_and_stores_what_generate_uses():
+    model = fresh_model("llama", "kangaroo", num_heads=3)
+    sequence = reference("llama", NEW_TOKENS + 8)[0].tolist()
+    untrained = collect_chain_positions(model, [(sequence, PROMPT_LEN - 1)])
+    install_oracle(model, [torch.tensor(sequence)])
+    positions = collect_chain_positions(model, [(sequence, PROMPT_LEN - 1)])
+    assert len(positions) == len(untrained) == len(sequence) - 3 - PROMPT_LEN  # every step with three targets
+    assert all(position.hits == [True] * 3 for position in positions)  # teacher-forced: the oracle is always right
+    assert sum(sum(p.hits) for p in untrained) < sum(sum(p.hits) for p in positions)
+    report = calibrate_chain(model, [(sequence, PROMPT_LEN - 1)], repeats=1)
+    assert "chosen: length" in format_chain_report(report)
+    assert report["depth_accuracy"] == pytest.approx([sum(p.hits[k] for p in positions) / len(positions)
+                                                      for k in range(3)])
+    settings = model.decoding_settings("cpu")
+    assert settings["calibration"] == report["key"]
+    assert settings["exit_confidence"] == report["settings"]["exit_confidence"]
+    length = report["settings"]["draft_tree"]
+    assert length == [[0] * (d + 1) for d in range(len(length))]
+    model.generation_config.cerberus_calibration[report["key"]]["gate_threshold"] = None
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0)
+    assert torch.equal(out, reference("llama"))
+    assert max(model.generation_stats.tokens_per_step) <= len(length) + 1

@@ -175,6 +175,11 @@ class Drafter(nn.Module):
         drafted with probability below ``confidence``); only for ``drafts_chains`` drafters."""
         raise NotImplementedError(f"{type(self).__name__} guesses depth by depth (draft_level), not whole chains.")
 
+    def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
+        """A chain drafter's draft logits ``[len(sequence), V]`` at every position of ``sequence`` after the
+        base read it (``captured``), each as drafting computes it when every draft before it was right."""
+        raise NotImplementedError(f"{type(self).__name__} guesses depth by depth (draft_level), not whole chains.")
+
     def draft_level(
         self, k: int, hidden: torch.Tensor, tokens: torch.LongTensor, previous: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -266,7 +266,7 @@ def fit_gate(records: list[PositionRecord], accepted: list[int], tree_step: floa
     accepted = torch.tensor(accepted, dtype=torch.float64)
     always = (accepted.sum() + len(records)) / (len(records) * tree_step)
     results = {}
-    for name in GATE_SIGNALS:
+    for name in (n for n in GATE_SIGNALS if n in records[0].signals):  # a chain drafter has no head_entropy
         signal = torch.tensor([r.signals[name] for r in records], dtype=torch.float64)
         order = torch.argsort(signal)
         sorted_signal = signal[order]
@@ -417,6 +417,128 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     }
 
 
+@torch.no_grad()
+def measure_chain_draft_time(model, context: int = 300, repeats: int = 10) -> float:
+    """Median seconds a drafter that drafts its own chain (Kangaroo) takes per drafted token, after a
+    ``context``-token prefix (its first layers, its adapter and its projection, once per token)."""
+    base, depth = model.base, model.config.num_heads
+    vocab = base.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, context + 1), generator=generator).to(model.device)
+    cache = DynamicCache(config=base.config)
+    values = []
+    with model.heads.capture(base) as captured:
+        base(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        state = model.heads.start(base, cache)
+        state.observe(captured, None)
+        for _ in range(repeats):
+            synchronize(model.device)
+            start = time.perf_counter()
+            model.heads.draft_chain(state, ids, depth, confidence=0.0)
+            synchronize(model.device)
+            values.append((time.perf_counter() - start) / depth)
+    return statistics.median(values)
+
+
+@dataclass
+class ChainPosition:
+    """A step starting after position ``t`` of a calibration sequence, for a chain drafter: the probability
+    of each depth's draft (teacher-forced: the drafts above it right) and whether it is right, with the
+    gate signals there."""
+
+    confidences: list[float]
+    hits: list[bool]
+    signals: dict[str, float]
+
+    def drafted(self, length: int, confidence: float) -> int:
+        """Tokens drafted with at most ``length`` per draft and the early exit at ``confidence``."""
+        for j, value in enumerate(self.confidences[:length]):
+            if value < confidence:
+                return j + 1
+        return min(length, len(self.confidences))
+
+    def accepted(self, drafted: int) -> int:
+        count = 0
+        while count < drafted and self.hits[count]:
+            count += 1
+        return count
+
+
+@torch.no_grad()
+def collect_chain_positions(model, sequences: list[tuple[list[int], int]]) -> list[ChainPosition]:
+    """Per position of every ``(tokens, start)`` sequence from ``start`` on, the chain drafter's guesses
+    for the next ``num_heads`` tokens, teacher-forced over the sequence (what drafting computes while the
+    drafts are right, which is all acceptance depends on)."""
+    depth = model.config.num_heads
+    positions = []
+    for seq, skip in tqdm(sequences, desc="chain drafts", unit="seq"):
+        ids = torch.tensor([seq], device=model.device)
+        with model.heads.capture(model.base) as captured:
+            logits = model.base(input_ids=ids).logits[0]
+        probs = torch.softmax(model.heads.forced_chain_logits(captured, seq).float(), dim=-1)
+        top, index = probs.max(dim=-1)
+        guesses = model.heads.token_ids(index).tolist()
+        top = top.tolist()
+        signals = {name: gate_signal(name, logits).tolist() for name in GATE_SIGNALS if name != "head_entropy"}
+        for t in range(skip, len(seq) - depth - 1):
+            # the step after position t: the verifier's token is seq[t + 1]; draft j (0-based) comes from the
+            # drafter's state at t + 1 + j and is right when it is seq[t + 2 + j]
+            span = range(t + 1, t + 1 + depth)
+            positions.append(ChainPosition([top[p] for p in span], [guesses[p] == seq[p + 1] for p in span],
+                                           {name: values[t] for name, values in signals.items()}))
+    return positions
+
+
+def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int = 5,
+                    confidences: tuple[float, ...] = tuple(i / 10 for i in range(10))) -> dict:
+    """`calibrate` for a drafter that drafts its own chain (Kangaroo): the longest draft (at most
+    ``num_heads``) and the early-exit confidence with the best expected tokens per second, then the gate
+    (fitted at the chosen settings' mean step time), stored as `calibrate` stores the heads' settings."""
+    depth = model.config.num_heads
+    cost = measure_cost_curve(model.base, max_tokens=depth + 1, repeats=repeats)
+    per_token = measure_chain_draft_time(model)
+    positions = collect_chain_positions(model, sequences)
+    if not positions:
+        raise ValueError("No calibration position: the sequences are shorter than a draft.")
+    table = []
+    for length in range(1, depth + 1):
+        for confidence in confidences:
+            drafted = [p.drafted(length, confidence) for p in positions]
+            accepted = [p.accepted(n) for p, n in zip(positions, drafted)]
+            seconds = sum(cost[n + 1] + n * per_token for n in drafted)
+            table.append({"length": length, "exit_confidence": confidence,
+                          "drafted": sum(drafted) / len(positions),
+                          "expected_tau": 1.0 + sum(accepted) / len(positions),
+                          "step_seconds": seconds / len(positions),
+                          "tokens_per_s": (len(positions) + sum(accepted)) / seconds, "accepted": accepted})
+    best = max(table, key=lambda row: row["tokens_per_s"])
+    records = [PositionRecord([], p.signals) for p in positions]
+    gate = fit_gate(records, best["accepted"], best["step_seconds"], cost[1])
+    signal = max(gate["signals"], key=lambda name: gate["signals"][name]["tokens_per_s"])
+    chosen = gate["signals"][signal]
+    settings = {
+        "draft_tree": [[0] * (d + 1) for d in range(best["length"])],
+        "tree_kind": "static",
+        "exit_confidence": best["exit_confidence"],
+        "gate_signal": signal,
+        "gate_threshold": None if chosen["threshold"] == float("inf") else chosen["threshold"],
+    }
+    key = HardwareKey.of(model.device, model.base.dtype)
+    if model.device.type == "cpu":
+        settings["amx"] = has_amx(model.device)
+    calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
+    calibrated[str(key)] = settings
+    model.generation_config.cerberus_calibration = calibrated
+    hits = [sum(p.hits[k] for p in positions) / len(positions) for k in range(depth)]
+    return {
+        "device": model.device.type, "key": str(key), "machine": describe_device(model.device), "kind": "chain",
+        "settings": settings, "expected": {k: v for k, v in best.items() if k != "accepted"},
+        "chains": [{k: v for k, v in row.items() if k != "accepted"} for row in table],
+        "gate": gate, "cost_curve_seconds": cost, "relative_cost": {n: t / cost[1] for n, t in cost.items()},
+        "draft_seconds_per_token": per_token, "depth_accuracy": hits, "positions": len(positions),
+    }
+
+
 def load_sequences(records: list[Record], limit: int | None = None, held_out_fraction: float | None = 0.05):
     """``(tokens, first answer position)`` of self-distillation records (prompt ids + answer ids).
 
@@ -474,10 +596,15 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.draft_vocab:
         model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
-    report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats,
-                       dynamic_top_k=args.dynamic_top_k, dynamic_max_nodes=args.dynamic_max_nodes,
-                       rescoring_weights=tuple(args.rescoring_weights), rescoring_candidates=args.rescoring_candidates)
-    print(format_report(report))
+    if model.heads.drafts_chains:
+        report = calibrate_chain(model, sequences, repeats=args.repeats)
+        print(format_chain_report(report))
+    else:
+        report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats,
+                           dynamic_top_k=args.dynamic_top_k, dynamic_max_nodes=args.dynamic_max_nodes,
+                           rescoring_weights=tuple(args.rescoring_weights),
+                           rescoring_candidates=args.rescoring_candidates)
+        print(format_report(report))
     if args.report:
         with open(args.report, "w") as handle:
             json.dump(report, handle, indent=1)
@@ -490,14 +617,9 @@ def run_cli(args: argparse.Namespace) -> int:
 
 def format_report(report: dict) -> str:
     """The numbers a person needs: cost curve, both tree kinds, gate comparison."""
-    rel = report["relative_cost"]
-    sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n in rel]
     lines = [f"{report.get('machine', report['device'])}, stored as {report.get('key', report['device'])!r}; "
              f"{report['positions']} calibration positions",
-             "cost of one forward with n new tokens, relative to n = 1:",
-             "| n | " + " | ".join(str(n) for n in sizes) + " |",
-             "|---|" + "---|" * len(sizes),
-             "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |",
+             *_format_cost(report),
              f"static tree: {len(report['settings']['draft_tree'])} nodes, expected tau "
              f"{report['expected']['expected_tau']:.2f}, {report['expected']['tokens_per_s']:.1f} tokens/s (model), "
              f"{report['settings']['draft_tree']}",
@@ -508,6 +630,41 @@ def format_report(report: dict) -> str:
              *_format_rescoring(report.get("rescoring")),
              "| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
              "|---|---|---|---|---|---|"]
+    for name, row in report["gate"]["signals"].items():
+        lines.append(f"| {name} | {row['threshold']:.3f} | {row['draft_rate']:.0%} | {row['tokens_per_s']:.1f} | "
+                     f"{row['spearman']:.3f} | {row['auc']:.3f} |")
+    lines.append(f"always draft: {report['gate']['always_draft_tokens_per_s']:.1f} tokens/s (model); never: "
+                 f"{report['gate']['never_tokens_per_s']:.1f}; chosen signal: {report['settings']['gate_signal']}")
+    return "\n".join(lines)
+
+
+def _format_cost(report: dict) -> list[str]:
+    rel = report["relative_cost"]
+    sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n in rel]
+    return ["cost of one forward with n new tokens, relative to n = 1:",
+            "| n | " + " | ".join(str(n) for n in sizes) + " |",
+            "|---|" + "---|" * len(sizes),
+            "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |"]
+
+
+def format_chain_report(report: dict) -> str:
+    """A chain drafter's calibration: cost curve, accuracy per depth, the best draft length per exit
+    confidence, the gate."""
+    best = report["expected"]
+    lines = [f"{report['machine']}, stored as {report['key']!r}; {report['positions']} calibration positions",
+             *_format_cost(report),
+             f"drafting: {report['draft_seconds_per_token'] * 1e3:.1f} ms per token; teacher-forced accuracy per "
+             "depth: " + " ".join(f"{v:.3f}" for v in report["depth_accuracy"]),
+             "| exit confidence | best length | drafted per step | expected tau | tokens/s (model) |",
+             "|---|---|---|---|---|"]
+    for confidence in sorted({row["exit_confidence"] for row in report["chains"]}):
+        row = max((r for r in report["chains"] if r["exit_confidence"] == confidence), key=lambda r: r["tokens_per_s"])
+        lines.append(f"| {confidence:.1f} | {row['length']} | {row['drafted']:.2f} | {row['expected_tau']:.3f} | "
+                     f"{row['tokens_per_s']:.1f} |")
+    lines.append(f"chosen: length {best['length']}, exit confidence {best['exit_confidence']:.1f}, expected tau "
+                 f"{best['expected_tau']:.3f}, {best['tokens_per_s']:.1f} tokens/s (model)")
+    lines += ["| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
+              "|---|---|---|---|---|---|"]
     for name, row in report["gate"]["signals"].items():
         lines.append(f"| {name} | {row['threshold']:.3f} | {row['draft_rate']:.0%} | {row['tokens_per_s']:.1f} | "
                      f"{row['spearman']:.3f} | {row['auc']:.3f} |")

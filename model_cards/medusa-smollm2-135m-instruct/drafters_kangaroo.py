@@ -243,6 +243,11 @@ class KangarooDrafter(Drafter):
         state.truncate(start)
         return drafted
 
+    def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
+        states = captured["exit"][:1, : len(sequence)].to(self.dtype)
+        adapted = self.adapter(states, torch.arange(states.shape[1], device=states.device))[0][0]
+        return torch.stack([self.next_logits(adapted[p], sequence[: p + 1]) for p in range(len(sequence))])
+
     def forward(self, exit_states: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher-forced draft logits ``[B, T, V]`` (over the draft vocabulary) from exited states
         ``[B, T, hidden]`` of whole sequences (causal; right padding is harmless): what training fits."""
