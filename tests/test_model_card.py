@@ -38,3 +38,15 @@ def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
 
     with pytest.raises(ValueError, match="no rows for 'cerberus other'"):
         evaluation_from_bench(result, "cerberus other")
+
+
+def test_kangaroo_card_says_what_the_drafter_is_made_of():
+    model = fresh_model("llama", "kangaroo", num_heads=5, adapter_heads=2, adapter_head_dim=8)
+    training = {"top1": [0.25], "top5": [0.5], "config": {"lr": 0.01, "batch_tokens": 4096}, "data": {}, "cost": {}}
+    calibration = {"cpu/float32/X": {"draft_tree": [[0], [0, 0], [0, 0, 0]], "exit_confidence": 0.4}}
+    card = render_card(model.config, training, None, "cerberus-hf card", calibration)
+    assert "# Kangaroo adapter for" in card and "the base's first 1 layers" in card and "width 16" in card
+    assert "up to 5 tokens" in card
+    assert "| adapter | the next token, from layer 1 | 0.250 | 0.500 |" in card
+    assert "drafts of up to 3 tokens, exit confidence 0.4, no gate" in card
+    assert "batch_tokens=4096" in card

@@ -84,6 +84,24 @@ HEAD_READS = {
 }
 
 
+def _title_and_summary(config) -> list[str]:
+    """The card's title and first paragraph, which say what the drafter is made of."""
+    head_type = config.head_type
+    if head_type == "kangaroo":
+        width = config.adapter_heads * config.adapter_head_dim
+        return [f"# Kangaroo adapter for {config.base_model_name_or_path}", "",
+                f"A Kangaroo self-drafter made with cerberus-hf: the base's first {config.exit_layer} layers, an "
+                f"adapter (one attention layer, {config.adapter_heads} heads of {config.adapter_head_dim}, width "
+                f"{width}, with its own KV cache) and the frozen base `lm_head`. It drafts a chain token by token, up "
+                f"to {config.num_heads} tokens, ending early after a token drafted with probability below the exit "
+                "confidence. It makes `generate()` faster without changing its output: the base verifies every "
+                "drafted token."]
+    return [f"# {head_type.capitalize()} heads for {config.base_model_name_or_path}", "",
+            f"{config.num_heads} {head_type} draft heads ({config.num_layers} residual layer(s) each, projecting through "
+            f"the frozen base `lm_head`{HEAD_READS.get(head_type, '')}), made with cerberus-hf. They make `generate()` "
+            "faster without changing its output: the base verifies every drafted token."]
+
+
 def render_card(
     config, training: dict | None, evaluation: dict | None, command: str, calibration: dict | None = None
 ) -> str:
@@ -103,11 +121,7 @@ def render_card(
         "- self-distillation",
         "---",
         "",
-        f"# {head_type.capitalize()} heads for {config.base_model_name_or_path}",
-        "",
-        f"{config.num_heads} {head_type} draft heads ({config.num_layers} residual layer(s) each, projecting through "
-        f"the frozen base `lm_head`{HEAD_READS.get(head_type, '')}), made with cerberus-hf. They make `generate()` faster without "
-        "changing its output: the base verifies every drafted token.",
+        *_title_and_summary(config),
         "",
         f"- Base: `{config.base_model_name_or_path}`"
         + (f", exactly `{config.base_model_source}`" if config.base_model_source else ""),
@@ -120,6 +134,9 @@ def render_card(
     for device, settings in (calibration or {}).items():
         tree, dynamic = settings.get("draft_tree"), settings.get("dynamic_tree")
         static_text = f"static tree of {len(tree)} nodes `{tree}`" if tree else "chain"
+        if config.head_type == "kangaroo":
+            static_text = (f"drafts of up to {len(tree) if tree else config.num_heads} tokens, exit confidence "
+                           f"{settings.get('exit_confidence', config.exit_confidence)}")
         dynamic_text = (f"dynamic tree of {dynamic['nodes']} nodes, {dynamic['depth']} deep, top-{dynamic['top_k']} "
                         "per level" if dynamic else None)
         rescoring = settings.get("rescoring")
@@ -155,8 +172,9 @@ def render_card(
             f"{data.get('records', 'n/a')} records, {data.get('held_out_records', 'n/a')} held out; "
             f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
             f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
-            + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "warmup_ratio", "head_weight_decay",
-                                                      "distill_weight", "projection_dtype", "seed") if k in run),
+            + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "batch_tokens", "warmup_ratio",
+                                                      "head_weight_decay", "distill_weight", "projection_dtype",
+                                                      "seed") if k in run),
             f"- Cost: {cost.get('wall_time_s', 0) / 60:.1f} minutes on {cost.get('device', 'n/a')}, of which "
             f"training {cost.get('train_time_s_total', cost.get('train_time_s', 0)) / 60:.1f} min and "
             + (f"caching the base's hidden states {cost['cache_time_s'] / 60:.1f} min."
@@ -168,8 +186,11 @@ def render_card(
         if training.get("top1"):
             lines += ["Held-out accuracy (the base's own next tokens):", "",
                       "| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
-            for k, (top1, top5) in enumerate(zip(training["top1"], training["top5"])):
-                lines.append(f"| {k} | token t+{k + 2} | {top1:.3f} | {top5:.3f} |")
+            rows = [(k, f"token t+{k + 2}") for k in range(len(training["top1"]))]
+            if config.head_type == "kangaroo":  # one adapter: the next token, from layer l's states up to it
+                rows = [("adapter", f"the next token, from layer {config.exit_layer}")]
+            for (name, predicts), top1, top5 in zip(rows, training["top1"], training["top5"]):
+                lines.append(f"| {name} | {predicts} | {top1:.3f} | {top5:.3f} |")
             lines.append("")
     if evaluation:
         lines += ["## Decoding", "",
