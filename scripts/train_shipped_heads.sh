@@ -11,9 +11,10 @@ PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
 STEPS=${STEPS:-"distill cache train ngram calibrate bench card"}
 FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
 RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
+KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
-TYPES=${TYPES:-"medusa cerberus hydra"}   # head types to train / describe
+TYPES=${TYPES:-"medusa cerberus hydra kangaroo"}   # head types to train / describe
 
 for step in $STEPS; do
   case $step in
@@ -24,6 +25,12 @@ for step in $STEPS; do
       cerberus-hf train --cache-only --data "$DATA" --teacher-topk 0 ;;
     train)
       for type in $TYPES; do
+        if [ "$type" = kangaroo ]; then  # the adapter on the first 2 layers, trained on whole sequences (2026-11-23)
+          cerberus-hf train --head-type kangaroo --num-heads 6 --exit-layer 2 --adapter-heads 2 --adapter-head-dim 32 \
+            --data "$DATA" --output "$OUT/kangaroo-smollm2-135m-instruct" --epochs 3 --batch-tokens 4096 --lr 1e-2 \
+            --warmup-ratio 0.05 --distill-weight 0 --eval-every 96 --seed 0
+          continue
+        fi
         # Medusa and Cerberus were trained (2026-11-21) where a bf16 projection was fast; Hydra (2026-11-22) on an
         # AMD EPYC where torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s), so in fp32.
         proj=bfloat16; [ "$type" = hydra ] && proj=float32
@@ -34,7 +41,7 @@ for step in $STEPS; do
       done ;;
     ngram)    # the n-gram model that rescores the parallel heads' lattice (Medusa, Cerberus), beside the heads
       for type in $TYPES; do
-        [ "$type" = hydra ] && continue
+        [ "$type" = hydra ] || [ "$type" = kangaroo ] && continue
         cerberus-hf ngram --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA"
       done ;;
     calibrate)  # the device's cost curve, the trees (static, dynamic, rescored) and the gate; 4096-token draft vocabulary
@@ -48,16 +55,20 @@ for step in $STEPS; do
       done ;;
     bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles
       mkdir -p "$(dirname "$FAMILIES")" "$(dirname "$RESCORING")"
-      cerberus-hf bench $(for type in $TYPES; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
+      cerberus-hf bench $(for type in $TYPES; do if [ "$type" != kangaroo ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
         --prompts "$PROMPTS_EVAL" --every 2 --max-new-tokens 128 --profile \
         --variants tree dtree tree+gate+lookup dtree+gate+lookup \
         --json "$FAMILIES.json" --plot "$FAMILIES.png" > "$FAMILIES.md"
-      cerberus-hf bench $(for type in $TYPES; do if [ "$type" != hydra ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
+      cerberus-hf bench $(for type in $TYPES; do if [ "$type" != hydra ] && [ "$type" != kangaroo ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
         --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --profile --variants ltree rtree \
-        --json "$RESCORING.json" --plot "$RESCORING.png" > "$RESCORING.md" ;;
+        --json "$RESCORING.json" --plot "$RESCORING.png" > "$RESCORING.md"
+      cerberus-hf bench $(for type in $TYPES; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
+        --prompts "$PROMPTS_EVAL" --every 4 --max-new-tokens 128 --profile --variants tree \
+        --json "$KANGAROO.json" --plot "$KANGAROO.png" > "$KANGAROO.md" ;;
     card)     # the model cards, from the training metrics and the bench of their default configuration
       for type in $TYPES; do
         bench=$RESCORING; [ "$type" = hydra ] && bench=$FAMILIES   # Hydra has no n-gram model: its trees are the default
+        [ "$type" = kangaroo ] && bench=$KANGAROO
         cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$bench.json"
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

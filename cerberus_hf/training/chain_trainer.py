@@ -346,7 +346,7 @@ def train_chain_drafter(
         "top1": [final["top1"]] if final else None, "top5": [final["top5"]] if final else None,
         "eval": final, "steps": state["step"], "epochs": round(state["step"] / steps_per_epoch, 4),
         "config": run_config,
-        "data": {"path": [str(p) for p in paths], "records": len(records), "held_out_records": len(held_out),
+        "data": {"path": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], "records": len(records), "held_out_records": len(held_out),
                  "train_positions": sum(answers[i][1] for i in train_members),
                  "eval_positions": sum(answers[i][1] for i in eval_members)},
         "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),

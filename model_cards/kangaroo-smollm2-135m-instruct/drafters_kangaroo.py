@@ -1,0 +1,256 @@
+"""Kangaroo self-drafting (Liu et al., 2024): the base's first layers, a small adapter and the base's lm_head.
+
+The drafter is the base itself, cut short. A draft token is the argmax of
+
+    lm_head(adapter(h^l)),   h^l = the output of the base's layer ``l - 1`` (``exit_layer = l``),
+
+and drafting runs token by token: the newest token goes through the base's first ``l`` layers (which
+write their KV entries into the base's own cache), then through the adapter (one attention layer with its
+own KV cache: input RMSNorm, attention, residual, final RMSNorm; no MLP), then through the frozen lm_head
+(over the draft vocabulary where one is set). A draft ends after ``num_heads`` tokens or after the first
+token drafted with probability below ``exit_confidence`` (the second early exit; that token is still
+verified).
+
+What this implementation reuses and what it recomputes. The shallow layers' KV entries written while
+drafting are dropped again before verification (`draft_chain` crops them), and verification runs the whole
+base over the last token and the draft as it does for every family: the ``l`` shallow layers run twice on
+drafted tokens. Kangaroo's own code instead verifies from the exited states (layers ``l..``) only; that
+needs a forward that starts at a middle layer, which transformers' decoders do not offer generically (the
+mask and position embeddings are built inside the model's forward, and some models scale their input
+embeddings there). The cost is ``l / num_layers`` of a verification forward (2 / 30 for SmolLM2-135M); the
+bench's profile shows it in the ``verify`` phase. The adapter's cache is extended after each verification
+with the states the verifier computed at the accepted positions (`KangarooState.observe`), so it always
+covers exactly the verified tokens.
+
+Size. Kangaroo's adapter is a full-width attention layer (``4 d^2`` parameters: as large as four Medusa
+heads of one block each on SmolLM2-135M). Here its width is ``adapter_heads * adapter_head_dim`` (64 by
+default), so it has ``4 * d * width + 2 d`` parameters (148k for ``d = 576``), with rotary position
+embeddings of its own. A fresh adapter's output projection is zero: it drafts the base's early exit at
+layer ``l`` (transformers' ``assistant_early_exit``, with the adapter's final norm).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .configuration_cerberus import CerberusConfig
+from .drafters_base import Drafter, SequenceState, capture_lm_head_input
+
+
+def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
+    """(the base's decoder, the attribute name of its layer list, the list): the ``ModuleList`` child of
+    ``model.get_decoder()`` with one entry per hidden layer (``layers`` in Llama-style models, ``h`` in GPT-2)."""
+    decoder = model.get_decoder()
+    count = model.config.get_text_config().num_hidden_layers
+    for name, child in decoder.named_children():
+        if isinstance(child, nn.ModuleList) and len(child) == count:
+            return decoder, name, child
+    raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers found; Kangaroo cannot run its "
+                     "first layers on their own.")
+
+
+@contextmanager
+def first_layers(model: nn.Module, count: int) -> Iterator[nn.Module]:
+    """The base's decoder running only its first ``count`` layers while inside (then its final norm, which
+    the drafter does not read). Each layer keeps its index, so it reads and writes its own cache layer."""
+    decoder, name, layers = decoder_layers(model)
+    config = decoder.config
+    saved = config.num_hidden_layers
+    setattr(decoder, name, layers[:count])
+    config.num_hidden_layers = count
+    try:
+        yield decoder
+    finally:
+        setattr(decoder, name, layers)
+        config.num_hidden_layers = saved
+
+
+@contextmanager
+def capture_exit_states(model: nn.Module, exit_layer: int) -> Iterator[dict]:
+    """`capture_lm_head_input`, plus ``captured["exit"]``: the output of layer ``exit_layer - 1``
+    (``[batch, positions, hidden]``) on every forward that runs it."""
+    _, _, layers = decoder_layers(model)
+
+    def hook(module, args, output):
+        captured["exit"] = output[0] if isinstance(output, tuple) else output
+
+    with capture_lm_head_input(model) as captured:
+        handle = layers[exit_layer - 1].register_forward_hook(hook)
+        try:
+            yield captured
+        finally:
+            handle.remove()
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (base 10000, rotate-half layout) of ``x`` ``[..., T, d]`` at ``positions`` ``[T]``."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+class KangarooAdapter(nn.Module):
+    """``norm(x + attention(input_norm(x)))`` with its own KV cache; identity plus norm at initialisation."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, eps: float = 1e-6):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"adapter_head_dim must be even (rotary embeddings), got {head_dim}.")
+        self.num_heads, self.head_dim = num_heads, head_dim
+        width = num_heads * head_dim
+        self.input_norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.q_proj = nn.Linear(hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(hidden_size, width, bias=False)
+        self.v_proj = nn.Linear(hidden_size, width, bias=False)
+        self.o_proj = nn.Linear(width, hidden_size, bias=False)
+        nn.init.zeros_(self.o_proj.weight)
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        self._init_projections()
+
+    @torch.no_grad()
+    def _init_projections(self) -> None:
+        """q, k and v as torch's default Linear init draws them, from a fixed seed: a fresh adapter is a
+        function of its config, so a training run depends on its own seed alone (and resumes exactly)."""
+        generator = torch.Generator().manual_seed(0)
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            if proj.weight.is_meta:
+                continue
+            bound = 1.0 / math.sqrt(proj.weight.shape[1])
+            proj.weight.copy_((torch.rand(proj.weight.shape, generator=generator) * 2 - 1) * bound)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(-3, -2)  # [B, heads, T, d]
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """(outputs ``[B, T, hidden]``, the keys and values of the past and these positions) for ``x``
+        ``[B, T, hidden]`` at sequence ``positions`` ``[T]``, after the cached ``past`` (causal)."""
+        normed = self.input_norm(x)
+        q = _rotate(self._heads(self.q_proj(normed)), positions)
+        k = _rotate(self._heads(self.k_proj(normed)), positions)
+        v = self._heads(self.v_proj(normed))
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
+        steps, total = x.shape[1], k.shape[-2]
+        mask = None
+        if steps > 1:  # query i sits at key index total - steps + i and sees the keys up to it
+            mask = torch.ones(steps, total, dtype=torch.bool, device=x.device).tril(total - steps)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        out = self.o_proj(attended.transpose(-3, -2).reshape(*x.shape[:-1], -1))
+        return self.norm(x + out), (k, v)
+
+
+class KangarooState(SequenceState):
+    """The adapter's KV cache for one sequence, and where to find the base's cache and captured states."""
+
+    def __init__(self, drafter: "KangarooDrafter", model: nn.Module, cache):
+        self.drafter, self.model, self.cache = drafter, model, cache
+        self.past: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.length = 0
+        self.captured: dict = {}
+
+    def extend(self, exit_states: torch.Tensor) -> torch.Tensor:
+        """Run the adapter on the next positions' exited states ``[1, n, hidden]``; returns its outputs."""
+        count = exit_states.shape[1]
+        positions = torch.arange(self.length, self.length + count, device=exit_states.device)
+        out, self.past = self.drafter.adapter(exit_states.to(self.drafter.dtype), positions, self.past)
+        self.length += count
+        return out
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from ``length`` on."""
+        if self.past is not None and length < self.length:
+            self.past = (self.past[0][..., :length, :], self.past[1][..., :length, :])
+        self.length = min(self.length, length)
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        self.captured = captured
+        states = captured["exit"]
+        self.extend(states if keep is None else states[:, keep])
+
+
+class KangarooDrafter(Drafter):
+    """Drafts with the base's first ``exit_layer`` layers, the adapter and the base's lm_head."""
+
+    drafter_type = "kangaroo"
+    drafts_chains = True
+
+    def __init__(self, config: CerberusConfig):
+        super().__init__(config)
+        self.exit_layer = config.exit_layer
+        self.adapter = KangarooAdapter(config.hidden_size, config.adapter_heads, config.adapter_head_dim)
+
+    def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
+        return nn.ModuleList()  # no heads: the adapter is the drafter's only trained part
+
+    def attach(self, base: nn.Module) -> None:
+        layers = decoder_layers(base)[2]
+        if not 1 <= self.exit_layer < len(layers):
+            raise ValueError(f"exit_layer must be between 1 and {len(layers) - 1} for this base ({len(layers)} "
+                             f"layers), got {self.exit_layer}.")
+        super().attach(base)
+
+    def capture(self, model: nn.Module):
+        return capture_exit_states(model, self.exit_layer)
+
+    def start(self, model: nn.Module, cache) -> KangarooState:
+        return KangarooState(self, model, cache)
+
+    def logits(self, adapted: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the draft vocabulary from the adapter's outputs."""
+        return self.project(adapted, 0)
+
+    def next_logits(self, adapted: torch.Tensor, sequence: list[int]) -> torch.Tensor:
+        """Logits ``[V]`` of the token after ``sequence`` (the tokens so far, drafted ones included) from
+        the adapter's output at its last position (``[hidden]``). The sequence is for tests' oracles."""
+        return self.logits(adapted)
+
+    @torch.no_grad()
+    def draft_chain(self, state: KangarooState, input_ids: torch.LongTensor, max_tokens: int,
+                    confidence: float) -> list[int]:
+        start = input_ids.shape[1] - 1  # the newest token's position: not in either cache yet
+        if state.length != start:
+            raise RuntimeError(f"the adapter's cache covers {state.length} positions but the sequence has {start} "
+                               "verified ones; the decoding loop must call observe() after every forward.")
+        sequence = input_ids[0].tolist()
+        token = input_ids[:, -1:]
+        drafted: list[int] = []
+        with first_layers(state.model, self.exit_layer) as decoder:
+            while len(drafted) < max_tokens:
+                length = start + len(drafted)
+                decoder(input_ids=token, past_key_values=state.cache, use_cache=True,
+                        position_ids=torch.tensor([[length]], device=input_ids.device),
+                        attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=input_ids.device))
+                adapted = state.extend(state.captured["exit"][:, -1:])
+                probs = torch.softmax(self.next_logits(adapted[0, -1], sequence + drafted).float(), dim=-1)
+                top, index = probs.max(dim=-1)
+                drafted.append(int(self.token_ids(index)))
+                if float(top) < confidence:
+                    break
+                token = torch.tensor([[drafted[-1]]], device=input_ids.device, dtype=input_ids.dtype)
+        for layer in state.cache.layers[: self.exit_layer]:
+            layer.crop(-len(drafted))
+        state.truncate(start)
+        return drafted
+
+    def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
+        states = captured["exit"][:1, : len(sequence)].to(self.dtype)
+        adapted = self.adapter(states, torch.arange(states.shape[1], device=states.device))[0][0]
+        return torch.stack([self.next_logits(adapted[p], sequence[: p + 1]) for p in range(len(sequence))])
+
+    def forward(self, exit_states: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced draft logits ``[B, T, V]`` (over the draft vocabulary) from exited states
+        ``[B, T, hidden]`` of whole sequences (causal; right padding is harmless): what training fits."""
+        if positions is None:
+            positions = torch.arange(exit_states.shape[1], device=exit_states.device)
+        return self.logits(self.adapter(exit_states.to(self.dtype), positions)[0])
