@@ -630,13 +630,7 @@ def format_report(report: dict) -> str:
              f"tokens/s (model); drafting {report['draft_seconds'] * 1e3:.1f} ms (chain) / "
              f"{report['dynamic_draft_seconds'] * 1e3:.1f} ms (dynamic); default: {report['settings']['tree_kind']}",
              *_format_rescoring(report.get("rescoring")),
-             "| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
-             "|---|---|---|---|---|---|"]
-    for name, row in report["gate"]["signals"].items():
-        lines.append(f"| {name} | {row['threshold']:.3f} | {row['draft_rate']:.0%} | {row['tokens_per_s']:.1f} | "
-                     f"{row['spearman']:.3f} | {row['auc']:.3f} |")
-    lines.append(f"always draft: {report['gate']['always_draft_tokens_per_s']:.1f} tokens/s (model); never: "
-                 f"{report['gate']['never_tokens_per_s']:.1f}; chosen signal: {report['settings']['gate_signal']}")
+             *_format_gate(report)]
     return "\n".join(lines)
 
 
@@ -647,6 +641,17 @@ def _format_cost(report: dict) -> list[str]:
             "| n | " + " | ".join(str(n) for n in sizes) + " |",
             "|---|" + "---|" * len(sizes),
             "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |"]
+
+
+def _format_gate(report: dict) -> list[str]:
+    lines = ["| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
+             "|---|---|---|---|---|---|"]
+    for name, row in report["gate"]["signals"].items():
+        lines.append(f"| {name} | {row['threshold']:.3f} | {row['draft_rate']:.0%} | {row['tokens_per_s']:.1f} | "
+                     f"{row['spearman']:.3f} | {row['auc']:.3f} |")
+    lines.append(f"always draft: {report['gate']['always_draft_tokens_per_s']:.1f} tokens/s (model); never: "
+                 f"{report['gate']['never_tokens_per_s']:.1f}; chosen signal: {report['settings']['gate_signal']}")
+    return lines
 
 
 def format_chain_report(report: dict) -> str:
@@ -665,14 +670,7 @@ def format_chain_report(report: dict) -> str:
                      f"{row['tokens_per_s']:.1f} |")
     lines.append(f"chosen: length {best['length']}, exit confidence {best['exit_confidence']:.1f}, expected tau "
                  f"{best['expected_tau']:.3f}, {best['tokens_per_s']:.1f} tokens/s (model)")
-    lines += ["| gate signal | threshold | draft rate | tokens/s (model) | Spearman vs accepted | AUC (accepted >= 1) |",
-              "|---|---|---|---|---|---|"]
-    for name, row in report["gate"]["signals"].items():
-        lines.append(f"| {name} | {row['threshold']:.3f} | {row['draft_rate']:.0%} | {row['tokens_per_s']:.1f} | "
-                     f"{row['spearman']:.3f} | {row['auc']:.3f} |")
-    lines.append(f"always draft: {report['gate']['always_draft_tokens_per_s']:.1f} tokens/s (model); never: "
-                 f"{report['gate']['never_tokens_per_s']:.1f}; chosen signal: {report['settings']['gate_signal']}")
-    return "\n".join(lines)
+    return "\n".join(lines + _format_gate(report))
 
 
 def _format_rescoring(rescoring: dict | None) -> list[str]:
