@@ -49,8 +49,9 @@ for step in $STEPS; do
         # Medusa and Cerberus were recalibrated on 2026-11-23 with their n-gram models (--limit 100); Hydra on 2026-11-22.
         # Stored under "cpu/float32/<processor>": add --dtype bfloat16 for that dtype's own entry.
         limit=200; [ "$type" != hydra ] && limit=100
+        trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; [ "$type" = kangaroo ] && trees=""   # Kangaroo drafts chains
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --draft-vocab 4096 \
-          --limit "$limit" --rescoring-weights 0 0.3 0.5 1 1.5 2 \
+          --limit "$limit" $trees \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
       done ;;
     bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles

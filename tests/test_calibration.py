@@ -146,3 +146,28 @@ def test_calibrate_chain_measures_what_kangaroo_drafts_and_stores_what_generate_
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0)
     assert torch.equal(out, reference("llama"))
     assert max(model.generation_stats.tokens_per_step) <= len(length) + 1
+
+
+def test_calibrate_cli_refuses_tree_options_for_a_chain_drafter(tmp_path):
+    import argparse
+    import json
+
+    from cerberus_hf import CerberusForCausalLM
+    from cerberus_hf.tools import calibrate as calibrate_tool
+    from helpers import get_base
+
+    base = get_base("llama")
+    base.save_pretrained(tmp_path / "base")
+    model = CerberusForCausalLM.from_base(base, head_type="kangaroo", exit_layer=1, num_heads=2,
+                                          base_model_name_or_path=str(tmp_path / "base"))
+    model.save_pretrained(tmp_path / "kangaroo")
+    sequence = reference("llama")[0].tolist()
+    (tmp_path / "data.jsonl").write_text(json.dumps({
+        "id": "a", "mode": "greedy", "prompt": "p", "input_ids": sequence[:PROMPT_LEN],
+        "output_ids": sequence[PROMPT_LEN:], "finished": True}) + "\n")
+    parser = argparse.ArgumentParser()
+    calibrate_tool.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["calibrate", "--heads", str(tmp_path / "kangaroo"), "--data", str(tmp_path / "data.jsonl"),
+                              "--held-out-fraction", "0", "--top-k", "5", "--rescoring-weights", "0", "1"])
+    with pytest.raises(SystemExit, match=r"--top-k, --rescoring-weights do\(es\) not apply to kangaroo"):
+        args.func(args)

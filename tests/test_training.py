@@ -361,3 +361,14 @@ def test_killed_kangaroo_run_resumes_to_the_same_weights(base, data_path, cache_
     assert heads_equal(resumed, uninterrupted)
     with pytest.raises(ValueError, match="other settings"):
         train_chain_drafter(fresh_kangaroo(base), data_path, tmp_path / "killed", **dict(settings, lr=1e-3))
+
+
+def test_cli_refuses_options_the_chosen_trainer_would_ignore(tmp_path):
+    parser = argparse.ArgumentParser()
+    training.add_cli(parser.add_subparsers(dest="command"))
+    common = ["train", "--data", "x.jsonl", "--output", str(tmp_path / "out")]
+    for head_type, option in (("kangaroo", ["--batch-size", "64"]), ("medusa", ["--exit-layer", "4"])):
+        args = parser.parse_args(common + ["--head-type", head_type] + option)
+        with pytest.raises(SystemExit, match=f"{option[0]} do\\(es\\) not apply to --head-type {head_type}"):
+            training._refuse_options_of_the_other_trainer(args)
+    training._refuse_options_of_the_other_trainer(parser.parse_args(common + ["--head-type", "kangaroo"]))

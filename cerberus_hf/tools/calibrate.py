@@ -585,7 +585,10 @@ def add_cli(subparsers) -> None:
                         help="the dtype the base and heads compute in: each dtype has its own cost curve and entry")
     parser.add_argument("--report", default=None, help="write the full report (JSON) here")
     parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
-    parser.set_defaults(func=run_cli)
+    # the options only trees read: a drafter that drafts chains refuses them rather than ignore them
+    tree_options = ("max_nodes", "top_k", "dynamic_max_nodes", "dynamic_top_k", "rescoring_weights",
+                    "rescoring_candidates", "ngram")
+    parser.set_defaults(func=run_cli, tree_defaults={name: parser.get_default(name) for name in tree_options})
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -599,6 +602,10 @@ def run_cli(args: argparse.Namespace) -> int:
         model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
     if model.heads.drafts_chains:
+        given = [name for name, default in args.tree_defaults.items() if getattr(args, name) != default]
+        if given:
+            raise SystemExit(f"cerberus-hf calibrate: {', '.join('--' + n.replace('_', '-') for n in given)} do(es) "
+                             f"not apply to {model.config.head_type}, which drafts chains (no trees, no rescoring)")
         report = calibrate_chain(model, sequences, repeats=args.repeats)
         print(format_chain_report(report))
     else:
