@@ -376,27 +376,14 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         gate = fit_gate(records, dynamic_accepted(records, dynamic.nodes), dynamic_best["step_seconds"], cost[1])
     else:
         gate = fit_gate(records, static_accepted(records, paths), cost[len(paths) + 1] + draft_time, cost[1])
-    signal = max(gate["signals"], key=lambda name: gate["signals"][name]["tokens_per_s"])
-    chosen = gate["signals"][signal]
-    settings = {
-        "draft_tree": paths,
-        "dynamic_tree": dynamic.to_dict(),
-        "tree_kind": kind,
-        "gate_signal": signal,
-        "gate_threshold": None if chosen["threshold"] == float("inf") else chosen["threshold"],
-    }
+    settings = {"draft_tree": paths, "dynamic_tree": dynamic.to_dict(), "tree_kind": kind, **_chosen_gate(gate)}
     if rescoring is not None:
         settings["rescoring"] = rescoring.to_dict()
-    key = HardwareKey.of(model.device, model.base.dtype)
-    if model.device.type == "cpu":
-        settings["amx"] = has_amx(model.device)
-    calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
     stored = model.decoding_settings()
     if stored["calibration"] is not None and stored["prompt_lookup_num_tokens"] is not None:
         # not fitted here: keep what was chosen for the closest device
         settings["prompt_lookup_num_tokens"] = stored["prompt_lookup_num_tokens"]
-    calibrated[str(key)] = settings
-    model.generation_config.cerberus_calibration = calibrated
+    key = _store(model, settings)
     return {
         "device": model.device.type,
         "key": str(key),
@@ -514,21 +501,9 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
     best = max(table, key=lambda row: row["tokens_per_s"])
     records = [PositionRecord([], p.signals) for p in positions]
     gate = fit_gate(records, best["accepted"], best["step_seconds"], cost[1])
-    signal = max(gate["signals"], key=lambda name: gate["signals"][name]["tokens_per_s"])
-    chosen = gate["signals"][signal]
-    settings = {
-        "draft_tree": [[0] * (d + 1) for d in range(best["length"])],
-        "tree_kind": "static",
-        "exit_confidence": best["exit_confidence"],
-        "gate_signal": signal,
-        "gate_threshold": None if chosen["threshold"] == float("inf") else chosen["threshold"],
-    }
-    key = HardwareKey.of(model.device, model.base.dtype)
-    if model.device.type == "cpu":
-        settings["amx"] = has_amx(model.device)
-    calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
-    calibrated[str(key)] = settings
-    model.generation_config.cerberus_calibration = calibrated
+    settings = {"draft_tree": [[0] * (d + 1) for d in range(best["length"])], "tree_kind": "static",
+                "exit_confidence": best["exit_confidence"], **_chosen_gate(gate)}
+    key = _store(model, settings)
     # depth k's acceptance: how often its draft is right where every draft above it was (what chains need)
     reached = [[p for p in positions if all(p.hits[:k])] for k in range(depth)]
     hits = [sum(p.hits[k] for p in group) / len(group) if group else 0.0 for k, group in enumerate(reached)]
@@ -539,6 +514,25 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
         "gate": gate, "cost_curve_seconds": cost, "relative_cost": {n: t / cost[1] for n, t in cost.items()},
         "draft_seconds_per_token": per_token, "depth_acceptance": hits, "positions": len(positions),
     }
+
+
+def _chosen_gate(gate: dict) -> dict:
+    """The gate signal with the best modelled throughput and its threshold (None: always draft)."""
+    signal = max(gate["signals"], key=lambda name: gate["signals"][name]["tokens_per_s"])
+    threshold = gate["signals"][signal]["threshold"]
+    return {"gate_signal": signal, "gate_threshold": None if threshold == float("inf") else threshold}
+
+
+def _store(model, settings: dict) -> HardwareKey:
+    """Store ``settings`` in the model's generation config under this device, dtype and processor (with
+    whether a CPU has AMX), beside the entries for other hardware; returns the key."""
+    key = HardwareKey.of(model.device, model.base.dtype)
+    if model.device.type == "cpu":
+        settings["amx"] = has_amx(model.device)
+    calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
+    calibrated[str(key)] = settings
+    model.generation_config.cerberus_calibration = calibrated
+    return key
 
 
 def load_sequences(records: list[Record], limit: int | None = None, held_out_fraction: float | None = 0.05):

@@ -40,12 +40,15 @@ from tqdm.auto import tqdm
 from ..decoding.hardware import describe_device
 from ..drafters.kangaroo import capture_exit_states, first_layers
 from .data import Record, read_records
-from .hidden_cache import _sequence, base_fingerprint, build_hidden_cache, split_record_ids
+from .hidden_cache import _batches as batches_by_length
+from .hidden_cache import _sequence, base_fingerprint, build_hidden_cache, right_padded, split_record_ids
+from . import trainer as trainer_module  # its _on_step_end is looked up at each step (tests replace it)
+from .trainer import (
+    CHECKPOINTS_DIR, METRICS_NAME, STATE_NAME, _checkpoint_dirs, _cosine_with_warmup, default_cache_dir, projection_loss,
+)
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
-METRICS_NAME = "training_metrics.json"
 
 
 @torch.no_grad()
@@ -65,28 +68,16 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
     logger.info("exit states: %d sequences, %d tokens through %d layers, %.2f GB in %s", len(sequences), total,
                 exit_layer, total * hidden * 2 / 1e9, path)
     out: list[torch.Tensor | None] = [None] * len(sequences)
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     progress = tqdm(total=total, unit="tok", desc=f"exit states (layer {exit_layer})", disable=not show_progress)
     pad = base.config.pad_token_id if base.config.pad_token_id is not None else 0
     device = base.get_output_embeddings().weight.device
-    start = 0
     with capture_exit_states(base, exit_layer) as captured, first_layers(base, exit_layer) as decoder:
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and len(sequences[order[end]]) * (end - start + 1) <= batch_tokens:
-                end += 1
-            batch = order[start:end]
-            width = max(len(sequences[i]) for i in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):  # right padding: real positions never see the padding
-                ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
-                mask[row, : len(sequences[i])] = 1
+        for batch in batches_by_length([len(ids) for ids in sequences], batch_tokens):
+            ids, mask = right_padded([sequences[i] for i in batch], pad)
             decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
             for row, i in enumerate(batch):
                 out[i] = captured["exit"][row, : len(sequences[i])].to(torch.float16).cpu()
             progress.update(sum(len(sequences[i]) for i in batch))
-            start = end
     progress.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
@@ -98,14 +89,14 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
 class _Batch:
     """A batch of sequences: padded exited states and, per answer position, its place and target."""
 
-    def __init__(self, members: list[int], states: list[torch.Tensor], answers: list[tuple[int, int]],
+    def __init__(self, members: list[int], states: list[torch.Tensor], answers: list[int],
                  records: Sequence[Record], teacher: dict | None, distill_weight: float, device):
         width = max(states[i].shape[0] for i in members)
         hidden = states[members[0]].shape[1]
         self.states = torch.zeros(len(members), width, hidden)
         rows, cols, labels, teacher_rows = [], [], [], []
         for b, i in enumerate(members):
-            length, answer = states[i].shape[0], answers[i][1]
+            length, answer = states[i].shape[0], answers[i]
             self.states[b, :length] = states[i].float()
             first = length - answer - 1  # the state at p - 1 predicts the first answer token
             rows += [b] * answer
@@ -127,6 +118,10 @@ class _Batch:
         self.target_ids, self.target_probs = self.target_ids.to(device), self.target_probs.to(device)
         self.states, self.rows, self.cols = self.states.to(device), self.rows.to(device), self.cols.to(device)
 
+    def adapted(self, drafter) -> torch.Tensor:
+        """The adapter's outputs ``[rows, hidden]`` at the batch's answer positions (teacher-forced)."""
+        return drafter.adapt(self.states)[self.rows, self.cols]
+
 
 def _batches(members: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Consecutive groups of ``members`` whose padded size stays within ``batch_tokens`` (one at least)."""
@@ -143,10 +138,7 @@ def _batches(members: list[int], lengths: list[int], batch_tokens: int) -> list[
 
 
 def _loss(drafter, batch: _Batch, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from .trainer import projection_loss
-
-    adapted = drafter.adapter(batch.states, torch.arange(batch.states.shape[1], device=batch.states.device))[0]
-    picked = adapted[batch.rows, batch.cols]
+    picked = batch.adapted(drafter)
     weight = drafter.base_lm_head.weight.detach().float()
     bias = getattr(drafter.base_lm_head, "bias", None)
     return projection_loss(picked, weight, batch.target_ids, batch.target_probs, batch.labels,
@@ -161,8 +153,7 @@ def evaluate_adapter(drafter, batches: list[_Batch], chunk_rows: int = 512) -> d
     drafter.eval()
     weight = drafter.base_lm_head.weight.float()
     for batch in batches:
-        adapted = drafter.adapter(batch.states, torch.arange(batch.states.shape[1], device=batch.states.device))[0]
-        picked = adapted[batch.rows, batch.cols]
+        picked = batch.adapted(drafter)
         for lo in range(0, picked.shape[0], chunk_rows):
             logits = F.linear(picked[lo : lo + chunk_rows], weight).float()
             labels = batch.labels[lo : lo + chunk_rows]
@@ -208,8 +199,6 @@ def train_chain_drafter(
     teacher is built for it when above 0). The other arguments are `train_heads`'.
     """
     from accelerate import Accelerator
-    from . import trainer as trainer_module
-    from .trainer import _cosine_with_warmup, default_cache_dir
 
     started = time.perf_counter()
     if num_threads is not None:
@@ -233,8 +222,7 @@ def train_chain_drafter(
 
     cache_started = time.perf_counter()
     states = exit_states(model.base, records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress)
-    answers = [_sequence(r, max_seq_len) for r in records]
-    answers = [(len(ids), answer) for ids, answer in answers]
+    answers = [_sequence(r, max_seq_len)[1] for r in records]  # answer tokens kept per record
     teacher = None
     if distill_weight > 0:
         cache = build_hidden_cache(model.base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
@@ -243,8 +231,8 @@ def train_chain_drafter(
     cache_time = time.perf_counter() - cache_started
 
     held_out = split_record_ids([r.id for r in records], eval_fraction)
-    train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i][1] > 0]
-    eval_members = [i for i, r in enumerate(records) if r.id in held_out and answers[i][1] > 0 and r.mode != "text"]
+    train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i] > 0]
+    eval_members = [i for i, r in enumerate(records) if r.id in held_out and answers[i] > 0 and r.mode != "text"]
     if not train_members:
         raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
     lengths = [s.shape[0] for s in states]
@@ -277,18 +265,19 @@ def train_chain_drafter(
     accelerator.register_for_checkpointing(scheduler)
 
     state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
-    checkpoints = sorted(output_dir.glob(f"{CHECKPOINTS_DIR}/step-*"), key=lambda p: int(p.name[5:]))
+    checkpoints = _checkpoint_dirs(output_dir)  # those whose state file was written: complete ones
     if checkpoints and not resume:
         shutil.rmtree(output_dir / CHECKPOINTS_DIR)
         checkpoints = []
     if checkpoints:
-        saved = json.loads((checkpoints[-1] / "trainer_state.json").read_text())
+        last = checkpoints[-1][1]
+        saved = json.loads((last / STATE_NAME).read_text())
         if saved["run_config"] != run_config:
-            raise ValueError(f"{checkpoints[-1]} was written by a run with other settings; resume with the same "
+            raise ValueError(f"{last} was written by a run with other settings; resume with the same "
                              "arguments, pass resume=False (--no-resume), or use another output directory.")
-        accelerator.load_state(str(checkpoints[-1]))
+        accelerator.load_state(str(last))
         state = saved
-        logger.info("resuming from %s (step %d of %d)", checkpoints[-1], state["step"], total_steps)
+        logger.info("resuming from %s (step %d of %d)", last, state["step"], total_steps)
 
     progress = tqdm(total=total_steps, initial=state["step"], unit="step", desc="training the kangaroo adapter",
                     disable=not show_progress, dynamic_ncols=True)
@@ -331,8 +320,8 @@ def train_chain_drafter(
             state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
             folder = output_dir / CHECKPOINTS_DIR / f"step-{step}"
             accelerator.save_state(str(folder))
-            (folder / "trainer_state.json").write_text(json.dumps(state))
-            for old in sorted(output_dir.glob(f"{CHECKPOINTS_DIR}/step-*"), key=lambda p: int(p.name[5:]))[:-2]:
+            (folder / STATE_NAME).write_text(json.dumps(state))
+            for _, old in _checkpoint_dirs(output_dir)[:-2]:
                 shutil.rmtree(old)
         trainer_module._on_step_end(step)
     progress.close()
@@ -347,8 +336,8 @@ def train_chain_drafter(
         "eval": final, "steps": state["step"], "epochs": round(state["step"] / steps_per_epoch, 4),
         "config": run_config,
         "data": {"path": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], "records": len(records), "held_out_records": len(held_out),
-                 "train_positions": sum(answers[i][1] for i in train_members),
-                 "eval_positions": sum(answers[i][1] for i in eval_members)},
+                 "train_positions": sum(answers[i] for i in train_members),
+                 "eval_positions": sum(answers[i] for i in eval_members)},
         "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),
                  "train_time_s": round(train_time, 3), "train_time_s_total": round(time_before + train_time, 3),
                  "eval_time_s": round(eval_time, 3), "device": describe_device(device)},

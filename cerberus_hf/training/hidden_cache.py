@@ -226,6 +226,18 @@ def _batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
+def right_padded(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask) of ``rows`` padded on the right: under causal attention every real
+    position computes exactly what it would alone."""
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, ids in enumerate(rows):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        mask[row, : len(ids)] = 1
+    return input_ids, mask
+
+
 @torch.no_grad()
 def _compute_shard(
     base: nn.Module,
@@ -243,13 +255,7 @@ def _compute_shard(
     sequences = [_sequence(records[i], max_seq_len) for i in plan.records]
     per_record: list[dict[str, torch.Tensor] | None] = [None] * len(sequences)
     for batch in _batches([len(ids) for ids, _ in sequences], batch_tokens):
-        width = max(len(sequences[i][0]) for i in batch)
-        input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, i in enumerate(batch):  # right padding: causal attention keeps real positions exact
-            ids = sequences[i][0]
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            mask[row, : len(ids)] = 1
+        input_ids, mask = right_padded([sequences[i][0] for i in batch], pad_token_id)
         hidden = lm_head_inputs(base, input_ids.to(device), mask.to(device), use_decoder)
         for row, i in enumerate(batch):
             ids, answer = sequences[i]

@@ -762,15 +762,13 @@ def add_cli(subparsers):
         "train", help="train draft heads (Medusa, Cerberus, Hydra) or a Kangaroo adapter on a frozen base",
         description=__doc__.split("\n\n")[0])
     _add_arguments(parser)
-    parser.set_defaults(func=run_cli)
+    # the options only one of the two trainers reads: the other refuses them rather than ignore them
+    only = {"heads": ("batch_size", "num_layers", "head_weight_decay", "text_distill_weight", "train_fraction",
+                      "projection_dtype"),
+            "kangaroo": ("exit_layer", "adapter_heads", "adapter_head_dim", "batch_tokens")}
+    parser.set_defaults(func=run_cli, trainer_only_defaults={
+        trainer: {name: parser.get_default(name) for name in names} for trainer, names in only.items()})
     return parser
-
-
-# Options only one of the two trainers reads, with their defaults: given another value for the other
-# trainer they would be silently ignored, so they are refused instead.
-_HEADS_ONLY = {"batch_size": 256, "num_layers": 1, "head_weight_decay": 0.8, "text_distill_weight": 1.0,
-               "train_fraction": 1.0, "projection_dtype": "float32"}
-_KANGAROO_ONLY = {"exit_layer": 2, "adapter_heads": 2, "adapter_head_dim": 32, "batch_tokens": 8192}
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -778,33 +776,33 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
     parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES)
     parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--num-layers", type=int, default=_HEADS_ONLY["num_layers"])
+    parser.add_argument("--num-layers", type=int, default=1)
     parser.add_argument("--data", required=True, action="append",
                         help="distillation JSONL (from `cerberus-hf distill`); repeat to train on several as one set")
     parser.add_argument("--output", default=None, help="folder for the heads, metrics and checkpoints")
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch-size", type=int, default=_HEADS_ONLY["batch_size"], help="answer positions per step")
+    parser.add_argument("--batch-size", type=int, default=256, help="answer positions per step")
     parser.add_argument("--max-steps", type=int, default=None, help="total steps (overrides --epochs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--distill-weight", type=float, default=0.0,
                         help="share of the target given to the base's own distribution (0..1)")
-    parser.add_argument("--text-distill-weight", type=float, default=_HEADS_ONLY["text_distill_weight"],
+    parser.add_argument("--text-distill-weight", type=float, default=1.0,
                         help="the same share for 'text' records (a dataset's answers; default: the base's distribution "
                              "only). Held-out accuracy is then measured on the base's own answers")
-    parser.add_argument("--head-weight-decay", type=float, default=_HEADS_ONLY["head_weight_decay"], help="head k's loss weight is this ** k")
+    parser.add_argument("--head-weight-decay", type=float, default=0.8, help="head k's loss weight is this ** k")
     parser.add_argument("--warmup-ratio", type=float, default=0.05)
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--save-every", type=int, default=None)
     parser.add_argument("--eval-fraction", type=float, default=0.05)
-    parser.add_argument("--train-fraction", type=float, default=_HEADS_ONLY["train_fraction"],
+    parser.add_argument("--train-fraction", type=float, default=1.0,
                         help="share of the training records used (nested subsets; for data-scaling curves)")
     parser.add_argument("--cache-dir", default=None,
                         help="hidden-state cache folder, shared between runs (default: $CERBERUS_HF_CACHE/hidden_states)")
     parser.add_argument("--teacher-topk", type=int, default=32,
                         help="base log-probabilities kept per cached position, for --distill-weight (0: none)")
     parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--projection-dtype", default=_HEADS_ONLY["projection_dtype"], choices=("float32", "bfloat16"),
+    parser.add_argument("--projection-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="dtype of the products with the frozen lm_head in the loss (bfloat16: faster)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="dtype the base is loaded in")
@@ -814,10 +812,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
     kangaroo = parser.add_argument_group("kangaroo", "the adapter on the base's first layers (--head-type kangaroo; "
                                          "--num-heads is the longest draft)")
-    kangaroo.add_argument("--exit-layer", type=int, default=_KANGAROO_ONLY["exit_layer"], help="base layers the drafter runs before the adapter")
-    kangaroo.add_argument("--adapter-heads", type=int, default=_KANGAROO_ONLY["adapter_heads"])
-    kangaroo.add_argument("--adapter-head-dim", type=int, default=_KANGAROO_ONLY["adapter_head_dim"])
-    kangaroo.add_argument("--batch-tokens", type=int, default=_KANGAROO_ONLY["batch_tokens"], help="padded sequence tokens per step")
+    kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
+    kangaroo.add_argument("--adapter-heads", type=int, default=2)
+    kangaroo.add_argument("--adapter-head-dim", type=int, default=32)
+    kangaroo.add_argument("--batch-tokens", type=int, default=8192, help="padded sequence tokens per step")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -865,7 +863,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def _refuse_options_of_the_other_trainer(args: argparse.Namespace) -> None:
-    other = _HEADS_ONLY if args.head_type == "kangaroo" else _KANGAROO_ONLY
+    other = args.trainer_only_defaults["heads" if args.head_type == "kangaroo" else "kangaroo"]
     given = [name for name, default in other.items() if getattr(args, name) != default]
     if given:
         raise SystemExit(f"cerberus-hf train: {', '.join('--' + n.replace('_', '-') for n in given)} do(es) not "

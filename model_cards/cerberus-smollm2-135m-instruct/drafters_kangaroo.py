@@ -243,14 +243,13 @@ class KangarooDrafter(Drafter):
         state.truncate(start)
         return drafted
 
-    def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
-        states = captured["exit"][:1, : len(sequence)].to(self.dtype)
-        adapted = self.adapter(states, torch.arange(states.shape[1], device=states.device))[0][0]
-        return torch.stack([self.next_logits(adapted[p], sequence[: p + 1]) for p in range(len(sequence))])
+    def adapt(self, exit_states: torch.Tensor) -> torch.Tensor:
+        """The adapter's outputs ``[B, T, hidden]`` over exited states ``[B, T, hidden]`` of whole sequences
+        from their first position (causal; right padding is harmless): teacher-forced, as training fits
+        and calibration measures them."""
+        positions = torch.arange(exit_states.shape[1], device=exit_states.device)
+        return self.adapter(exit_states.to(self.dtype), positions)[0]
 
-    def forward(self, exit_states: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Teacher-forced draft logits ``[B, T, V]`` (over the draft vocabulary) from exited states
-        ``[B, T, hidden]`` of whole sequences (causal; right padding is harmless): what training fits."""
-        if positions is None:
-            positions = torch.arange(exit_states.shape[1], device=exit_states.device)
-        return self.logits(self.adapter(exit_states.to(self.dtype), positions)[0])
+    def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
+        adapted = self.adapt(captured["exit"][:1, : len(sequence)])[0]
+        return torch.stack([self.next_logits(adapted[p], sequence[: p + 1]) for p in range(len(sequence))])
