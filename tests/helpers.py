@@ -132,7 +132,7 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
 
     Only the heads' logits are replaced (per depth, whatever the drafted tokens above it), so the gate,
     the room left before max_length, the draft tree, verification and the statistics are all the real ones. The oracle recognises where it is by the
-    base's last hidden state (as the heads get it) among those of the ``references`` (full sequences,
+    base's last hidden state (as the heads get it, or the newest of a windowed drafter's window) among those of the ``references`` (full sequences,
     prompt included): at the state of position ``p``, head ``k`` is made to rank token ``p + k + 2``
     first. When ``corrupt(p, k)`` is true the right token is ranked second instead, behind a wrong one.
     States that match no reference position keep the real heads' logits. Returns counters
@@ -165,11 +165,26 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
     counters = {"hits": 0, "misses": 0}
     real_class = type(heads)
 
+    contextualized = []  # (what the heads read, the base's state it was made from) of a windowed drafter
+
+    def base_state(h: torch.Tensor) -> torch.Tensor:
+        for read, state in reversed(contextualized):
+            match = (read == h).all(-1).nonzero()
+            if len(match):
+                return state[int(match[0, 0])]
+        return h
+
     class OracleHeads(real_class):
+        def contextualize(self, hidden, next_tokens, valid):
+            read = real_class.contextualize(self, hidden, next_tokens, valid)
+            contextualized.append((read.float(), hidden[:, -1].float()))
+            return read
+
         def draft_level(self, k, hidden, tokens, previous):
             state, logits = real_class.draft_level(self, k, hidden, tokens, previous)
             logits = logits.clone()
             for i, h in enumerate(hidden.float()):
+                h = base_state(h)
                 distance = (table - h).norm(dim=-1)
                 row = int(distance.argmin())
                 if float(distance[row]) > 1e-3 * (float(h.norm()) + 1.0):

@@ -103,7 +103,7 @@ def test_teacher_forced_states_are_the_drafted_states(head_type):
         torch.testing.assert_close(logits[0], forced[depth])
         if depth < 2:
             node = type(node)((*node.tokens, int(tokens[0, depth + 1])), states[0])
-    torch.testing.assert_close(model.heads.forced_states(hidden, tokens)[0, 2], states[0])
+    torch.testing.assert_close(model.heads.forced_states(hidden, tokens)[0, 2], model.heads.readout(2, states)[0])
 
 
 def test_hydra_heads_read_the_drafted_tokens_and_the_others_do_not():

@@ -52,3 +52,12 @@ def test_kangaroo_card_says_what_the_drafter_is_made_of():
     assert "batch_tokens=4096" in card and "Data: `x.jsonl, y.jsonl`" in card
     never = render_card(model.config, None, None, "cerberus-hf card", {"cpu/float32/X": {"gate_threshold": 0.0}})
     assert "gate never drafts" in never
+
+
+def test_clover_card_says_what_the_drafter_is_made_of():
+    model = fresh_model("llama", "clover", num_heads=3, adapter_heads=2, adapter_head_dim=8, context_window=6)
+    training = {"top1": [0.5, 0.3, 0.2], "top5": [0.7, 0.5, 0.4], "config": {}, "data": {}, "cost": {}}
+    card = render_card(model.config, training, None, "cerberus-hf card", None)
+    assert "# Clover heads for" in card and "width 16" in card and "newest 6 verified states" in card
+    assert "residual layer" not in card
+    assert "| 2 | token t+4 | 0.200 | 0.400 |" in card

@@ -154,7 +154,7 @@ def test_chunked_projection_loss_matches_autograd(trainable_projection):
 # ------------------------------------------------------------------------------------------------ training
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "clover"])
 def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_dir, tmp_path, head_type):
     model = fresh(base, head_type)
     cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False)
@@ -363,12 +363,16 @@ def test_killed_kangaroo_run_resumes_to_the_same_weights(base, data_path, cache_
         train_chain_drafter(fresh_kangaroo(base), data_path, tmp_path / "killed", **dict(settings, lr=1e-3))
 
 
-def test_cli_refuses_options_the_chosen_trainer_would_ignore(tmp_path):
+def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
     parser = argparse.ArgumentParser()
     training.add_cli(parser.add_subparsers(dest="command"))
     common = ["train", "--data", "x.jsonl", "--output", str(tmp_path / "out")]
-    for head_type, option in (("kangaroo", ["--batch-size", "64"]), ("medusa", ["--exit-layer", "4"])):
+    for head_type, option in (("kangaroo", ["--batch-size", "64"]), ("medusa", ["--exit-layer", "4"]),
+                              ("hydra", ["--adapter-heads", "4"]), ("kangaroo", ["--context-window", "8"]),
+                              ("clover", ["--num-layers", "2"])):
         args = parser.parse_args(common + ["--head-type", head_type] + option)
         with pytest.raises(SystemExit, match=f"{option[0]} do\\(es\\) not apply to --head-type {head_type}"):
-            training._refuse_options_of_the_other_trainer(args)
-    training._refuse_options_of_the_other_trainer(parser.parse_args(common + ["--head-type", "kangaroo"]))
+            training._refuse_options_of_other_head_types(args)
+    for head_type, option in (("kangaroo", ["--adapter-heads", "4"]), ("clover", ["--adapter-heads", "4"]),
+                              ("clover", ["--context-window", "8", "--batch-size", "64"])):
+        training._refuse_options_of_other_head_types(parser.parse_args(common + ["--head-type", head_type] + option))

@@ -149,7 +149,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
         room = self.max_length - input_ids.shape[1] - 1
         static = self.tree.truncated(room) if self.dynamic is None else None
         can_draft = room > 0 and (self.dynamic is not None or static is not None)
-        step = StepDrafts(self.drafter, last_hidden_state, int(input_ids[0, -1]))
+        step = StepDrafts(self.drafter, self.state.heads_input(input_ids, last_hidden_state), int(input_ids[0, -1]))
         first_logits = step.root_logits()[None] if can_draft and self.gate.needs_heads else None
         drafting = can_draft and self.gate.should_draft(next_token_logits, first_logits)
         if can_draft:  # no room left for a draft is not the gate's decision

@@ -96,14 +96,16 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     """Median seconds for the drafter to draft one step: the chain through every head, or a dynamic tree
     (a drafter that reads its drafted tokens pays one call per depth), rescored by ``model.ngram`` when
     ``dynamic`` is a `Rescoring`."""
-    hidden = torch.zeros(1, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    window = max(model.heads.context_window, 1)  # a drafter reading a window pays for it every step
+    states = torch.zeros(1, window, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    valid = torch.ones(1, window, dtype=torch.bool, device=model.device)
     chain = TreeSpec.chain(model.config.num_heads)
     history = torch.arange(16, device=model.device)
     values = []
     for _ in range(repeats):
         synchronize(model.device)
         start = time.perf_counter()
-        step = StepDrafts(model.heads, hidden, 0)
+        step = StepDrafts(model.heads, model.heads.contextualize(states, valid.long(), valid), 0)
         rescore = ngram_rescore(model.ngram, history, dynamic.weight) if isinstance(dynamic, Rescoring) else None
         dynamic_selection(step, dynamic, model.config.num_heads, rescore) if dynamic else static_draft(step, chain)
         synchronize(model.device)
@@ -125,7 +127,10 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
         ids = torch.tensor([seq], device=model.device)
         with capture_lm_head_input(model.base) as captured:
             logits = model.base(input_ids=ids).logits[0]
-        hidden = captured["hidden"][0]
+        rows = torch.arange(len(seq), device=ids.device)
+        # what the heads read: a windowed drafter's window starts where decoding's would (the prompt's last state)
+        hidden = model.heads.heads_inputs(captured["hidden"][0], torch.cat([ids[0, 1:], ids[0, -1:]]),
+                                          rows.clamp(max=max(skip - 1, 0)), rows)
         ahead = (torch.arange(len(seq))[:, None] + 1 + torch.arange(num_heads)).clamp(max=len(seq) - 1)
         head_logits = model.draft_logits(hidden, ids[0, ahead.to(ids.device)])  # [len, heads, draft vocab]
         top = model.heads.token_ids(head_logits.topk(top_k, dim=-1).indices)  # [len, heads, top_k]

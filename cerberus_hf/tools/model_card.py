@@ -121,6 +121,15 @@ def _title_and_summary(config) -> list[str]:
                 f"to {config.num_heads} tokens, ending early after a token drafted with probability below the exit "
                 "confidence. It makes `generate()` faster without changing its output: the base verifies every "
                 "drafted token."]
+    if head_type == "clover":
+        width = config.adapter_heads * config.adapter_head_dim
+        return [f"# Clover heads for {config.base_model_name_or_path}", "",
+                f"{config.num_heads} Clover draft depths made with cerberus-hf. An augmenting block (one attention layer, "
+                f"{config.adapter_heads} heads of {config.adapter_head_dim}, width {width}) reads the newest "
+                f"{config.context_window} verified states, each mixed with the token that followed it; each later depth "
+                "mixes the token drafted above it into a running state (Clover's regressive connection and attention "
+                "decoder), and every depth projects through the frozen base `lm_head`. They make `generate()` faster "
+                "without changing its output: the base verifies every drafted token."]
     return [f"# {head_type.capitalize()} heads for {config.base_model_name_or_path}", "",
             f"{config.num_heads} {head_type} draft heads ({config.num_layers} residual layer(s) each, projecting through "
             f"the frozen base `lm_head`{HEAD_READS.get(head_type, '')}), made with cerberus-hf. They make `generate()` "

@@ -43,6 +43,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .data import read_records
+from ..drafters.base import context_windows
 from .hidden_cache import HiddenStateCache, build_hidden_cache, id_bucket, split_record_ids
 from ..configuration_cerberus import HEAD_TYPES
 from ..decoding.hardware import describe_device
@@ -159,7 +160,12 @@ class _HeadStates(nn.Module):
         super().__init__()
         self.heads = heads
 
-    def forward(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, tokens: torch.LongTensor, next_tokens: torch.LongTensor | None = None,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Forced states from each row's state (``[n, hidden]``), or from windows of states when the drafter
+        reads one (``[n, W, hidden]`` with ``next_tokens`` and ``valid``: `Drafter.contextualize`)."""
+        if next_tokens is not None:
+            hidden = self.heads.contextualize(hidden, next_tokens, valid)
         return self.heads.forced_states(hidden, tokens)
 
 
@@ -167,7 +173,8 @@ class _Rows:
     """The (position, head) pairs of a batch that have a target, with their targets."""
 
     def __init__(self, cache: HiddenStateCache, remaining: torch.Tensor, positions: torch.Tensor, num_heads: int,
-                 distill_weight: float | torch.Tensor, device: torch.device):
+                 distill_weight: float | torch.Tensor, device: torch.device, context_window: int = 0):
+        self.batch_rows = positions
         batch_index, heads = [], []
         for k in range(num_heads):
             valid = torch.nonzero(remaining[positions] >= k + 1).flatten()
@@ -192,10 +199,16 @@ class _Rows:
         self.labels = labels.to(device)
         self.target_ids = ids.to(device)
         self.target_probs = probs.to(device)
+        # the state each row's heads read, or the window of states ending at it within its record
+        self.next_tokens = self.valid = None
+        if context_window > 0:
+            index, valid = context_windows(positions, cache.first_rows()[positions], context_window)
+            self.next_tokens, self.valid = cache.tokens[index].to(device), valid.to(device)
+            positions = index
         self.hidden = cache.hidden[positions].to(device=device, dtype=torch.float32)
         # the true tokens at t + 1 .. t + num_heads after each state (teacher forcing for drafters that read
         # them); past a record's end they are never used, since those (position, head) pairs have no target
-        ahead = (positions[:, None] + torch.arange(num_heads)).clamp(max=cache.num_positions - 1)
+        ahead = (self.batch_rows[:, None] + torch.arange(num_heads)).clamp(max=cache.num_positions - 1)
         self.tokens = cache.tokens[ahead].to(device)
         self.batch_index = self.batch_index.to(device)
         self.head = self.head.to(device)
@@ -261,8 +274,8 @@ def evaluate_heads(
     heads.eval()
     for start in range(0, positions.shape[0], batch_size):
         batch = positions[start : start + batch_size]
-        rows = _Rows(cache, remaining, batch, num_heads, 0.0, device)
-        states = heads.forced_states(rows.hidden.to(next(heads.parameters()).dtype), rows.tokens)
+        rows = _Rows(cache, remaining, batch, num_heads, 0.0, device, heads.context_window)
+        states = _HeadStates(heads)(rows.hidden.to(heads.dtype), rows.tokens, rows.next_tokens, rows.valid)
         picked = states[rows.batch_index, rows.head]
         for lo in range(0, picked.shape[0], chunk_rows):
             hi = min(lo + chunk_rows, picked.shape[0])
@@ -654,9 +667,9 @@ def train_heads(
             permutation_epoch = epoch
         batch = train_positions[permutation[index * batch_size : (index + 1) * batch_size]].sort().values
         local = batch[accelerator.process_index :: accelerator.num_processes]
-        rows = _Rows(cache, remaining, local, num_heads, target_weight, device)
+        rows = _Rows(cache, remaining, local, num_heads, target_weight, device, heads.context_window)
 
-        states = trainable(rows.hidden, rows.tokens)
+        states = trainable(rows.hidden, rows.tokens, rows.next_tokens, rows.valid)
         row_losses, row_correct = _head_losses(model, states, rows, weight, bias, chunk_rows)
         head_rows = torch.zeros(num_heads, device=device).index_add_(0, rows.head, torch.ones_like(row_losses))
         row_weights = (head_weights.to(device) / head_rows.clamp(min=1))[rows.head]
@@ -759,15 +772,16 @@ def train_heads(
 def add_cli(subparsers):
     """Register the ``train`` subcommand; returns its parser."""
     parser = subparsers.add_parser(
-        "train", help="train draft heads (Medusa, Cerberus, Hydra) or a Kangaroo adapter on a frozen base",
+        "train", help="train draft heads (Medusa, Cerberus, Hydra, Clover) or a Kangaroo adapter on a frozen base",
         description=__doc__.split("\n\n")[0])
     _add_arguments(parser)
-    # the options only one of the two trainers reads: the other refuses them rather than ignore them
-    only = {"heads": ("batch_size", "num_layers", "head_weight_decay", "text_distill_weight", "train_fraction",
-                      "projection_dtype"),
-            "kangaroo": ("exit_layer", "adapter_heads", "adapter_head_dim", "batch_tokens")}
-    parser.set_defaults(func=run_cli, trainer_only_defaults={
-        trainer: {name: parser.get_default(name) for name in names} for trainer, names in only.items()})
+    # the options only some head types read: the others refuse them rather than ignore them
+    heads = tuple(h for h in HEAD_TYPES if h != "kangaroo")
+    only = {"batch_size": heads, "head_weight_decay": heads, "text_distill_weight": heads, "train_fraction": heads,
+            "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
+            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo",), "adapter_heads": ("kangaroo", "clover"),
+            "adapter_head_dim": ("kangaroo", "clover"), "context_window": ("clover",)}
+    parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
     return parser
 
 
@@ -813,9 +827,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     kangaroo = parser.add_argument_group("kangaroo", "the adapter on the base's first layers (--head-type kangaroo; "
                                          "--num-heads is the longest draft)")
     kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
-    kangaroo.add_argument("--adapter-heads", type=int, default=2)
-    kangaroo.add_argument("--adapter-head-dim", type=int, default=32)
     kangaroo.add_argument("--batch-tokens", type=int, default=8192, help="padded sequence tokens per step")
+    adapter = parser.add_argument_group("adapter", "Kangaroo's adapter and Clover's augmenting block (--head-type "
+                                        "kangaroo or clover)")
+    adapter.add_argument("--adapter-heads", type=int, default=2)
+    adapter.add_argument("--adapter-head-dim", type=int, default=32)
+    adapter.add_argument("--context-window", type=int, default=16,
+                         help="Clover: how many of the newest verified states the augmenting block reads")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -835,11 +853,13 @@ def run_cli(args: argparse.Namespace) -> int:
               f"{cache.info['shards_computed']} of {cache.info['shards']} shards computed in "
               f"{time.perf_counter() - started:.0f} s; base top-1 = data token at {cache.base_agreement()}")
         return 0
-    _refuse_options_of_the_other_trainer(args)
+    _refuse_options_of_other_head_types(args)
     if args.head_type == "kangaroo":
         return _run_chain_cli(args, base)
-    model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads,
-                                          num_layers=args.num_layers)
+    shape = {"num_layers": args.num_layers} if args.head_type != "clover" else {
+        "adapter_heads": args.adapter_heads, "adapter_head_dim": args.adapter_head_dim,
+        "context_window": args.context_window}
+    model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads, **shape)
     metrics = train_heads(
         model, args.data if len(args.data) > 1 else args.data[0], args.output, epochs=args.epochs, lr=args.lr,
         batch_size=args.batch_size,
@@ -862,9 +882,9 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_options_of_the_other_trainer(args: argparse.Namespace) -> None:
-    other = args.trainer_only_defaults["heads" if args.head_type == "kangaroo" else "kangaroo"]
-    given = [name for name, default in other.items() if getattr(args, name) != default]
+def _refuse_options_of_other_head_types(args: argparse.Namespace) -> None:
+    given = [name for name, (types, default) in args.only_for.items()
+             if args.head_type not in types and getattr(args, name) != default]
     if given:
         raise SystemExit(f"cerberus-hf train: {', '.join('--' + n.replace('_', '-') for n in given)} do(es) not "
                          f"apply to --head-type {args.head_type}")

@@ -1,7 +1,8 @@
 """Drafter families, each in its own module as the small part that differs from `base.Drafter`.
 
 Adding a family of heads: a module here with a `Drafter` subclass (``drafter_type``, ``reads_tokens``,
-`head_state`, and `make_block` if its blocks take more inputs), its name in `DRAFTER_CLASSES` below and in
+`head_state`, and `make_block` if its blocks take more inputs; `readout` if the projection reads part of a
+head's state; `contextualize` with ``context_window`` if the heads read the sequence before ``t``), its name in `DRAFTER_CLASSES` below and in
 `configuration_cerberus.HEAD_TYPES`. Decoding, calibration, training, the bench and the cards then work
 for it unchanged. A drafter that drafts through the base itself (Kangaroo) sets ``drafts_chains`` and
 implements `Drafter.start` / `Drafter.draft_chain` instead of `head_state`.
@@ -12,12 +13,13 @@ from __future__ import annotations
 from .configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .drafters_base import Drafter, ResidualBlock
 from .drafters_cerberus import CerberusDrafter
+from .drafters_clover import CloverDrafter
 from .drafters_hydra import HydraDrafter
 from .drafters_kangaroo import KangarooDrafter
 from .drafters_medusa import MedusaDrafter
 
 DRAFTER_CLASSES: dict[str, type[Drafter]] = {
-    cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter, HydraDrafter, KangarooDrafter)
+    cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter, HydraDrafter, KangarooDrafter, CloverDrafter)
 }
 assert tuple(DRAFTER_CLASSES) == HEAD_TYPES, "configuration_cerberus.HEAD_TYPES must list every family"
 
@@ -31,5 +33,5 @@ def build_drafter(config: CerberusConfig) -> Drafter:
     return DRAFTER_CLASSES[config.head_type](config)
 
 
-__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "Drafter", "HydraDrafter", "KangarooDrafter", "MedusaDrafter",
+__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "CloverDrafter", "Drafter", "HydraDrafter", "KangarooDrafter", "MedusaDrafter",
            "ResidualBlock", "build_drafter"]

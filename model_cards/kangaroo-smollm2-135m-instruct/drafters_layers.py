@@ -53,20 +53,29 @@ class AttentionAdapter(nn.Module):
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(-3, -2)  # [B, heads, T, d]
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None
+        self, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_mask: torch.Tensor | None = None, queries: int | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """(outputs ``[B, T, hidden]``, the keys and values of the past and these positions) for ``x``
-        ``[B, T, hidden]`` at sequence ``positions`` ``[T]``, after the cached ``past`` (causal)."""
+        ``[B, T, hidden]`` at sequence ``positions`` ``[T]``, after the cached ``past`` (causal).
+
+        ``queries``: only the last this many positions attend and are returned (the others only give keys and
+        values); ``key_mask`` ``[B, past + T]`` (bool): the keys that may be attended to (e.g. not padding)."""
         normed = self.input_norm(x)
-        q = rotate(self._heads(self.q_proj(normed)), positions)
         k = rotate(self._heads(self.k_proj(normed)), positions)
         v = self._heads(self.v_proj(normed))
+        if queries is not None:
+            x, normed, positions = x[:, -queries:], normed[:, -queries:], positions[-queries:]
+        q = rotate(self._heads(self.q_proj(normed)), positions)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
         steps, total = x.shape[1], k.shape[-2]
         mask = None
         if steps > 1:  # query i sits at key index total - steps + i and sees the keys up to it
             mask = torch.ones(steps, total, dtype=torch.bool, device=x.device).tril(total - steps)
+        if key_mask is not None:
+            keys = key_mask[:, None, None, :]
+            mask = keys if mask is None else mask & keys
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
         out = self.o_proj(attended.transpose(-3, -2).reshape(*x.shape[:-1], -1))
         return self.norm(x + out), (k, v)

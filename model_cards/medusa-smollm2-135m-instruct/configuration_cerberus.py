@@ -12,7 +12,7 @@ from .decoding_tree import DynamicTree, TreeSpec
 from .remote_code import auto_map_entry, write_remote_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
-HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo")
+HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover")
 HEAD_PROJECTIONS = ("shared", "own")
 
 
@@ -56,9 +56,11 @@ class CerberusConfig(PreTrainedConfig):
             transformers).
         exit_layer: Kangaroo only: how many of the base's first layers draft (the adapter reads the output
             of layer ``exit_layer - 1``); must be below the base's layer count.
-        adapter_heads: Kangaroo only: attention heads of the adapter.
-        adapter_head_dim: Kangaroo only: width of each adapter head (the adapter's attention is
+        adapter_heads: Kangaroo and Clover: attention heads of the adapter (Kangaroo) or augmenting block
+            (Clover).
+        adapter_head_dim: Kangaroo and Clover: width of each of those heads (the attention is
             ``adapter_heads * adapter_head_dim`` wide, which sets its size: about ``4 * hidden * width``).
+        context_window: Clover only: how many of the newest verified states its augmenting block reads.
         exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
             probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
             longest draft is ``num_heads`` tokens.
@@ -87,6 +89,7 @@ class CerberusConfig(PreTrainedConfig):
     exit_layer: int = 2
     adapter_heads: int = 2
     adapter_head_dim: int = 32
+    context_window: int = 16
     exit_confidence: float = 0.6
 
     def __post_init__(self, **kwargs):
@@ -97,7 +100,8 @@ class CerberusConfig(PreTrainedConfig):
                 f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
             )
         optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
-        for name in ("num_heads", "num_layers", "exit_layer", "adapter_heads", "adapter_head_dim", *optional):
+        for name in ("num_heads", "num_layers", "exit_layer", "adapter_heads", "adapter_head_dim", "context_window",
+                     *optional):
             value = getattr(self, name)
             if value is None and name in optional:
                 continue

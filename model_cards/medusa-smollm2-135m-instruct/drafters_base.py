@@ -9,8 +9,14 @@ next tokens depth by depth. Depth ``k`` (0-based) guesses token ``t + k + 2`` fr
   above depth ``k`` on the same path (in training and calibration: the true tokens, teacher forcing);
 * ``previous``: the drafter's own state at depth ``k - 1`` on the same path (``None`` at depth 0).
 
-A family is the small part that differs: how a head turns those into its state (`head_state`) and which
-blocks it is made of (`make_block`). Everything else is here: the projection through the frozen base
+A family that also reads the sequence before ``t`` (``context_window > 0``: Clover's augmenting block) turns
+a window of the newest verified states, each with the token that followed it, into the ``hidden`` its heads
+read (`contextualize`); decoding keeps that window per sequence (`ContextState`) and training and calibration
+gather it from stored states (`context_windows`).
+
+A family is the small part that differs: how a head turns those into its state (`head_state`), which part
+of that state the vocabulary projection reads (`readout`; all of it by default) and which blocks it is made
+of (`make_block`). Everything else is here: the projection through the frozen base
 ``lm_head`` (or per-head copies, Medusa-1), the reduced draft vocabulary, and teacher-forced states for
 training and calibration (`forced_states`). Families whose guesses ignore ``tokens`` and ``previous``
 beyond the head index (``reads_tokens = False``: Medusa, Cerberus) run once per depth whatever the tree;
@@ -79,6 +85,55 @@ class SequenceState:
     def observe(self, captured: dict, keep: list[int] | None) -> None:
         """The base's latest forward, of which the input positions ``keep`` were kept."""
 
+    def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
+        """What the heads read this step (``[1, hidden]``) after ``input_ids``, whose newest token the base
+        predicted from ``hidden`` (``[1, hidden]``): that state itself unless the drafter reads a window."""
+        return hidden
+
+
+class ContextState(SequenceState):
+    """The newest verified states of one sequence (at most ``context_window``), for a drafter that reads them.
+
+    The window starts at the state that predicted the first new token (the prefill's last position), as
+    training reads it from the hidden-state cache, which holds answers only."""
+
+    def __init__(self, drafter: "Drafter"):
+        self.drafter = drafter
+        self.rows: torch.Tensor | None = None  # [n, hidden]: the states at positions end - n .. end - 1
+        self.end: int | None = None  # None until the first step tells where the prefill ended
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        hidden = captured["hidden"][0]
+        if keep is None:
+            self.rows, self.end = hidden[-1:], None
+            return
+        if self.end is None:
+            raise RuntimeError("observe() after a verification needs heads_input() called after the prefill.")
+        self.rows = torch.cat([self.rows, hidden[keep]])[-self.drafter.context_window :]
+        self.end += len(keep)
+
+    def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
+        if self.rows is None:
+            raise RuntimeError("the decoding loop must call observe() with the prefill before drafting.")
+        if self.end is None:
+            self.end = input_ids.shape[1] - 1
+        if input_ids.shape[1] != self.end + 1:
+            raise RuntimeError(f"the drafter's window ends at position {self.end} but the sequence has "
+                               f"{input_ids.shape[1] - 1} verified states; observe() must follow every forward.")
+        count = self.rows.shape[0]
+        next_tokens = input_ids[:, self.end - count + 1 : self.end + 1]
+        valid = torch.ones(1, count, dtype=torch.bool, device=input_ids.device)
+        return self.drafter.contextualize(self.rows[None].to(self.drafter.dtype), next_tokens, valid)
+
+
+def context_windows(rows: torch.LongTensor, first: torch.LongTensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index ``[n, window]``, valid ``[n, window]``) of the stored states each of ``rows`` reads in context: the
+    ``window`` rows ending at it, oldest first, of which those before ``first`` (the row's window start, e.g. its
+    record's first row) are not valid (their index repeats the row's own)."""
+    index = rows[:, None] + torch.arange(1 - window, 1, device=rows.device)
+    valid = index >= first[:, None]
+    return torch.where(valid, index, rows[:, None]), valid
+
 
 class Drafter(nn.Module):
     """Draft heads on a frozen base; subclasses set ``drafter_type``, ``reads_tokens`` and `head_state`.
@@ -93,6 +148,7 @@ class Drafter(nn.Module):
     drafter_type: ClassVar[str]
     reads_tokens: ClassVar[bool] = False
     drafts_chains: ClassVar[bool] = False
+    context_window: int = 0  # how many of the newest verified states the heads read (0: only h_t)
 
     def __init__(self, config: CerberusConfig):
         super().__init__()
@@ -132,6 +188,25 @@ class Drafter(nn.Module):
         ``previous`` ``[n, hidden]`` (see the module docstring)."""
         raise NotImplementedError
 
+    def readout(self, k: int, state: torch.Tensor) -> torch.Tensor:
+        """The part of head ``k``'s state ``[n, ...]`` that its vocabulary projection reads (``[n, hidden]``)."""
+        return state
+
+    def contextualize(self, hidden: torch.Tensor, next_tokens: torch.LongTensor, valid: torch.Tensor) -> torch.Tensor:
+        """The ``hidden`` the heads read (``[n, hidden]``) from windows of verified states ``[n, W, hidden]``
+        (oldest first, the newest being ``h_t``), the token that followed each (``[n, W]``) and which of them
+        belong to the window (``[n, W]`` bool); by default ``h_t`` alone."""
+        return hidden[:, -1]
+
+    def heads_inputs(self, hidden: torch.Tensor, next_tokens: torch.LongTensor, first: torch.LongTensor,
+                     rows: torch.LongTensor) -> torch.Tensor:
+        """`contextualize` at each of ``rows`` of stored states ``hidden`` ``[N, hidden]`` (``next_tokens[i]``
+        followed state ``i``; row ``r``'s window starts at ``first[r]``): what the heads read there."""
+        if self.context_window <= 0:
+            return hidden[rows].to(self.dtype)
+        index, valid = context_windows(rows, first[rows], self.context_window)
+        return self.contextualize(hidden[index].to(self.dtype), next_tokens[index], valid)
+
     # ------------------------------------------------------------------------------ the base it reads
     def attach(self, base: nn.Module) -> None:
         """Read the frozen ``base``'s ``lm_head`` and input embeddings from now on. The reference is kept
@@ -167,7 +242,7 @@ class Drafter(nn.Module):
     # ------------------------------------------------------------------------------ drafting
     def start(self, model: nn.Module, cache) -> SequenceState:
         """The state this drafter keeps for one sequence decoded by ``model`` (the base) with ``cache``."""
-        return SequenceState()
+        return ContextState(self) if self.context_window > 0 else SequenceState()
 
     def draft_chain(self, state: SequenceState, input_ids: torch.LongTensor, max_tokens: int,
                     confidence: float) -> list[int]:
@@ -185,15 +260,16 @@ class Drafter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(head ``k``'s state, its logits over the draft vocabulary) for ``n`` nodes at depth ``k``."""
         state = self.head_state(k, hidden, tokens, previous)
-        return state, self.project(state, k)
+        return state, self.project(self.readout(k, state), k)
 
     def forced_states(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
-        """Every head's state ``[n, num_heads, hidden]`` with the true tokens ``tokens`` ``[n, num_heads]``
-        (``tokens[:, j]`` is the token at ``t + 1 + j``) in place of drafted ones: what training fits."""
+        """Every head's projected state (`readout`) ``[n, num_heads, hidden]`` with the true tokens ``tokens``
+        ``[n, num_heads]`` (``tokens[:, j]`` is the token at ``t + 1 + j``) in place of drafted ones: what
+        training fits."""
         states, previous = [], None
         for k in range(self.num_heads):
             previous = self.head_state(k, hidden, tokens[:, : k + 1], previous)
-            states.append(previous)
+            states.append(self.readout(k, previous))
         return torch.stack(states, dim=-2)
 
     def forward(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
