@@ -12,9 +12,10 @@ STEPS=${STEPS:-"distill cache train ngram calibrate bench card"}
 FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
 RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
 KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
+CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
-TYPES=${TYPES:-"medusa cerberus hydra kangaroo"}   # head types to train / describe
+TYPES=${TYPES:-"medusa cerberus hydra kangaroo clover"}   # head types to train / describe
 
 for step in $STEPS; do
   case $step in
@@ -33,7 +34,8 @@ for step in $STEPS; do
         fi
         # Medusa and Cerberus were trained (2026-11-21) where a bf16 projection was fast; Hydra (2026-11-22) on an
         # AMD EPYC where torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s), so in fp32.
-        proj=bfloat16; [ "$type" = hydra ] && proj=float32
+        # Clover (2026-11-23) likewise, on the same kind of machine.
+        proj=bfloat16; [ "$type" = hydra ] || [ "$type" = clover ] && proj=float32
         cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 --data "$DATA" \
           --output "$OUT/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
           --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
@@ -41,15 +43,16 @@ for step in $STEPS; do
       done ;;
     ngram)    # the n-gram model that rescores the parallel heads' lattice (Medusa, Cerberus), beside the heads
       for type in $TYPES; do
-        [ "$type" = hydra ] || [ "$type" = kangaroo ] && continue
+        [ "$type" = hydra ] || [ "$type" = kangaroo ] || [ "$type" = clover ] && continue
         cerberus-hf ngram --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA"
       done ;;
     calibrate)  # the device's cost curve, the trees (static, dynamic, rescored) and the gate; 4096-token draft vocabulary
       for type in $TYPES; do
         # Medusa and Cerberus were recalibrated on 2026-11-23 with their n-gram models (--limit 100); Hydra on 2026-11-22.
         # Stored under "cpu/float32/<processor>": add --dtype bfloat16 for that dtype's own entry.
+        # Clover on 2026-11-23 (--limit 100, no n-gram model).
         limit=200; [ "$type" != hydra ] && limit=100
-        trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; [ "$type" = kangaroo ] && trees=""   # Kangaroo drafts chains
+        trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; [ "$type" = kangaroo ] || [ "$type" = clover ] && trees=""   # Kangaroo drafts chains
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --draft-vocab 4096 \
           --limit "$limit" $trees \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
@@ -60,16 +63,20 @@ for step in $STEPS; do
         --prompts "$PROMPTS_EVAL" --every 2 --max-new-tokens 128 --profile \
         --variants tree dtree tree+gate+lookup dtree+gate+lookup \
         --json "$FAMILIES.json" --plot "$FAMILIES.png" > "$FAMILIES.md"
-      cerberus-hf bench $(for type in $TYPES; do if [ "$type" != hydra ] && [ "$type" != kangaroo ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
+      cerberus-hf bench $(for type in $TYPES; do if [ "$type" != hydra ] && [ "$type" != kangaroo ] && [ "$type" != clover ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
         --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --profile --variants ltree rtree \
         --json "$RESCORING.json" --plot "$RESCORING.png" > "$RESCORING.md"
       cerberus-hf bench $(for type in $TYPES; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
         --prompts "$PROMPTS_EVAL" --every 4 --max-new-tokens 128 --profile --variants tree \
-        --json "$KANGAROO.json" --plot "$KANGAROO.png" > "$KANGAROO.md" ;;
+        --json "$KANGAROO.json" --plot "$KANGAROO.png" > "$KANGAROO.md"
+      cerberus-hf bench $(for type in medusa cerberus hydra kangaroo clover; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
+        --prompts "$PROMPTS_EVAL" --every 4 --max-new-tokens 128 --profile --variants tree \
+        --json "$CLOVER.json" --plot "$CLOVER.png" > "$CLOVER.md" ;;
     card)     # the model cards, from the training metrics and the bench of their default configuration
       for type in $TYPES; do
         bench=$RESCORING; [ "$type" = hydra ] && bench=$FAMILIES   # Hydra has no n-gram model: its trees are the default
         [ "$type" = kangaroo ] && bench=$KANGAROO
+        [ "$type" = clover ] && bench=$CLOVER
         cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$bench.json"
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

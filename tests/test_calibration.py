@@ -80,8 +80,9 @@ def test_dynamic_tree_size_follows_where_the_true_path_was_chosen():
     assert best["nodes"] == 1
 
 
-def test_calibrate_stores_settings_that_generate_uses(tmp_path):
-    model = fresh_model("llama", "cerberus", num_heads=3)
+@pytest.mark.parametrize("head_type", ["cerberus", "clover"])
+def test_calibrate_stores_settings_that_generate_uses(tmp_path, head_type):
+    model = fresh_model("llama", head_type, num_heads=3)
     install_oracle(model, [reference("llama")], corrupt=lambda p, k: (p + k) % 3 == 0)
     report = calibrate(model, [(reference("llama")[0].tolist(), PROMPT_LEN - 1)], max_nodes=8, repeats=1)
     assert "cost of one forward" in format_report(report)
