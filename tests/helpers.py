@@ -175,10 +175,23 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
         return h
 
     class OracleHeads(real_class):
-        def contextualize(self, hidden, next_tokens, valid):
+        def contextualize(self, hidden, next_tokens, valid):  # training's and calibration's path
             read = real_class.contextualize(self, hidden, next_tokens, valid)
             contextualized.append((read.float(), hidden[:, -1].float()))
             return read
+
+        def start(self, model, cache):  # decoding's path
+            state = real_class.start(self, model, cache)
+            if self.context_window > 0:
+                heads_input = state.heads_input
+
+                def recorded(input_ids, hidden):
+                    read = heads_input(input_ids, hidden)
+                    contextualized.append((read.float(), hidden.float()))
+                    return read
+
+                state.heads_input = recorded
+            return state
 
         def draft_level(self, k, hidden, tokens, previous):
             state, logits = real_class.draft_level(self, k, hidden, tokens, previous)

@@ -74,18 +74,22 @@ def test_decoding_reads_the_window_that_training_and_calibration_read(arch):
     install_oracle(model, [reference(arch, NEW_TOKENS + 8)], corrupt=lambda p, k: (p + 2 * k) % 3 == 0)
     heads = model.heads
     seen = []
-    real = type(heads).contextualize
+    start = heads.start
 
-    def recording(self, hidden, next_tokens, valid):
-        read = real(self, hidden, next_tokens, valid)
-        seen.append(read[0].clone())
-        return read
+    def recording(base, cache):
+        state = start(base, cache)
+        heads_input = state.heads_input
 
-    type(heads).contextualize = recording
-    try:
-        out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0)
-    finally:
-        type(heads).contextualize = real
+        def recorded(input_ids, hidden):
+            read = heads_input(input_ids, hidden)
+            seen.append(read[0].clone())
+            return read
+
+        state.heads_input = recorded
+        return state
+
+    heads.start = recording
+    out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0)
     assert out.tolist() == reference(arch).tolist()
     with torch.no_grad(), capture_lm_head_input(get_base(arch)) as captured:
         get_base(arch)(out)
@@ -108,13 +112,13 @@ def test_calibration_draft_time_pays_for_the_window():
 
     model = fresh_model("llama", "clover", num_heads=3, context_window=4)
     calls = []
-    real = type(model.heads).contextualize
-    type(model.heads).contextualize = lambda self, *a: calls.append(a[0].shape) or real(self, *a)
+    real = type(model.heads).read_window
+    type(model.heads).read_window = lambda self, *a: calls.append(a[0].shape) or real(self, *a)
     try:
         measure_draft_time(model, repeats=2)
     finally:
-        type(model.heads).contextualize = real
-    assert calls and all(shape[1] == 4 for shape in calls)
+        type(model.heads).read_window = real
+    assert len(calls) == 2 and all(shape[1] == 4 for shape in calls)
 
 
 def test_state_refuses_a_sequence_it_was_not_told_about():

@@ -96,8 +96,11 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     """Median seconds for the drafter to draft one step: the chain through every head, or a dynamic tree
     (a drafter that reads its drafted tokens pays one call per depth), rescored by ``model.ngram`` when
     ``dynamic`` is a `Rescoring`."""
-    window = max(model.heads.context_window, 1)  # a drafter reading a window pays for it every step
+    # a drafter reading a window pays every step for the newest state's row and for reading the window
+    window = max(model.heads.context_window, 1)
     states = torch.zeros(1, window, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    tokens = torch.zeros(1, window, dtype=torch.long, device=model.device)
+    rows = model.heads.window_rows(states, tokens)
     valid = torch.ones(1, window, dtype=torch.bool, device=model.device)
     chain = TreeSpec.chain(model.config.num_heads)
     history = torch.arange(16, device=model.device)
@@ -105,7 +108,8 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     for _ in range(repeats):
         synchronize(model.device)
         start = time.perf_counter()
-        step = StepDrafts(model.heads, model.heads.contextualize(states, valid.long(), valid), 0)
+        newest = model.heads.window_rows(states[:, -1:], tokens[:, -1:])
+        step = StepDrafts(model.heads, model.heads.read_window(torch.cat([rows[:, :-1], newest], dim=1), valid), 0)
         rescore = ngram_rescore(model.ngram, history, dynamic.weight) if isinstance(dynamic, Rescoring) else None
         dynamic_selection(step, dynamic, model.config.num_heads, rescore) if dynamic else static_draft(step, chain)
         synchronize(model.device)

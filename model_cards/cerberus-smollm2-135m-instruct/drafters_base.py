@@ -11,7 +11,7 @@ next tokens depth by depth. Depth ``k`` (0-based) guesses token ``t + k + 2`` fr
 
 A family that also reads the sequence before ``t`` (``context_window > 0``: Clover's augmenting block) turns
 a window of the newest verified states, each with the token that followed it, into the ``hidden`` its heads
-read (`contextualize`); decoding keeps that window per sequence (`ContextState`) and training and calibration
+read (`contextualize`: `window_rows` per position, then `read_window` over the window); decoding keeps that window per sequence (`ContextState`) and training and calibration
 gather it from stored states (`context_windows`).
 
 A family is the small part that differs: how a head turns those into its state (`head_state`), which part
@@ -92,38 +92,45 @@ class SequenceState:
 
 
 class ContextState(SequenceState):
-    """The newest verified states of one sequence (at most ``context_window``), for a drafter that reads them.
+    """The window rows (`Drafter.window_rows`) of the newest verified states of one sequence (at most
+    ``context_window``), for a drafter that reads them; each row is computed once, when the token after its
+    state is known, and kept while it is in the window.
 
     The window starts at the state that predicted the first new token (the prefill's last position), as
     training reads it from the hidden-state cache, which holds answers only."""
 
     def __init__(self, drafter: "Drafter"):
         self.drafter = drafter
-        self.rows: torch.Tensor | None = None  # [n, hidden]: the states at positions end - n .. end - 1
-        self.end: int | None = None  # None until the first step tells where the prefill ended
+        self.rows: torch.Tensor | None = None  # [n, ...]: the rows of the states before the pending ones
+        self.pending: torch.Tensor | None = None  # [k, hidden]: the newest states, their rows not computed yet
+        self.end: int | None = None  # one past the newest state's position; None until the first step tells
 
     def observe(self, captured: dict, keep: list[int] | None) -> None:
         hidden = captured["hidden"][0]
         if keep is None:
-            self.rows, self.end = hidden[-1:], None
+            self.rows, self.pending, self.end = None, hidden[-1:], None
             return
         if self.end is None:
             raise RuntimeError("observe() after a verification needs heads_input() called after the prefill.")
-        self.rows = torch.cat([self.rows, hidden[keep]])[-self.drafter.context_window :]
+        self.pending = torch.cat([self.pending, hidden[keep]])
         self.end += len(keep)
 
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
-        if self.rows is None:
+        if self.pending is None:
             raise RuntimeError("the decoding loop must call observe() with the prefill before drafting.")
         if self.end is None:
             self.end = input_ids.shape[1] - 1
         if input_ids.shape[1] != self.end + 1:
             raise RuntimeError(f"the drafter's window ends at position {self.end} but the sequence has "
                                f"{input_ids.shape[1] - 1} verified states; observe() must follow every forward.")
-        count = self.rows.shape[0]
-        next_tokens = input_ids[:, self.end - count + 1 : self.end + 1]
-        valid = torch.ones(1, count, dtype=torch.bool, device=input_ids.device)
-        return self.drafter.contextualize(self.rows[None].to(self.drafter.dtype), next_tokens, valid)
+        count = self.pending.shape[0]
+        if count:  # the tokens after the pending states are known now
+            next_tokens = input_ids[:, self.end - count + 1 : self.end + 1]
+            rows = self.drafter.window_rows(self.pending[None].to(self.drafter.dtype), next_tokens)[0]
+            self.rows = rows if self.rows is None else torch.cat([self.rows, rows])
+            self.rows, self.pending = self.rows[-self.drafter.context_window :], self.pending[:0]
+        valid = torch.ones(1, self.rows.shape[0], dtype=torch.bool, device=input_ids.device)
+        return self.drafter.read_window(self.rows[None], valid)
 
 
 def context_windows(rows: torch.LongTensor, first: torch.LongTensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,11 +199,21 @@ class Drafter(nn.Module):
         """The part of head ``k``'s state ``[n, ...]`` that its vocabulary projection reads (``[n, hidden]``)."""
         return state
 
+    def window_rows(self, hidden: torch.Tensor, next_tokens: torch.LongTensor) -> torch.Tensor:
+        """What a windowed drafter keeps of each verified state ``[..., hidden]`` and the token that followed it
+        (``[...]``), position by position (so decoding computes each once)."""
+        return hidden
+
+    def read_window(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The ``hidden`` the heads read (``[n, hidden]``) from windows of `window_rows` ``[n, W, ...]``, oldest
+        first, and which of them belong to the window (``[n, W]`` bool); by default the newest row alone."""
+        return rows[:, -1]
+
     def contextualize(self, hidden: torch.Tensor, next_tokens: torch.LongTensor, valid: torch.Tensor) -> torch.Tensor:
         """The ``hidden`` the heads read (``[n, hidden]``) from windows of verified states ``[n, W, hidden]``
         (oldest first, the newest being ``h_t``), the token that followed each (``[n, W]``) and which of them
-        belong to the window (``[n, W]`` bool); by default ``h_t`` alone."""
-        return hidden[:, -1]
+        belong to the window (``[n, W]`` bool): by default ``h_t`` alone."""
+        return self.read_window(self.window_rows(hidden, next_tokens), valid)
 
     def heads_inputs(self, hidden: torch.Tensor, next_tokens: torch.LongTensor, first: torch.LongTensor,
                      rows: torch.LongTensor) -> torch.Tensor:

@@ -108,10 +108,12 @@ class CloverDrafter(Drafter):
     def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
         return nn.ModuleList()  # no per-head blocks: every depth after the first shares the mixer and FC
 
-    def contextualize(self, hidden: torch.Tensor, next_tokens: torch.LongTensor, valid: torch.Tensor) -> torch.Tensor:
-        mixed = self.first_mixer(hidden, self.embed(next_tokens))
-        positions = torch.arange(hidden.shape[-2], device=hidden.device)
-        return self.augmenting(mixed, positions, key_mask=valid, queries=1)[0][:, -1]
+    def window_rows(self, hidden: torch.Tensor, next_tokens: torch.LongTensor) -> torch.Tensor:
+        return self.first_mixer(hidden, self.embed(next_tokens))
+
+    def read_window(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(rows.shape[-2], device=rows.device)
+        return self.augmenting(rows, positions, key_mask=valid, queries=1)[0][:, -1]
 
     def head_state(self, k, hidden, tokens, previous) -> torch.Tensor:
         if k == 0:
