@@ -217,8 +217,8 @@ def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, c
     original = trainer_module._Rows
 
     class Spy(original):
-        def __init__(self, cache, remaining, positions, num_heads, distill_weight, device):
-            super().__init__(cache, remaining, positions, num_heads, distill_weight, device)
+        def __init__(self, cache, remaining, positions, num_heads, distill_weight, device, context_window=0):
+            super().__init__(cache, remaining, positions, num_heads, distill_weight, device, context_window)
             if torch.is_tensor(distill_weight):  # training rows (evaluation passes 0.0)
                 text = cache.position_modes("text")[positions[self.batch_index] + self.head + 1]
                 seen.append((text, self.target_probs[:, 0].clone(), self.target_probs[:, 1:].sum(-1)))
