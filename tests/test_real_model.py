@@ -66,7 +66,7 @@ def test_greedy_exactness_on_chat_prompts(smollm2, variant):
     assert tokenizer.decode(prompts[0][1][0, prompts[0][0].shape[1]:], skip_special_tokens=True).strip()
 
 
-@pytest.mark.parametrize("head_type", ["cerberus", "hydra"])
+@pytest.mark.parametrize("head_type", ["cerberus", "hydra", "clover"])
 @pytest.mark.parametrize("tree", [None, [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]], "dynamic"],
                          ids=["chain", "tree", "dynamic"])
 def test_accepted_drafts_on_the_real_model(smollm2, tree, head_type):
@@ -103,7 +103,7 @@ def test_kangaroo_on_the_real_model(smollm2):
 
 
 SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hydra-smollm2-135m-instruct",
-           "kangaroo-smollm2-135m-instruct")
+           "kangaroo-smollm2-135m-instruct", "clover-smollm2-135m-instruct")
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -147,7 +147,7 @@ def gemma3():
     return base, prompt, base.generate(prompt, max_new_tokens=24, do_sample=False)
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "kangaroo"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "kangaroo", "clover"])
 def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, head_type):
     """A second real architecture (Gemma 3: sliding-window layers, 262k vocabulary): random heads (every
     draft rejected) and oracle heads (most drafts accepted, on a tree) both give the base's greedy output."""

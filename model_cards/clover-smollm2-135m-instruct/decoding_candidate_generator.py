@@ -1,0 +1,214 @@
+"""`CerberusCandidateGenerator`: the verifier's state in, a draft tree out, from any `Drafter`.
+
+It follows transformers' `CandidateGenerator` contract (`get_candidates` returns the input ids with a
+candidate chain appended; `update_candidate_strategy` hears how many were accepted). The decoding loop
+asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The tree is a
+fixed tree of ranks, one grown each step from the drafter's confidence (`drafting`), or one grown from
+the drafter's confidence rescored by an n-gram model (`rescoring`). The entropy
+gate lives here: a step the gate rejects gets no head draft, and the loop decodes a single token. With
+prompt lookup on, tokens copied from the context are grafted into the draft (gate or not: a repeated
+n-gram is its own evidence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ContextManager
+
+import torch
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from .decoding_lookup import DEFAULT_MAX_NGRAM, context_continuation
+from .decoding_gate import EntropyGate
+from .drafters_base import Drafter
+from .decoding_drafting import DynamicTree, StepDrafts, dynamic_draft, static_draft
+from .decoding_ngram import NgramModel
+from .decoding_profiling import phase_timer
+from .decoding_rescoring import Rescoring, ngram_rescore
+from .decoding_stats import GenerationStats
+from .decoding_tree import TreeSpec, graft_chain
+
+
+@dataclass
+class Draft:
+    """Draft tokens laid out as ``tree``: ``tokens[i]`` is node ``i``'s token."""
+
+    tree: TreeSpec
+    tokens: torch.LongTensor  # [len(tree)]
+
+    def top_chain(self) -> "Draft | None":
+        """The draft's first path (the heads' top-1 chain, else the copied chain) as a chain."""
+        nodes = self.tree.first_path
+        return Draft(TreeSpec.chain(len(nodes)), self.tokens[nodes]) if nodes else None
+
+
+
+def with_copied(draft: Draft | None, copied: list[int], device: torch.device) -> Draft:
+    """``draft`` (None: no head draft) with the chain ``copied`` merged in: its prefix that the tree
+    already holds is shared, the rest hangs below as new nodes (tokens on ``device``)."""
+    tree, tokens = (draft.tree, draft.tokens.tolist()) if draft is not None else (None, [])
+    node, below, shared = -1, (), 0
+    while tree is not None and shared < len(copied):
+        node = next((c for c in tree.children[node + 1] if tokens[c] == copied[shared]), None)
+        if node is None:
+            break
+        below, shared = tree.paths[node], shared + 1
+    if shared == len(copied):
+        return draft
+    rest = copied[shared:]
+    return Draft(graft_chain(tree, below, len(rest)), torch.tensor(tokens + rest, dtype=torch.long, device=device))
+
+
+class CerberusCandidateGenerator(CandidateGenerator):
+    """Drafts from a drafter: node ``(r0, ..., rd)`` of a static tree is depth ``d``'s rank-``rd`` guess
+    under node ``(r0, ..., r(d-1))``; a dynamic tree is grown anew each step.
+
+    Args:
+        drafter: the drafter (its family does not matter here).
+        gate: decides per step whether to draft at all.
+        tree: the static tree shape to draft (a chain of all heads when None and no dynamic tree is given).
+        max_length: total length the sequence may reach; drafts never run past it.
+        stats: where per-step figures are recorded.
+        lookup_tokens: how many tokens prompt lookup may copy from the context per step (0: off).
+        lookup_ngram: the longest suffix n-gram prompt lookup matches.
+        dynamic: grow an EAGLE-2-style tree per step instead of drafting ``tree``.
+        rescoring: grow the tree from the drafter's guesses rescored by ``ngram`` instead (overrides
+            ``tree`` and ``dynamic``).
+        ngram: the n-gram model ``rescoring`` reads.
+        phase: the profiler's phase timer (`profiling.phase_timer`), which charges the n-gram's scoring to
+            the ``rescore`` phase.
+        exit_confidence: for drafters that draft their own chain (``drafts_chains``), end a draft after a
+            token drafted with probability below this.
+    """
+
+    requires_model_outputs = True
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        gate: EntropyGate,
+        tree: TreeSpec | None,
+        max_length: int,
+        stats: GenerationStats,
+        lookup_tokens: int = 0,
+        lookup_ngram: int = DEFAULT_MAX_NGRAM,
+        dynamic: DynamicTree | None = None,
+        rescoring: Rescoring | None = None,
+        ngram: NgramModel | None = None,
+        phase: Callable[[str], ContextManager[None]] = phase_timer(None),
+        exit_confidence: float = 0.0,
+    ):
+        self.drafter = drafter
+        self.gate = gate
+        self.tree = tree if tree is not None else TreeSpec.chain(drafter.num_heads)
+        if self.tree.depth > drafter.num_heads:
+            raise ValueError(f"The draft tree is {self.tree.depth} deep but there are only {drafter.num_heads} heads.")
+        if dynamic is not None and dynamic.depth > drafter.num_heads:
+            raise ValueError(f"The dynamic tree is {dynamic.depth} deep but there are only {drafter.num_heads} heads.")
+        if rescoring is not None and ngram is None:
+            raise ValueError("Lattice rescoring needs an n-gram model: build one with `cerberus-hf ngram`.")
+        if rescoring is not None and rescoring.depth > drafter.num_heads:
+            raise ValueError(f"The rescored tree is {rescoring.depth} deep but there are only {drafter.num_heads} heads.")
+        if drafter.drafts_chains:
+            if dynamic is not None or rescoring is not None or not self.tree.is_chain:
+                raise ValueError(f"{drafter.drafter_type} drafts a chain token by token: pass no draft_tree other "
+                                 "than a chain, no dynamic_tree and no rescoring.")
+            if gate.needs_heads:
+                raise ValueError(f"The {gate.signal!r} gate reads parallel heads' first guess, which "
+                                 f"{drafter.drafter_type} does not make: use 'base_entropy' or 'base_top1'.")
+        self.exit_confidence = exit_confidence
+        self.dynamic = rescoring if rescoring is not None else dynamic
+        self.ngram = ngram if rescoring is not None else None
+        self.max_length = max_length
+        self.stats = stats
+        self.lookup_tokens = lookup_tokens
+        self.lookup_ngram = lookup_ngram
+        self.phase = phase
+        self._last: Draft | None = None
+        self.state = None
+
+    def start(self, model, cache) -> None:
+        """Begin a sequence decoded by ``model`` with ``cache`` (the drafter's state for it starts empty)."""
+        self.state = self.drafter.start(model, cache)
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        """The base's latest forward and which of its input positions were kept (`SequenceState.observe`)."""
+        self.state.observe(captured, keep)
+
+    @torch.no_grad()
+    def propose(
+        self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor, next_token_logits: torch.Tensor
+    ) -> Draft | None:
+        """A draft following ``input_ids`` (batch size 1), or None when the gate or the length says no.
+
+        ``last_hidden_state`` ([1, hidden]) is the verifier's state at the position that predicted the
+        last token of ``input_ids``; ``next_token_logits`` ([1, vocab]) the raw prediction made from it,
+        which the gate reads. A verification step emits the accepted drafts plus one token, so drafts
+        are at most ``max_length - len - 1`` deep.
+        """
+        room = self.max_length - input_ids.shape[1] - 1
+        static = self.tree.truncated(room) if self.dynamic is None else None
+        can_draft = room > 0 and (self.dynamic is not None or static is not None)
+        step = StepDrafts(self.drafter, self.state.heads_input(input_ids, last_hidden_state), int(input_ids[0, -1]))
+        first_logits = step.root_logits()[None] if can_draft and self.gate.needs_heads else None
+        drafting = can_draft and self.gate.should_draft(next_token_logits, first_logits)
+        if can_draft:  # no room left for a draft is not the gate's decision
+            self.stats.record_gate(drafting)
+        draft = None
+        if drafting and self.drafter.drafts_chains:
+            chain = self.drafter.draft_chain(self.state, input_ids, static.depth, self.exit_confidence)
+            draft = Draft(TreeSpec.chain(len(chain)), torch.tensor(chain, dtype=input_ids.dtype, device=input_ids.device))
+        elif drafting and self.dynamic is not None:
+            rescore = None
+            if self.ngram is not None and self.dynamic.weight > 0:  # weight 0: the same tree without the n-gram
+                rescore = self._profiled(ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight))
+            tree, tokens = dynamic_draft(step, self.dynamic, room, rescore)  # room > 0: never None here
+            draft = Draft(tree, tokens.to(input_ids.dtype))
+        elif drafting:
+            draft = Draft(static, static_draft(step, static).to(input_ids.dtype))
+        copied = []
+        if self.lookup_tokens and room > 0:
+            copied = context_continuation(input_ids[0].cpu(), min(self.lookup_tokens, room), self.lookup_ngram)
+        if copied:
+            draft = with_copied(draft, copied, input_ids.device)
+            self.stats.context_steps += 1
+        self._last = draft
+        return draft
+
+    def get_candidates(
+        self,
+        input_ids: torch.LongTensor,
+        last_hidden_state: torch.Tensor | None = None,
+        next_token_logits: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.LongTensor, None]:
+        """transformers' view: ``input_ids`` followed by the draft's top-1 chain (no logits)."""
+        draft = self.propose(input_ids, last_hidden_state, next_token_logits)
+        chain = draft.top_chain() if draft is not None else None
+        if chain is None:
+            return input_ids, None
+        return torch.cat([input_ids, chain.tokens[None]], dim=1), None
+
+    def _profiled(self, rescore: Callable) -> Callable:
+        """``rescore`` charged to the profiler's ``rescore`` phase."""
+
+        def timed(*args):
+            with self.phase("rescore"):
+                return rescore(*args)
+
+        return timed
+
+    def fall_back_to_chain(self, draft: Draft) -> Draft | None:
+        """Verify only the draft's top-1 chain this step (for attention that cannot take a tree mask)."""
+        self._last = draft.top_chain()
+        return self._last
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor | None, num_matches: int):
+        """Record how the last proposal fared (the tree is fixed per call; nothing adapts yet)."""
+        draft = self._last
+        self.stats.record_step(
+            emitted=num_matches + 1,
+            depth=draft.tree.depth if draft else 0,
+            nodes=len(draft.tree) if draft else 0,
+        )
+        self._last = None

@@ -1,0 +1,141 @@
+"""Turning a drafter's guesses into one step's draft tree: a fixed tree of ranks, or a tree grown from the
+drafter's own confidence.
+
+A drafter guesses depth by depth (`drafters.base.Drafter.draft_level`). `StepDrafts` runs it for one step
+from the verifier's state and newest token: depth ``k`` is computed for the nodes of depth ``k`` that get
+children, in one batched call; for drafters whose guesses ignore the tokens above them (Medusa, Cerberus)
+one call per depth serves every node.
+
+* `static_draft`: Medusa-style trees of ranks (``[[0], [1], [0, 0], ...]``): node ``(r0, .., rd)`` is the
+  rank-``rd`` guess of depth ``d`` under node ``(r0, .., r(d-1))``.
+* `dynamic_draft`: EAGLE-2's tree. Level by level, the ``top_k`` most probable children of each frontier
+  node are scored by their cumulative draft log-probability, the ``top_k`` best of them form the next
+  frontier, and at the end the ``nodes`` best of everything drafted (a path's score never exceeds its
+  parent's, so the set is a tree) are verified. ``nodes`` and ``depth`` are fitted by ``calibrate``.
+  With an n-gram model the same search rescores a wider lattice of guesses (`rescoring`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .drafters_base import Drafter
+from .decoding_rescoring import Rescore, Rescoring
+from .decoding_tree import DynamicTree, TreeSpec
+
+
+@dataclass
+class _Node:
+    tokens: tuple[int, ...]  # the drafted tokens from the root's child down to this node
+    state: torch.Tensor | None  # the drafter's state at this node ([hidden]); None at the root
+
+
+class StepDrafts:
+    """The drafter's guesses for one step, depth by depth, from the verifier's state and newest token."""
+
+    def __init__(self, drafter: Drafter, hidden: torch.Tensor, last_token: int):
+        self.drafter = drafter
+        self.hidden = hidden.reshape(1, -1).to(next(drafter.parameters()).dtype)
+        self.last_token = last_token
+        self.root = _Node((), None)
+        self._shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def expand(self, depth: int, parents: list[_Node]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(states ``[n, hidden]``, logits ``[n, V]``) of depth ``depth`` under each of ``parents``."""
+        if not self.drafter.reads_tokens:
+            if depth not in self._shared:
+                previous = self._shared[depth - 1][0] if depth > 0 else None
+                tokens = torch.tensor([[self.last_token] * (depth + 1)], device=self.hidden.device)
+                self._shared[depth] = self.drafter.draft_level(depth, self.hidden, tokens, previous)
+            state, logits = self._shared[depth]
+            return state.expand(len(parents), -1), logits.expand(len(parents), -1)
+        tokens = torch.tensor([(self.last_token, *p.tokens) for p in parents], device=self.hidden.device)
+        previous = torch.stack([p.state for p in parents]) if depth > 0 else None
+        return self.drafter.draft_level(depth, self.hidden.expand(len(parents), -1), tokens, previous)
+
+    def root_logits(self) -> torch.Tensor:
+        """Depth 0's logits ``[V]`` (what a head-entropy gate reads); reused by the draft that follows."""
+        if 0 not in self._shared:
+            self._shared[0] = self.drafter.draft_level(
+                0, self.hidden, torch.tensor([[self.last_token]], device=self.hidden.device), None
+            )
+        return self._shared[0][1][0]
+
+
+def static_draft(step: StepDrafts, tree: TreeSpec) -> torch.LongTensor:
+    """Tokens ``[len(tree)]`` of a fixed tree of ranks."""
+    nodes: list[_Node | None] = [None] * len(tree)
+    tokens: list[int] = [0] * len(tree)
+    for depth in range(tree.depth):
+        members = [i for i, path in enumerate(tree.paths) if len(path) == depth + 1]
+        parents = list(dict.fromkeys(tree.parents[i] for i in members))
+        row = {parent: r for r, parent in enumerate(parents)}
+        states, logits = step.expand(depth, [step.root if p < 0 else nodes[p] for p in parents])
+        top = step.drafter.token_ids(logits.topk(tree.top_k, dim=-1).indices).tolist()
+        for i in members:
+            r = row[tree.parents[i]]
+            tokens[i] = top[r][tree.paths[i][-1]]
+            parent_tokens = nodes[tree.parents[i]].tokens if tree.parents[i] >= 0 else ()
+            nodes[i] = _Node((*parent_tokens, tokens[i]), states[r])
+    return torch.tensor(tokens, dtype=torch.long, device=step.hidden.device)
+
+
+@lru_cache(maxsize=4096)
+def _tree_of(paths: tuple[tuple[int, ...], ...]) -> TreeSpec:
+    """One `TreeSpec` per shape, so its buffers are built once however often a dynamic tree recurs."""
+    return TreeSpec.from_paths(paths)
+
+
+def dynamic_selection(
+    step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
+) -> dict[tuple[int, ...], int]:
+    """``{path of ranks: token}`` of the nodes EAGLE-2 would verify (see the module docstring), at most
+    ``max_depth`` deep, in the order they were chosen: the first ``n`` entries are the tree of ``n`` nodes.
+
+    With `Rescoring` settings each frontier node is extended by the depth's ``candidates`` best guesses
+    (not ``top_k``), and ``rescore(paths, token_ids)`` is added to their scores (lattice rescoring)."""
+    depth = min(settings.depth, max_depth)
+    if depth < 1:
+        return {}
+    width = getattr(settings, "candidates", settings.top_k)
+    frontier: list[tuple[float, tuple[int, ...], _Node]] = [(0.0, (), step.root)]
+    drafted: list[tuple[float, tuple[int, ...], int]] = []  # (score, path of ranks, token)
+    for level in range(depth):
+        states, logits = step.expand(level, [node for _, _, node in frontier])
+        top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
+        candidates = step.drafter.token_ids(top.indices)
+        values = top.values
+        if rescore is not None:
+            values = values + rescore([node.tokens for _, _, node in frontier], candidates)
+        scores = (values + torch.tensor([s for s, _, _ in frontier], device=values.device)[:, None]).tolist()
+        token_ids = candidates.tolist()
+        children = [
+            (scores[r][j], (*frontier[r][1], j), token_ids[r][j], r)
+            for r in range(len(frontier))
+            for j in range(len(token_ids[r]))
+        ]
+        drafted.extend(child[:3] for child in children)
+        best = sorted(children, key=lambda c: -c[0])[: settings.top_k]
+        frontier = [(s, path, _Node((*frontier[r][2].tokens, token), states[r])) for s, path, token, r in best]
+    chosen: dict[tuple[int, ...], int] = {}
+    for score, path, token in sorted(drafted, key=lambda d: (-d[0], len(d[1]))):
+        if len(chosen) == settings.nodes:
+            break
+        if len(path) == 1 or path[:-1] in chosen:
+            chosen[path] = token
+    return chosen
+
+
+def dynamic_draft(
+    step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
+) -> tuple[TreeSpec, torch.LongTensor] | None:
+    """The tree `dynamic_selection` chooses, with its tokens in tree order (None when nothing fits)."""
+    chosen = dynamic_selection(step, settings, max_depth, rescore)
+    if not chosen:
+        return None
+    tree = _tree_of(tuple(sorted(chosen, key=lambda p: (len(p), p))))
+    tokens = torch.tensor([chosen[path] for path in tree.paths], dtype=torch.long, device=step.hidden.device)
+    return tree, tokens

@@ -1,0 +1,118 @@
+"""What a calibration is keyed by: the device type, the dtype and the processor, together.
+
+The trees and the gate are fitted to the cost of verifying n tokens in one forward, and that cost curve
+belongs to all three at once: on a CPU with AMX, 16 bf16 tokens cost about what one does while 16 fp32
+tokens cost two; on a CPU without AMX bf16 is no cheaper than fp32; a GPU is flat far further. So
+`calibrate` stores its settings under ``"<device>/<dtype>/<processor>"`` (``"cpu/float32/AMD EPYC"``,
+``"cuda/bfloat16/NVIDIA H100 80GB HBM3"``) and `generate()` takes the closest stored entry
+(`select_calibration`), saying which when it is not an exact match. Folders calibrated before this keying
+hold a bare device type (``"cpu"``): it is read as that device with an unknown dtype and processor.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(model name, flags) of the first processor in ``/proc/cpuinfo``; elsewhere what `platform` knows."""
+    name, flags = None, frozenset()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        field, _, value = line.partition(":")
+        if field.strip() == "model name" and name is None:
+            name = value.strip()
+        elif field.strip() == "flags" and not flags:
+            flags = frozenset(value.split())
+    return name or platform.processor() or platform.machine(), flags
+
+
+def processor_name(device: torch.device | str) -> str | None:
+    """The CPU model (``/proc/cpuinfo``) or the GPU's name: what a cost curve was measured on (None for a
+    CUDA device this machine does not have, or a device type without names)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else None
+    return _cpuinfo()[0] if device.type == "cpu" else None
+
+
+def has_amx(device: torch.device | str) -> bool:
+    """Whether the CPU has AMX tiles (fast bf16 matrix products); False for other devices."""
+    return torch.device(device).type == "cpu" and "amx_tile" in _cpuinfo()[1]
+
+
+def describe_device(device: torch.device | str) -> str:
+    """The processor in words for a record of a timing: CPU model, AMX or not, cores and torch threads."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return f"{device.type}: {processor_name(device)}"
+    return (f"cpu: {processor_name(device)} ({'with' if has_amx(device) else 'no'} AMX), {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads")
+
+
+@dataclass(frozen=True)
+class HardwareKey:
+    """Device type, dtype name and processor name; ``str()`` is the key in ``cerberus_calibration``."""
+
+    device: str
+    dtype: str | None = None
+    processor: str | None = None
+
+    @classmethod
+    def of(cls, device: torch.device | str, dtype: torch.dtype) -> "HardwareKey":
+        """The key of a model on ``device`` computing in ``dtype``, on this machine."""
+        return cls(torch.device(device).type, str(dtype).removeprefix("torch."), processor_name(device))
+
+    @classmethod
+    def parse(cls, key: str) -> "HardwareKey":
+        """A stored key; a bare device type (the keying before this one) has no dtype and processor."""
+        device, _, rest = key.partition("/")
+        dtype, _, processor = rest.partition("/")
+        return cls(device, dtype or None, processor or None)
+
+    def __str__(self) -> str:
+        return "/".join(part for part in (self.device, self.dtype, self.processor) if part)
+
+
+def select_calibration(calibrated: dict | None, wanted: HardwareKey, amx: bool = False) -> tuple[str | None, dict]:
+    """(stored key, settings) of the entry of ``calibrated`` closest to ``wanted``, or ``(None, {})``.
+
+    Only entries of the same device type qualify. Closest means, in this order: the same dtype, the same
+    AMX capability (stored as ``"amx"`` in CPU entries; it decides the shape of the curve more than the
+    model name), the same processor, then float32 (the curve every device has). A choice other than an
+    exact match is logged once, with the key used, so that a user knows to calibrate on this machine.
+    """
+    candidates = [key for key in (calibrated or {}) if HardwareKey.parse(key).device == wanted.device]
+    if not candidates:
+        if calibrated:
+            logger.warning_once(
+                f"cerberus-hf: no calibration stored for {wanted.device} (stored: {', '.join(calibrated)}); "
+                f"using the config's settings. Run `cerberus-hf calibrate --device {wanted.device}` to fit one."
+            )
+        return None, {}
+
+    def closeness(key: str) -> tuple:
+        stored = HardwareKey.parse(key)
+        return (stored.dtype == wanted.dtype, calibrated[key].get("amx", None) == amx,
+                stored.processor == wanted.processor, stored.dtype == "float32", key)
+
+    key = max(candidates, key=closeness)
+    if HardwareKey.parse(key) != wanted:
+        logger.warning_once(
+            f"cerberus-hf: no calibration stored for {wanted}; using the one for {key}. Run `cerberus-hf "
+            f"calibrate --dtype {wanted.dtype}` on this machine to fit the trees and the gate to its cost curve."
+        )
+    return key, calibrated[key]

@@ -1,0 +1,187 @@
+"""The draft-verify decoding loop, run by `generate()` as its `custom_generate` callable.
+
+`generate()` prepares everything as it would for plain decoding (generation config, logits processors,
+stopping criteria, cache, prefill inputs) and hands over here. Each step feeds the base model the last
+token plus a draft (a chain, or a tree under tree attention) in one forward pass, then walks the outputs
+from the root exactly as plain decoding would: process the logits with the prefix so far, pick a token
+(argmax, or a sample from the processed distribution), append it, stop if a stopping criterion fires,
+and go on only while the picked token is one of the current node's drafted children. Every emitted
+token is therefore chosen from the same distribution plain decoding would use at that prefix, so
+greedy output is identical and sampled output is distributed as the base's. The cache is then cut back
+to the accepted branch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import DynamicCache, GenerationConfig
+from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .decoding_acceptance import TypicalAcceptance, pick_token
+from .decoding_candidate_generator import CerberusCandidateGenerator, Draft
+from .decoding_profiling import StepProfiler, phase_timer
+
+
+def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):
+    if input_ids.shape[0] != 1:
+        raise ValueError("The draft-verify loop decodes one sequence at a time; CerberusForCausalLM.generate splits batches.")
+    if not generation_config.use_cache:
+        raise ValueError("Speculative decoding needs the KV cache: use_cache=False is not supported.")
+    cache = model_kwargs.get("past_key_values")
+    if not isinstance(cache, DynamicCache):
+        raise ValueError(
+            f"Speculative decoding needs a DynamicCache it can roll back; got {type(cache).__name__}. "
+            "Static, quantized and offloaded caches are not supported: drop `cache_implementation` / "
+            "`past_key_values` from the call."
+        )
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise ValueError(
+            "output_attentions / output_hidden_states are not supported with draft heads: a verification "
+            "step computes several positions at once. Use the base model for them."
+        )
+
+
+def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
+    """One base forward over the last token and the draft, at depth-based positions, under tree attention
+    (a chain needs only the model's own causal mask)."""
+    past = input_ids.shape[1] - 1
+    if draft is None:
+        step_input, offsets, mask = input_ids[:, -1:], torch.zeros(1, dtype=torch.long), None
+    else:
+        step_input = torch.cat([input_ids[:, -1:], draft.tokens[None]], dim=-1)
+        offsets = draft.tree.position_offsets
+        mask = None if draft.tree.is_chain else draft.tree.attention_mask(past, model.dtype, input_ids.device)
+    position_ids = (past + offsets.to(input_ids.device))[None]
+    return model(
+        input_ids=step_input, past_key_values=cache, position_ids=position_ids, attention_mask=mask, use_cache=True
+    )
+
+
+def _tree_attention_ok(model: nn.Module, input_ids: torch.LongTensor, draft: Draft) -> bool:
+    """Whether this step can verify a branching tree: it needs a 4D mask, which flash-attention kernels do
+    not take, and one mask serves every layer, so sliding-window layers must still see the whole context."""
+    if "flash" in str(getattr(model.config, "_attn_implementation", "")):
+        return False
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    return window is None or input_ids.shape[1] + len(draft.tokens) <= window
+
+
+def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[int]) -> None:
+    """Keep, of the last ``fed`` cached positions, those at indices ``keep`` (ascending); drop the rest.
+
+    A branch of a tree is first moved to the front of those positions; then the cache's own ``crop``
+    drops the tail, so each layer type keeps its bookkeeping (e.g. sliding-window lengths) right."""
+    if keep != list(range(len(keep))):
+        kept = set(keep)
+        order = keep + [i for i in range(fed) if i not in kept]
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            start = layer.keys.shape[-2] - fed
+            index = torch.cat([torch.arange(start), start + torch.tensor(order)]).to(layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+    cache.crop(-(fed - len(keep)))
+
+
+def speculative_generate(
+    model: nn.Module,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    synced_gpus: bool = False,
+    streamer=None,
+    make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
+    typical: TypicalAcceptance | None = None,
+    profiler: StepProfiler | None = None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
+
+    Signature and return value follow transformers' `_sample`; ``streamer`` and
+    ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
+    final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
+    streamer to a custom decoding callable. ``typical`` opts into Medusa's (lossy) typical acceptance.
+    ``profiler`` collects wall time per phase of the loop.
+    """
+    _check_supported(model, input_ids, generation_config, model_kwargs)
+    candidate_generator = make_candidate_generator(generation_config)
+    cache: DynamicCache = model_kwargs["past_key_values"]
+    do_sample = generation_config.do_sample
+    want_dict = generation_config.return_dict_in_generate
+    scores = () if (want_dict and generation_config.output_scores) else None
+    raw_logits = () if (want_dict and generation_config.output_logits) else None
+    phase = phase_timer(profiler)
+
+    with candidate_generator.drafter.capture(model) as captured:
+        candidate_generator.start(model, cache)
+        with phase("prefill"):
+            outputs = model._prefill(input_ids, generation_config, model_kwargs)
+        if hasattr(cache, "activate_past_recording"):
+            cache.activate_past_recording()  # sliding-window layers must be able to roll back
+        step_logits = outputs.logits[:, -1:]
+        step_hidden = captured["hidden"][:, -1:]
+        draft: Draft | None = None
+        after_prefill = True  # the outputs being read are the prefill's: every position of it is kept
+        while True:
+            # Walk the tree from the root (input position 0, the last token): each emitted token is picked
+            # from the base's prediction at the current node, then matched against that node's children.
+            with phase("accept"):
+                draft_tokens = draft.tokens.tolist() if draft is not None else []
+                accepted: list[int] = []
+                node = -1
+                while True:
+                    position = node + 1
+                    next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
+                    next_scores = logits_processor(input_ids, next_logits)
+                    children = draft.tree.children[node + 1] if draft is not None else []
+                    next_token = pick_token(next_scores, do_sample, [draft_tokens[c] for c in children], typical)
+                    input_ids = torch.cat([input_ids, next_token], dim=-1)
+                    if scores is not None:
+                        scores += (next_scores,)
+                    if raw_logits is not None:
+                        raw_logits += (next_logits,)
+                    if streamer is not None:
+                        streamer.put(next_token[0].cpu())
+                    finished = bool(stopping_criteria(input_ids, next_scores).any())
+                    if finished or draft is None:
+                        break
+                    token = next_token.item()
+                    node = next((c for c in children if draft_tokens[c] == token), None)
+                    if node is None:
+                        break
+                    accepted.append(node)
+            candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=len(accepted))
+            kept = [0] + [n + 1 for n in accepted]
+            if draft is not None:
+                with phase("cache"):
+                    keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=kept)
+            if finished:
+                break
+            last = accepted[-1] + 1 if accepted else 0
+            with phase("draft"):
+                candidate_generator.observe(captured, None if after_prefill else kept)
+                after_prefill = False
+                draft = candidate_generator.propose(
+                    input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last]
+                )
+                if draft is not None and not draft.tree.is_chain and not _tree_attention_ok(model, input_ids, draft):
+                    draft = candidate_generator.fall_back_to_chain(draft)
+            with phase("verify"):
+                outputs = _verify(model, cache, input_ids, draft)
+            step_logits = outputs.logits
+            step_hidden = captured["hidden"]
+
+    if streamer is not None:
+        streamer.end()
+    if want_dict:
+        return GenerateDecoderOnlyOutput(
+            sequences=input_ids, scores=scores, logits=raw_logits, past_key_values=cache
+        )
+    return input_ids

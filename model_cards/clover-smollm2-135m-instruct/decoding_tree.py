@@ -1,0 +1,177 @@
+"""Draft trees: which head guesses are verified together, and the buffers verification needs.
+
+A tree is a list of paths in Medusa's convention: ``(0,)`` is head 0's top-1 guess, ``(0, 1)`` is head 1's
+top-2 guess placed after head 0's top-1, and so on; every prefix of a path must itself be a path. A
+chain of ``n`` heads is ``(0,), (0, 0), ..., (0,) * n``. Node ``i`` of the tree is fed to the base at input
+position ``i + 1`` (position 0 is the last accepted token, the root), at sequence position
+``past + depth``, and may attend to the root, its ancestors and itself.
+
+A draft may also carry tokens copied from the context (prompt lookup): they hang below a node as a chain
+whose path entries are ``CONTEXT_RANK`` (``(0, -1, -1)``: head 0's top-1, then two copied tokens). Such
+trees are built per step by `graft_chain` and are never stored in a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from functools import cached_property, lru_cache
+
+import torch
+
+CONTEXT_RANK = -1  # path entry of a token copied from the context rather than guessed by a head
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """A validated tree shape with its precomputed index buffers (built once per shape)."""
+
+    paths: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_paths(cls, paths, num_heads: int | None = None) -> "TreeSpec":
+        normalized = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+        if not normalized:
+            raise ValueError("A draft tree needs at least one path, e.g. [[0]].")
+        known = set(normalized)
+        for path in normalized:
+            if not path or min(path) < 0:
+                raise ValueError(f"Tree path {list(path)} is invalid: paths are non-empty lists of ranks >= 0.")
+            if len(path) > 1 and path[:-1] not in known:
+                raise ValueError(f"Tree path {list(path)} has no parent path {list(path[:-1])} in the tree.")
+            if num_heads is not None and len(path) > num_heads:
+                raise ValueError(f"Tree path {list(path)} is {len(path)} deep but there are only {num_heads} heads.")
+        return cls(tuple(normalized))
+
+    @classmethod
+    def chain(cls, depth: int) -> "TreeSpec":
+        return cls(tuple((0,) * d for d in range(1, depth + 1)))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @cached_property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    @cached_property
+    def is_chain(self) -> bool:
+        """One path: node i is node i-1's only child (then the model's causal mask is the tree mask)."""
+        return self.parents == list(range(-1, len(self.paths) - 1))
+
+    @cached_property
+    def parents(self) -> list[int]:
+        """Parent node of each node, -1 for children of the root."""
+        index = {p: i for i, p in enumerate(self.paths)}
+        return [index[p[:-1]] if len(p) > 1 else -1 for p in self.paths]
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """Children of the root (entry 0) and of node i (entry i + 1), in rank order."""
+        out: list[list[int]] = [[] for _ in range(len(self.paths) + 1)]
+        for node, parent in enumerate(self.parents):
+            out[parent + 1].append(node)
+        return out
+
+    @cached_property
+    def head_index(self) -> torch.Tensor:
+        return torch.tensor([len(p) - 1 for p in self.paths])
+
+    @cached_property
+    def rank(self) -> torch.Tensor:
+        return torch.tensor([p[-1] for p in self.paths])
+
+    @cached_property
+    def top_k(self) -> int:
+        return int(self.rank.max()) + 1
+
+    @cached_property
+    def position_offsets(self) -> torch.Tensor:
+        """Offsets from the root's sequence position: 0 for the root, the depth for each node."""
+        return torch.tensor([0] + [len(p) for p in self.paths])
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n+1, n+1] bool: row attends to column (root, ancestors, itself)."""
+        n = len(self.paths) + 1
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask[:, 0] = True
+        for node in range(len(self.paths)):
+            row, cursor = node + 1, node
+            while cursor >= 0:
+                mask[row, cursor + 1] = True
+                cursor = self.parents[cursor]
+        return mask
+
+    @cached_property
+    def first_path(self) -> list[int]:
+        """Nodes reached by always taking the first child: the heads' top-1 chain, or the copied chain."""
+        nodes, children = [], self.children[0]
+        while children:
+            nodes.append(children[0])
+            children = self.children[children[0] + 1]
+        return nodes
+
+    def truncated(self, max_depth: int) -> "TreeSpec | None":
+        """The tree without nodes deeper than ``max_depth`` (None when nothing is left)."""
+        if max_depth >= self.depth:
+            return self
+        kept = tuple(p for p in self.paths if len(p) <= max_depth)
+        return TreeSpec(kept) if kept else None
+
+    def attention_mask(self, past_length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Additive 4D mask [1, 1, n+1, past + n+1]: the whole past is visible, the tree part by ancestry."""
+        n = len(self.paths) + 1
+        mask = torch.zeros(1, 1, n, past_length + n, dtype=dtype, device=device)
+        blocked = ~self.ancestor_mask.to(device)
+        mask[0, 0, :, past_length:].masked_fill_(blocked, torch.finfo(dtype).min)
+        return mask
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2-style tree settings: verify the ``nodes`` most probable of the paths grown ``depth`` deep,
+    expanding the ``top_k`` best children of the ``top_k`` best nodes per level."""
+
+    nodes: int
+    depth: int
+    top_k: int = 4
+
+    @classmethod
+    def from_dict(cls, value: dict, num_heads: int | None = None) -> "DynamicTree":
+        return tree_settings_from_dict(cls, "dynamic_tree", value, num_heads)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tree_settings_from_dict(cls: type, label: str, value: dict, num_heads: int | None = None):
+    """``cls(**value)`` for a dataclass of grown-tree settings (`DynamicTree`, `rescoring.Rescoring`) read
+    from a config or a call, named ``label`` in errors: unknown keys, an ``int`` field below 1, a
+    ``float`` field below 0 and a depth beyond ``num_heads`` heads are refused."""
+    names = [f.name for f in fields(cls)]
+    unknown = set(value) - set(names)
+    if unknown:
+        raise ValueError(f"{label} has unknown keys {sorted(unknown)}; expected {', '.join(names)}.")
+    settings = cls(**value)
+    for f in fields(cls):  # the annotations are strings (postponed evaluation)
+        number = getattr(settings, f.name)
+        if f.type == "int" and (isinstance(number, bool) or not isinstance(number, int) or number < 1):
+            raise ValueError(f"{label} {f.name} must be an integer >= 1, got {number!r}.")
+        if f.type == "float" and (isinstance(number, bool) or not isinstance(number, (int, float)) or not number >= 0):
+            raise ValueError(f"{label} {f.name} must be a number >= 0, got {number!r}.")
+    if num_heads is not None and settings.depth > num_heads:
+        raise ValueError(f"{label} depth {settings.depth} exceeds the {num_heads} heads.")
+    return settings
+
+
+@lru_cache(maxsize=1024)
+def graft_chain(tree: TreeSpec | None, below: tuple[int, ...], length: int) -> TreeSpec:
+    """``tree`` (None: no head nodes) with a chain of ``length`` copied-context nodes appended below the
+    node whose path is ``below`` (``()``: the root). The new nodes come last, parents before children, so
+    the tree's existing buffers keep their meaning; shapes repeat from step to step, hence the cache."""
+    if length < 1:
+        raise ValueError(f"A grafted chain needs at least one node, got {length}.")
+    existing = tree.paths if tree is not None else ()
+    if below and below not in existing:
+        raise ValueError(f"Cannot graft below {list(below)}: no such node in the tree.")
+    return TreeSpec(existing + tuple(below + (CONTEXT_RANK,) * k for k in range(1, length + 1)))

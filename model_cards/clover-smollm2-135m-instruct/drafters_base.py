@@ -1,0 +1,353 @@
+"""The drafter interface: the one notion of a drafter that decoding, calibration and training know.
+
+A drafter reads what the base computed during verification (`capture`: by default the input of the
+base's ``lm_head``, the last hidden state after the final norm, whatever the architecture) and guesses the
+next tokens depth by depth. Depth ``k`` (0-based) guesses token ``t + k + 2`` from
+
+* ``hidden``: the base's state ``h_t`` (the state from which the base predicted token ``t + 1``);
+* ``tokens``: the tokens at ``t + 1 .. t + k + 1``: the verifier's newest token, then the guesses drafted
+  above depth ``k`` on the same path (in training and calibration: the true tokens, teacher forcing);
+* ``previous``: the drafter's own state at depth ``k - 1`` on the same path (``None`` at depth 0).
+
+A family that also reads the sequence before ``t`` (``context_window > 0``: Clover's augmenting block) turns
+a window of the newest verified states, each with the token that followed it, into the ``hidden`` its heads
+read (`contextualize`: `window_rows` per position, then `read_window` over the window); decoding keeps that window per sequence (`ContextState`) and training and calibration
+gather it from stored states (`context_windows`).
+
+A family is the small part that differs: how a head turns those into its state (`head_state`), which part
+of that state the vocabulary projection reads (`readout`; all of it by default) and which blocks it is made
+of (`make_block`). Everything else is here: the projection through the frozen base
+``lm_head`` (or per-head copies, Medusa-1), the reduced draft vocabulary, and teacher-forced states for
+training and calibration (`forced_states`). Families whose guesses ignore ``tokens`` and ``previous``
+beyond the head index (``reads_tokens = False``: Medusa, Cerberus) run once per depth whatever the tree;
+the others (Hydra) once per tree node that has children, batched per depth (`decoding.drafting`).
+
+A drafter saves its ``state_dict`` (safetensors) and the config fields its constructor reads. The base
+modules it reads (input embeddings, ``lm_head``) are attached with `attach`, never registered or saved.
+Fresh heads are the identity on ``h_t`` (zero-initialised residual branches), so an untrained drafter
+guesses the base's own next token at every depth: wrong, but harmless, since verification decides.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from typing import ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from .configuration_cerberus import CerberusConfig
+
+
+@contextmanager
+def capture_lm_head_input(model: nn.Module) -> Iterator[dict]:
+    """Record the input of the base's output projection on every forward: the last hidden state
+    exactly as the base turns it into logits (after the final norm, whatever the architecture)."""
+    captured: dict = {}
+
+    def hook(module, args):
+        captured["hidden"] = args[0]
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+class ResidualBlock(nn.Module):
+    """``x + SiLU(W [x; extra] + b)``; identity at initialisation."""
+
+    def __init__(self, hidden_size: int, extra_size: int = 0):
+        super().__init__()
+        self.extra_size = extra_size
+        self.linear = nn.Linear(hidden_size + extra_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        inputs = x if extra is None else torch.cat([x, extra], dim=-1)
+        return x + self.act(self.linear(inputs))
+
+
+class SequenceState:
+    """What a drafter keeps across the steps of one sequence, following acceptance and rollback.
+
+    The decoding loop makes one per sequence (`Drafter.start`) and tells it, after the prefill and after
+    every verification, what the base computed (``captured``, as `Drafter.capture` recorded it) and which
+    of the forward's input positions were kept (``keep``; None: all of them, the prefill). Heads that
+    guess from the newest state alone keep nothing; a drafter with its own KV cache (Kangaroo) extends
+    it with the kept positions here, so the cache always covers exactly the tokens the base has verified.
+    """
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        """The base's latest forward, of which the input positions ``keep`` were kept."""
+
+    def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
+        """What the heads read this step (``[1, hidden]``) after ``input_ids``, whose newest token the base
+        predicted from ``hidden`` (``[1, hidden]``): that state itself unless the drafter reads a window."""
+        return hidden
+
+
+class ContextState(SequenceState):
+    """The window rows (`Drafter.window_rows`) of the newest verified states of one sequence (at most
+    ``context_window``), for a drafter that reads them; each row is computed once, when the token after its
+    state is known, and kept while it is in the window.
+
+    The window starts at the state that predicted the first new token (the prefill's last position), as
+    training reads it from the hidden-state cache, which holds answers only."""
+
+    def __init__(self, drafter: "Drafter"):
+        self.drafter = drafter
+        self.rows: torch.Tensor | None = None  # [n, ...]: the rows of the states before the pending ones
+        self.pending: torch.Tensor | None = None  # [k, hidden]: the newest states, their rows not computed yet
+        self.end: int | None = None  # one past the newest state's position; None until the first step tells
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        hidden = captured["hidden"][0]
+        if keep is None:
+            self.rows, self.pending, self.end = None, hidden[-1:], None
+            return
+        if self.end is None:
+            raise RuntimeError("observe() after a verification needs heads_input() called after the prefill.")
+        self.pending = torch.cat([self.pending, hidden[keep]])
+        self.end += len(keep)
+
+    def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
+        if self.pending is None:
+            raise RuntimeError("the decoding loop must call observe() with the prefill before drafting.")
+        if self.end is None:
+            self.end = input_ids.shape[1] - 1
+        if input_ids.shape[1] != self.end + 1:
+            raise RuntimeError(f"the drafter's window ends at position {self.end} but the sequence has "
+                               f"{input_ids.shape[1] - 1} verified states; observe() must follow every forward.")
+        count = self.pending.shape[0]
+        if count:  # the tokens after the pending states are known now
+            next_tokens = input_ids[:, self.end - count + 1 : self.end + 1]
+            rows = self.drafter.window_rows(self.pending[None].to(self.drafter.dtype), next_tokens)[0]
+            self.rows = rows if self.rows is None else torch.cat([self.rows, rows])
+            self.rows, self.pending = self.rows[-self.drafter.context_window :], self.pending[:0]
+        valid = torch.ones(1, self.rows.shape[0], dtype=torch.bool, device=input_ids.device)
+        return self.drafter.read_window(self.rows[None], valid)
+
+
+def context_windows(rows: torch.LongTensor, first: torch.LongTensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index ``[n, window]``, valid ``[n, window]``) of the stored states each of ``rows`` reads in context: the
+    ``window`` rows ending at it, oldest first, of which those before ``first`` (the row's window start, e.g. its
+    record's first row) are not valid (their index repeats the row's own)."""
+    index = rows[:, None] + torch.arange(1 - window, 1, device=rows.device)
+    valid = index >= first[:, None]
+    return torch.where(valid, index, rows[:, None]), valid
+
+
+class Drafter(nn.Module):
+    """Draft heads on a frozen base; subclasses set ``drafter_type``, ``reads_tokens`` and `head_state`.
+
+    Each head's blocks live in their own ``ModuleList`` (``blocks[k][layer]``; no block is shared).
+
+    A drafter guesses depth by depth (`draft_level`), and decoding builds any tree from those guesses.
+    A drafter that runs through the base itself (``drafts_chains = True``: Kangaroo) proposes its own chain
+    instead (`draft_chain`), token by token with a state kept across steps (`start`); it drafts chains only.
+    """
+
+    drafter_type: ClassVar[str]
+    reads_tokens: ClassVar[bool] = False
+    drafts_chains: ClassVar[bool] = False
+    context_window: int = 0  # how many of the newest verified states the heads read (0: only h_t)
+
+    def __init__(self, config: CerberusConfig):
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.num_heads = config.num_heads
+        self.blocks = self.build_blocks(config)
+        self.lm_heads = (
+            nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads))
+            if config.head_projection == "own"
+            else None
+        )
+        # Drafting may project onto a frequency-ranked subset of the vocabulary: the projection is the
+        # costly part of a head on a CPU, and verification still uses the full vocabulary.
+        self.register_buffer(
+            "draft_vocab",
+            torch.zeros(config.draft_vocab_size, dtype=torch.long) if config.draft_vocab_size else None,
+        )
+        self._draft_rows: dict[int, tuple] = {}
+
+    # ------------------------------------------------------------------------------ the family's part
+    def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
+        """``blocks[k][layer]``: each head's stack of `make_block` blocks."""
+        return nn.ModuleList(
+            nn.ModuleList(self.make_block(k, layer) for layer in range(config.num_layers))
+            for k in range(config.num_heads)
+        )
+
+    def make_block(self, k: int, layer: int) -> nn.Module:
+        """Block ``layer`` of head ``k`` (a plain residual block unless the family needs more inputs)."""
+        return ResidualBlock(self.hidden_size)
+
+    def head_state(
+        self, k: int, hidden: torch.Tensor, tokens: torch.LongTensor, previous: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Head ``k``'s state ``[n, hidden]`` from ``hidden`` ``[n, hidden]``, ``tokens`` ``[n, k + 1]`` and
+        ``previous`` ``[n, hidden]`` (see the module docstring)."""
+        raise NotImplementedError
+
+    def readout(self, k: int, state: torch.Tensor) -> torch.Tensor:
+        """The part of head ``k``'s state ``[n, ...]`` that its vocabulary projection reads (``[n, hidden]``)."""
+        return state
+
+    def window_rows(self, hidden: torch.Tensor, next_tokens: torch.LongTensor) -> torch.Tensor:
+        """What a windowed drafter keeps of each verified state ``[..., hidden]`` and the token that followed it
+        (``[...]``), position by position (so decoding computes each once)."""
+        return hidden
+
+    def read_window(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The ``hidden`` the heads read (``[n, hidden]``) from windows of `window_rows` ``[n, W, ...]``, oldest
+        first, and which of them belong to the window (``[n, W]`` bool); by default the newest row alone."""
+        return rows[:, -1]
+
+    def contextualize(self, hidden: torch.Tensor, next_tokens: torch.LongTensor, valid: torch.Tensor) -> torch.Tensor:
+        """The ``hidden`` the heads read (``[n, hidden]``) from windows of verified states ``[n, W, hidden]``
+        (oldest first, the newest being ``h_t``), the token that followed each (``[n, W]``) and which of them
+        belong to the window (``[n, W]`` bool): by default ``h_t`` alone."""
+        return self.read_window(self.window_rows(hidden, next_tokens), valid)
+
+    def heads_inputs(self, hidden: torch.Tensor, next_tokens: torch.LongTensor, first: torch.LongTensor,
+                     rows: torch.LongTensor) -> torch.Tensor:
+        """`contextualize` at each of ``rows`` of stored states ``hidden`` ``[N, hidden]`` (``next_tokens[i]``
+        followed state ``i``; row ``r``'s window starts at ``first[r]``): what the heads read there."""
+        if self.context_window <= 0:
+            return hidden[rows].to(self.dtype)
+        index, valid = context_windows(rows, first[rows], self.context_window)
+        return self.contextualize(hidden[index].to(self.dtype), next_tokens[index], valid)
+
+    # ------------------------------------------------------------------------------ the base it reads
+    def attach(self, base: nn.Module) -> None:
+        """Read the frozen ``base``'s ``lm_head`` and input embeddings from now on. The reference is kept
+        outside the module tree (a weak one: the model owning both keeps the base alive), so the base is
+        never moved, trained, copied or saved with the drafter."""
+        self.__dict__["_base"] = weakref.ref(base)
+
+    @property
+    def base_lm_head(self) -> nn.Module:
+        return self._attached().get_output_embeddings()
+
+    def embed(self, tokens: torch.LongTensor) -> torch.Tensor:
+        """The base's input embeddings of ``tokens`` (as the base itself embeds them, scaling included)."""
+        return self._attached().get_input_embeddings()(tokens).to(self.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def _attached(self) -> nn.Module:
+        ref = self.__dict__.get("_base")
+        base = ref() if ref is not None else None
+        if base is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a base model: call attach(base) first.")
+        return base
+
+    def capture(self, model: nn.Module):
+        """A context manager during which ``captured["hidden"]`` holds what this drafter reads from the
+        base's latest forward (``[batch, positions, hidden]``): here the input of the base's output
+        projection (`capture_lm_head_input`, which the hidden-state cache records too)."""
+        return capture_lm_head_input(model)
+
+    # ------------------------------------------------------------------------------ drafting
+    def start(self, model: nn.Module, cache) -> SequenceState:
+        """The state this drafter keeps for one sequence decoded by ``model`` (the base) with ``cache``."""
+        return ContextState(self) if self.context_window > 0 else SequenceState()
+
+    def draft_chain(self, state: SequenceState, input_ids: torch.LongTensor, max_tokens: int,
+                    confidence: float) -> list[int]:
+        """A chain drafter's draft after ``input_ids`` (at most ``max_tokens``, ending after the first token
+        drafted with probability below ``confidence``); only for ``drafts_chains`` drafters."""
+        raise NotImplementedError(f"{type(self).__name__} guesses depth by depth (draft_level), not whole chains.")
+
+    def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
+        """A chain drafter's draft logits ``[len(sequence), V]`` at every position of ``sequence`` after the
+        base read it (``captured``), each as drafting computes it when every draft before it was right."""
+        raise NotImplementedError(f"{type(self).__name__} guesses depth by depth (draft_level), not whole chains.")
+
+    def draft_level(
+        self, k: int, hidden: torch.Tensor, tokens: torch.LongTensor, previous: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(head ``k``'s state, its logits over the draft vocabulary) for ``n`` nodes at depth ``k``."""
+        state = self.head_state(k, hidden, tokens, previous)
+        return state, self.project(self.readout(k, state), k)
+
+    def forced_states(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+        """Every head's projected state (`readout`) ``[n, num_heads, hidden]`` with the true tokens ``tokens``
+        ``[n, num_heads]`` (``tokens[:, j]`` is the token at ``t + 1 + j``) in place of drafted ones: what
+        training fits."""
+        states, previous = [], None
+        for k in range(self.num_heads):
+            previous = self.head_state(k, hidden, tokens[:, : k + 1], previous)
+            states.append(self.readout(k, previous))
+        return torch.stack(states, dim=-2)
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+        """Teacher-forced logits ``[n, num_heads, V]`` over the draft vocabulary (``token_ids`` maps their
+        indices to token ids): head ``k`` given the true tokens above it."""
+        logits, previous = [], None
+        for k in range(self.num_heads):
+            previous, head_logits = self.draft_level(k, hidden, tokens[:, : k + 1], previous)
+            logits.append(head_logits)
+        return torch.stack(logits, dim=-2)
+
+    # ------------------------------------------------------------------------------ projection
+    @property
+    def own_projection(self) -> bool:
+        return self.lm_heads is not None
+
+    def init_projections_from(self, lm_head_weight: torch.Tensor) -> None:
+        """Start each own projection as a copy of the base ``lm_head`` (the Medusa-1 recipe)."""
+        if self.lm_heads is None:
+            return
+        with torch.no_grad():
+            for proj in self.lm_heads:
+                proj.weight.copy_(lm_head_weight)
+
+    def projection(self, k: int) -> nn.Module:
+        """The vocabulary projection of head ``k``."""
+        return self.lm_heads[k] if self.lm_heads is not None else self.base_lm_head
+
+    def project(self, states: torch.Tensor, k: int) -> torch.Tensor:
+        """Head ``k``'s logits from its states, restricted to the draft vocabulary's rows when one is set."""
+        projection = self.projection(k)
+        if self.draft_vocab is None:
+            return projection(states)
+        bias = getattr(projection, "bias", None)
+        return nn.functional.linear(
+            states, self._draft_rows_of(projection.weight), self._draft_rows_of(bias) if bias is not None else None
+        )
+
+    def _draft_rows_of(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor[draft_vocab]``, gathered once and reused while neither tensor changes: a fresh gather
+        of the projection rows each decoding step costs about as much as the reduced projection itself."""
+        if torch.is_grad_enabled() and tensor.requires_grad:
+            return tensor[self.draft_vocab]
+        key = (tensor._version, self.draft_vocab.data_ptr(), self.draft_vocab._version)
+        cached = self._draft_rows.get(id(tensor))
+        if cached is None or cached[0]() is not tensor or cached[1] != key:
+            cached = (weakref.ref(tensor), key, tensor[self.draft_vocab])
+            self._draft_rows[id(tensor)] = cached
+        return cached[2]
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of indices into the logits the drafter returns."""
+        return indices if self.draft_vocab is None else self.draft_vocab[indices]
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Draft over these token ids only (e.g. the most frequent ones), or over all when None."""
+        self._draft_rows.clear()
+        if token_ids is None:
+            self.draft_vocab = None
+            return
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if token_ids.numel() == 0 or int(token_ids.min()) < 0 or int(token_ids.max()) >= self.vocab_size:
+            raise ValueError(f"A draft vocabulary needs token ids in [0, {self.vocab_size}).")
+        self.draft_vocab = token_ids.to(next(self.parameters()).device)

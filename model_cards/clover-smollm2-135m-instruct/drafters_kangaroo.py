@@ -1,0 +1,192 @@
+"""Kangaroo self-drafting (Liu et al., 2024): the base's first layers, a small adapter and the base's lm_head.
+
+The drafter is the base itself, cut short. A draft token is the argmax of
+
+    lm_head(adapter(h^l)),   h^l = the output of the base's layer ``l - 1`` (``exit_layer = l``),
+
+and drafting runs token by token: the newest token goes through the base's first ``l`` layers (which
+write their KV entries into the base's own cache), then through the adapter (one attention layer with its
+own KV cache: input RMSNorm, attention, residual, final RMSNorm; no MLP), then through the frozen lm_head
+(over the draft vocabulary where one is set). A draft ends after ``num_heads`` tokens or after the first
+token drafted with probability below ``exit_confidence`` (the second early exit; that token is still
+verified).
+
+What this implementation reuses and what it recomputes. The shallow layers' KV entries written while
+drafting are dropped again before verification (`draft_chain` crops them), and verification runs the whole
+base over the last token and the draft as it does for every family: the ``l`` shallow layers run twice on
+drafted tokens. Kangaroo's own code instead verifies from the exited states (layers ``l..``) only; that
+needs a forward that starts at a middle layer, which transformers' decoders do not offer generically (the
+mask and position embeddings are built inside the model's forward, and some models scale their input
+embeddings there). The cost is ``l / num_layers`` of a verification forward (2 / 30 for SmolLM2-135M); the
+bench's profile shows it in the ``verify`` phase. The adapter's cache is extended after each verification
+with the states the verifier computed at the accepted positions (`KangarooState.observe`), so it always
+covers exactly the verified tokens.
+
+Size. Kangaroo's adapter is a full-width attention layer (``4 d^2`` parameters: as large as four Medusa
+heads of one block each on SmolLM2-135M). Here its width is ``adapter_heads * adapter_head_dim`` (64 by
+default), so it has ``4 * d * width + 2 d`` parameters (148k for ``d = 576``), with rotary position
+embeddings of its own. A fresh adapter's output projection is zero: it drafts the base's early exit at
+layer ``l`` (transformers' ``assistant_early_exit``, with the adapter's final norm).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from .configuration_cerberus import CerberusConfig
+from .drafters_base import Drafter, SequenceState, capture_lm_head_input
+from .drafters_layers import AttentionAdapter
+
+
+def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
+    """(the base's decoder, the attribute name of its layer list, the list): the ``ModuleList`` child of
+    ``model.get_decoder()`` with one entry per hidden layer (``layers`` in Llama-style models, ``h`` in GPT-2)."""
+    decoder = model.get_decoder()
+    count = model.config.get_text_config().num_hidden_layers
+    for name, child in decoder.named_children():
+        if isinstance(child, nn.ModuleList) and len(child) == count:
+            return decoder, name, child
+    raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers found; Kangaroo cannot run its "
+                     "first layers on their own.")
+
+
+@contextmanager
+def first_layers(model: nn.Module, count: int) -> Iterator[nn.Module]:
+    """The base's decoder running only its first ``count`` layers while inside (then its final norm, which
+    the drafter does not read). Each layer keeps its index, so it reads and writes its own cache layer."""
+    decoder, name, layers = decoder_layers(model)
+    config = decoder.config
+    saved = config.num_hidden_layers
+    setattr(decoder, name, layers[:count])
+    config.num_hidden_layers = count
+    try:
+        yield decoder
+    finally:
+        setattr(decoder, name, layers)
+        config.num_hidden_layers = saved
+
+
+@contextmanager
+def capture_exit_states(model: nn.Module, exit_layer: int) -> Iterator[dict]:
+    """`capture_lm_head_input`, plus ``captured["exit"]``: the output of layer ``exit_layer - 1``
+    (``[batch, positions, hidden]``) on every forward that runs it."""
+    _, _, layers = decoder_layers(model)
+
+    def hook(module, args, output):
+        captured["exit"] = output[0] if isinstance(output, tuple) else output
+
+    with capture_lm_head_input(model) as captured:
+        handle = layers[exit_layer - 1].register_forward_hook(hook)
+        try:
+            yield captured
+        finally:
+            handle.remove()
+
+
+class KangarooState(SequenceState):
+    """The adapter's KV cache for one sequence, and where to find the base's cache and captured states."""
+
+    def __init__(self, drafter: "KangarooDrafter", model: nn.Module, cache):
+        self.drafter, self.model, self.cache = drafter, model, cache
+        self.past: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.length = 0
+        self.captured: dict = {}
+
+    def extend(self, exit_states: torch.Tensor) -> torch.Tensor:
+        """Run the adapter on the next positions' exited states ``[1, n, hidden]``; returns its outputs."""
+        count = exit_states.shape[1]
+        positions = torch.arange(self.length, self.length + count, device=exit_states.device)
+        out, self.past = self.drafter.adapter(exit_states.to(self.drafter.dtype), positions, self.past)
+        self.length += count
+        return out
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from ``length`` on."""
+        if self.past is not None and length < self.length:
+            self.past = (self.past[0][..., :length, :], self.past[1][..., :length, :])
+        self.length = min(self.length, length)
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        self.captured = captured
+        states = captured["exit"]
+        self.extend(states if keep is None else states[:, keep])
+
+
+class KangarooDrafter(Drafter):
+    """Drafts with the base's first ``exit_layer`` layers, the adapter and the base's lm_head."""
+
+    drafter_type = "kangaroo"
+    drafts_chains = True
+
+    def __init__(self, config: CerberusConfig):
+        super().__init__(config)
+        self.exit_layer = config.exit_layer
+        self.adapter = AttentionAdapter(config.hidden_size, config.adapter_heads, config.adapter_head_dim)
+
+    def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
+        return nn.ModuleList()  # no heads: the adapter is the drafter's only trained part
+
+    def attach(self, base: nn.Module) -> None:
+        layers = decoder_layers(base)[2]
+        if not 1 <= self.exit_layer < len(layers):
+            raise ValueError(f"exit_layer must be between 1 and {len(layers) - 1} for this base ({len(layers)} "
+                             f"layers), got {self.exit_layer}.")
+        super().attach(base)
+
+    def capture(self, model: nn.Module):
+        return capture_exit_states(model, self.exit_layer)
+
+    def start(self, model: nn.Module, cache) -> KangarooState:
+        return KangarooState(self, model, cache)
+
+    def logits(self, adapted: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the draft vocabulary from the adapter's outputs."""
+        return self.project(adapted, 0)
+
+    def next_logits(self, adapted: torch.Tensor, sequence: list[int]) -> torch.Tensor:
+        """Logits ``[V]`` of the token after ``sequence`` (the tokens so far, drafted ones included) from
+        the adapter's output at its last position (``[hidden]``). The sequence is for tests' oracles."""
+        return self.logits(adapted)
+
+    @torch.no_grad()
+    def draft_chain(self, state: KangarooState, input_ids: torch.LongTensor, max_tokens: int,
+                    confidence: float) -> list[int]:
+        start = input_ids.shape[1] - 1  # the newest token's position: not in either cache yet
+        if state.length != start:
+            raise RuntimeError(f"the adapter's cache covers {state.length} positions but the sequence has {start} "
+                               "verified ones; the decoding loop must call observe() after every forward.")
+        sequence = input_ids[0].tolist()
+        token = input_ids[:, -1:]
+        drafted: list[int] = []
+        with first_layers(state.model, self.exit_layer) as decoder:
+            while len(drafted) < max_tokens:
+                length = start + len(drafted)
+                decoder(input_ids=token, past_key_values=state.cache, use_cache=True,
+                        position_ids=torch.tensor([[length]], device=input_ids.device),
+                        attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=input_ids.device))
+                adapted = state.extend(state.captured["exit"][:, -1:])
+                probs = torch.softmax(self.next_logits(adapted[0, -1], sequence + drafted).float(), dim=-1)
+                top, index = probs.max(dim=-1)
+                drafted.append(int(self.token_ids(index)))
+                if float(top) < confidence:
+                    break
+                token = torch.tensor([[drafted[-1]]], device=input_ids.device, dtype=input_ids.dtype)
+        for layer in state.cache.layers[: self.exit_layer]:
+            layer.crop(-len(drafted))
+        state.truncate(start)
+        return drafted
+
+    def adapt(self, exit_states: torch.Tensor) -> torch.Tensor:
+        """The adapter's outputs ``[B, T, hidden]`` over exited states ``[B, T, hidden]`` of whole sequences
+        from their first position (causal; right padding is harmless): teacher-forced, as training fits
+        and calibration measures them."""
+        positions = torch.arange(exit_states.shape[1], device=exit_states.device)
+        return self.adapter(exit_states.to(self.dtype), positions)[0]
+
+    def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
+        adapted = self.adapt(captured["exit"][:1, : len(sequence)])[0]
+        return torch.stack([self.next_logits(adapted[p], sequence[: p + 1]) for p in range(len(sequence))])

@@ -1,0 +1,81 @@
+"""Layers that drafter families are built from, kept apart so that a family reuses another's instead of copying it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (base 10000, rotate-half layout) of ``x`` ``[..., T, d]`` at ``positions`` ``[T]``."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+class AttentionAdapter(nn.Module):
+    """``norm(x + attention(input_norm(x)))`` with its own KV cache and rotary positions, and no MLP: Kangaroo's
+    adapter. A fresh one is the identity followed by the norm (its output projection is zero)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, eps: float = 1e-6):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"adapter_head_dim must be even (rotary embeddings), got {head_dim}.")
+        self.num_heads, self.head_dim = num_heads, head_dim
+        width = num_heads * head_dim
+        self.input_norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.q_proj = nn.Linear(hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(hidden_size, width, bias=False)
+        self.v_proj = nn.Linear(hidden_size, width, bias=False)
+        self.o_proj = nn.Linear(width, hidden_size, bias=False)
+        nn.init.zeros_(self.o_proj.weight)
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        self._init_projections()
+
+    @torch.no_grad()
+    def _init_projections(self) -> None:
+        """q, k and v as torch's default Linear init draws them, from a fixed seed: a fresh adapter is a
+        function of its config, so a training run depends on its own seed alone (and resumes exactly)."""
+        generator = torch.Generator().manual_seed(0)
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            if proj.weight.is_meta:
+                continue
+            bound = 1.0 / math.sqrt(proj.weight.shape[1])
+            proj.weight.copy_((torch.rand(proj.weight.shape, generator=generator) * 2 - 1) * bound)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(-3, -2)  # [B, heads, T, d]
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_mask: torch.Tensor | None = None, queries: int | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """(outputs ``[B, T, hidden]``, the keys and values of the past and these positions) for ``x``
+        ``[B, T, hidden]`` at sequence ``positions`` ``[T]``, after the cached ``past`` (causal).
+
+        ``queries``: only the last this many positions attend and are returned (the others only give keys and
+        values); ``key_mask`` ``[B, past + T]`` (bool): the keys that may be attended to (e.g. not padding)."""
+        normed = self.input_norm(x)
+        k = rotate(self._heads(self.k_proj(normed)), positions)
+        v = self._heads(self.v_proj(normed))
+        if queries is not None:
+            x, normed, positions = x[:, -queries:], normed[:, -queries:], positions[-queries:]
+        q = rotate(self._heads(self.q_proj(normed)), positions)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
+        steps, total = x.shape[1], k.shape[-2]
+        mask = None
+        if steps > 1:  # query i sits at key index total - steps + i and sees the keys up to it
+            mask = torch.ones(steps, total, dtype=torch.bool, device=x.device).tril(total - steps)
+        if key_mask is not None:
+            keys = key_mask[:, None, None, :]
+            mask = keys if mask is None else mask & keys
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        out = self.o_proj(attended.transpose(-3, -2).reshape(*x.shape[:-1], -1))
+        return self.norm(x + out), (k, v)

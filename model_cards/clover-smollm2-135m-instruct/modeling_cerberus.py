@@ -1,0 +1,528 @@
+"""`CerberusForCausalLM`: any Hugging Face decoder plus draft heads, decoding through `generate()` as usual.
+
+The wrapper computes exactly the base's logits in `forward`; only `generate()` differs, and only in
+speed: it runs the base's own `generate()` preparation with a draft-verify loop as the decoding method
+(`decoding.speculative_generate`), fed by a `CerberusCandidateGenerator`. Checkpoints hold only the
+heads (safetensors), a config naming the base, and this code, so they load with
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` without cerberus_hf installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from huggingface_hub import HfApi
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .decoding_acceptance import TypicalAcceptance
+from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
+from .decoding_candidate_generator import CerberusCandidateGenerator
+from .checkpoint import load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
+from .configuration_cerberus import CerberusConfig
+from .decoding_lookup import DEFAULT_MAX_NGRAM
+from .decoding_loop import speculative_generate
+from .decoding_gate import EntropyGate
+from .decoding_hardware import HardwareKey, has_amx, select_calibration
+from .drafters import Drafter, build_drafter
+from .decoding_profiling import StepProfiler, phase_timer
+from .real_models import describe_source
+from .remote_code import auto_map_entry, write_remote_code
+from .decoding_stats import GenerationStats
+from .decoding_ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .decoding_rescoring import Rescoring
+from .decoding_tree import DynamicTree, TreeSpec
+
+_UNSET = object()
+HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
+
+
+class CerberusPreTrainedModel(PreTrainedModel):
+    config_class = CerberusConfig
+    base_model_prefix = "base"
+    supports_gradient_checkpointing = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Nothing to do: heads initialise themselves (identity blocks) and the base is pretrained."""
+
+
+class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
+    """A base causal LM with draft heads; `generate()` drafts with the heads and verifies with the base.
+
+    After each `generate()` call, ``model.generation_stats`` (a `GenerationStats`) holds the number of
+    base forward passes, the tokens produced per pass (``tau``), the gate's draft rate and per-head
+    acceptance.
+    """
+
+    def __init__(self, config: CerberusConfig, base_model: nn.Module | None = None, **base_kwargs):
+        super().__init__(config)
+        base = base_model if base_model is not None else load_base_model(config, **base_kwargs)
+        check_base_compatible(config, base)
+        self.base = base
+        lm_weight = base.get_output_embeddings().weight
+        self.heads: Drafter = build_drafter(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
+        self.heads.attach(base)
+        self.heads.init_projections_from(lm_weight)
+        self.generation_config = greedy_generation_config(getattr(base, "generation_config", None))
+        self.generation_stats: GenerationStats | None = None
+        self.ngram: NgramModel | None = None  # the lattice rescorer's n-gram model, when the folder has one
+        self.post_init()
+
+    # ----------------------------------------------------------------------------------------- building
+    @classmethod
+    def from_base(
+        cls,
+        base_model: nn.Module,
+        head_type: str = "cerberus",
+        num_heads: int = 4,
+        num_layers: int = 1,
+        head_projection: str = "shared",
+        gate_threshold: float | None = None,
+        **config_kwargs,
+    ) -> "CerberusForCausalLM":
+        """Fresh (untrained, identity) heads on a loaded base. ``config_kwargs`` go to `CerberusConfig`
+        (e.g. ``base_model_name_or_path`` when the base was loaded from somewhere its config does not say)."""
+        model_type, hidden_size, vocab_size = base_shape(base_model)
+        for key, value in describe_source(getattr(base_model, "name_or_path", None)).items():
+            config_kwargs.setdefault(key, value)
+        config = CerberusConfig(
+            base_model_type=model_type,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            head_type=head_type,
+            num_heads=num_heads,
+            num_layers=num_layers,
+            head_projection=head_projection,
+            gate_threshold=gate_threshold,
+            **config_kwargs,
+        )
+        return cls(config, base_model=base_model)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *model_args,
+        config: CerberusConfig | None = None,
+        base_model: nn.Module | None = None,
+        **kwargs,
+    ) -> "CerberusForCausalLM":
+        """Load heads from a folder or Hub id, and the base they name (or ``base_model`` if given).
+
+        The heads file is read and checked against its config before the base is loaded, so a bad
+        checkpoint fails fast and nothing is left half-loaded. Loading keywords such as ``dtype``,
+        ``device_map`` and ``attn_implementation`` apply to the base.
+        """
+        path = str(pretrained_model_name_or_path)
+        hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if kwargs.get(k) is not None}
+        if config is None:
+            config = CerberusConfig.from_pretrained(path, **hub_kwargs)
+        elif not isinstance(config, CerberusConfig):
+            if getattr(config, "model_type", None) != CerberusConfig.model_type:
+                raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
+            # Remote code can load the config class from another module copy than this one.
+            config = CerberusConfig.from_dict(config.to_dict())
+        heads_file = resolve_heads_file(path, **hub_kwargs)
+        state_dict = load_heads_state_dict(heads_file)
+        _check_heads_state_dict(config, state_dict, heads_file)
+
+        model = cls(config, base_model=base_model, **kwargs)
+        model.heads.load_state_dict(state_dict, strict=True)
+        generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
+        if generation_file is not None:
+            model.generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
+        ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
+        if ngram_file is not None:
+            model.load_ngram(ngram_file)
+        model.eval()
+        return model
+
+    def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
+        """Write the heads (safetensors), ``config.json`` with ``auto_map``, the modeling code and
+        ``generation_config.json``. The base's weights are never written."""
+        if kwargs.get("push_to_hub"):
+            raise ValueError("Use model.push_to_hub(repo_id) to upload; save_pretrained only writes a folder.")
+        if not is_main_process:
+            return
+        os.makedirs(save_directory, exist_ok=True)
+        self.config.architectures = [type(self).__name__]
+        if self._auto_class is not None:
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), self._auto_class: auto_map_entry(type(self))}
+            write_remote_code(save_directory, type(self).__module__)
+        self.config.save_pretrained(save_directory)
+        self.generation_config.save_pretrained(save_directory)
+        save_heads_state_dict(self.heads.state_dict(), save_directory)
+        if self.ngram is not None:
+            self.ngram.save(os.path.join(save_directory, NGRAM_WEIGHTS_NAME))
+
+    def load_ngram(self, path: str | os.PathLike | None) -> None:
+        """Use the n-gram model saved at ``path`` (`cerberus-hf ngram`) for lattice rescoring; None drops it.
+        A model counted over another vocabulary is refused."""
+        self.ngram = None if path is None else NgramModel.load(path, vocab_size=self.config.vocab_size)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        commit_message: str = "Upload cerberus-hf heads",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        model_card: str | os.PathLike | None = None,
+        tokenizer=None,
+    ):
+        """Upload what `save_pretrained` writes (heads, config, code, generation config), plus a model
+        card file and a tokenizer if given, with huggingface_hub's `create_repo` and `upload_folder`."""
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        with tempfile.TemporaryDirectory() as folder:
+            self.save_pretrained(folder)
+            if model_card is not None:
+                shutil.copyfile(model_card, os.path.join(folder, "README.md"))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+            return api.upload_folder(
+                repo_id=repo_id, folder_path=folder, commit_message=commit_message, revision=revision,
+                create_pr=create_pr,
+            )
+
+    # ----------------------------------------------------------------------------------------- computing
+    def get_input_embeddings(self) -> nn.Module:
+        return self.base.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.base.get_output_embeddings()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values=None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ):
+        """The base model's forward, unchanged: heads never alter what the model computes."""
+        return self.base(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
+
+    def draft_logits(self, hidden_states: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+        """Teacher-forced head logits ``[n, num_heads, V]`` over the draft vocabulary (``self.heads.token_ids``
+        maps indices to token ids) from base last hidden states ``[n, hidden]`` and the true tokens that
+        follow each state, ``tokens`` ``[n, num_heads]`` (read only by drafters that condition on them)."""
+        return self.heads(hidden_states, tokens)
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Let the heads draft among ``token_ids`` only (None: the whole vocabulary). Output is unchanged;
+        drafting gets cheaper, and a token outside the set can no longer be drafted."""
+        self.heads.set_draft_vocab(token_ids)
+        self.config.draft_vocab_size = None if token_ids is None else int(self.heads.draft_vocab.numel())
+
+    # ----------------------------------------------------------------------------------------- generating
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor=None,
+        stopping_criteria: StoppingCriteriaList | None = None,
+        streamer=None,
+        gate_threshold: float | None = _UNSET,
+        draft_tree: list[list[int]] | None = _UNSET,
+        dynamic_tree: dict | DynamicTree | None = _UNSET,
+        rescoring: dict | Rescoring | None = _UNSET,
+        typical_acceptance: TypicalAcceptance | bool = False,
+        profile: bool = False,
+        exit_confidence: float | None = None,
+        **kwargs,
+    ):
+        """`generate()` with drafting; same arguments and results as the base's `generate()`.
+
+        Greedy search and multinomial sampling (with any logits processors) are supported; beam search
+        and assisted generation are refused. ``prompt_lookup_num_tokens`` (and
+        ``max_matching_ngram_size``), transformers' prompt-lookup settings, graft tokens copied from the
+        context into each draft of the heads (default: the config's). ``gate_threshold`` overrides the config's
+        entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never); ``draft_tree``
+        overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
+        chain of every head's top-1); ``dynamic_tree`` (``{"nodes", "depth", "top_k"}`` or a `DynamicTree`;
+        ``None``: off) grows each step's tree from the drafter's confidence instead, and a call that names
+        only ``draft_tree`` drafts that static tree. ``rescoring`` (``{"nodes", "depth", "top_k",
+        "candidates", "weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads' guesses
+        rescored by the checkpoint's n-gram model (``model.ngram``, from ``ngram.safetensors``; see
+        `decoding.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
+        the generation config for the closest device, dtype and processor are used (`decoding_settings`;
+        ``generation_stats.calibration`` names the entry), else the config's.
+        ``exit_confidence`` overrides the early exit of a drafter that drafts its own chain (Kangaroo: a
+        draft ends after a token drafted with a lower probability). ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
+        sampling, which is faster but NOT lossless. ``profile=True`` records the wall time of each phase
+        of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
+        row by row and re-padded as the base pads them.
+        """
+        started = time.perf_counter()
+        # Read the call's effective settings without changing what is passed on: generate() treats an
+        # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
+        effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
+        model_kwargs = effective.update(**kwargs)
+        _refuse_unsupported(effective, model_kwargs)
+        settings = self.decoding_settings()
+        # each prompt-lookup setting on its own: the call's (or its generation config's), else the heads'
+        lookup_tokens = effective.prompt_lookup_num_tokens
+        if lookup_tokens is None:
+            lookup_tokens = settings["prompt_lookup_num_tokens"]
+        lookup_ngram = effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
+        for name in _LOOKUP_FIELDS:
+            kwargs.pop(name, None)
+        generation_config = _without_lookup(generation_config)
+        stopping_criteria = StoppingCriteriaList(stopping_criteria or [])
+        tokenizer = kwargs.pop("tokenizer", None)
+        if effective.stop_strings:
+            # generate() does not hand the tokenizer to a custom decoding method, so build the criterion here.
+            if tokenizer is None:
+                raise ValueError("stop_strings needs the tokenizer: call generate(..., tokenizer=tokenizer).")
+            stopping_criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=effective.stop_strings))
+            kwargs["stop_strings"] = None
+
+        input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+        if input_ids is None or input_ids.dim() != 2:
+            raise ValueError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
+        rows = _unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
+        if any(row.shape[1] != input_ids.shape[1] for row in rows):
+            # generate() counts max_length / min_length over the padded width; rows decode without padding.
+            defaults = effective._get_default_generation_params()
+            max_length = effective.max_length if effective.max_length is not None else defaults["max_length"]
+            if effective.max_new_tokens is None:
+                kwargs["max_new_tokens"] = max_length - input_ids.shape[1]
+            if effective.min_new_tokens is None and effective.min_length:
+                kwargs["min_new_tokens"] = max(0, effective.min_length - input_ids.shape[1])
+                kwargs["min_length"] = 0
+        copies = effective.num_return_sequences or 1
+        rows = [row for row in rows for _ in range(copies)]
+        kwargs["num_return_sequences"] = 1
+        if len(rows) > 1 and streamer is not None:
+            raise ValueError("A streamer takes one sequence: stream with batch size 1.")
+        if len(rows) > 1 and effective.return_dict_in_generate and (effective.output_scores or effective.output_logits):
+            raise ValueError(
+                "output_scores / output_logits with batch size > 1 are not supported yet (rows are decoded one "
+                "at a time); generate each row on its own to get its scores."
+            )
+
+        gate = EntropyGate(
+            settings["gate_threshold"] if gate_threshold is _UNSET else gate_threshold, settings["gate_signal"]
+        )
+        tree_paths = settings["draft_tree"] if draft_tree is _UNSET else draft_tree
+        tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths is not None else None
+        if rescoring is _UNSET:
+            use = draft_tree is _UNSET and dynamic_tree is _UNSET and settings["tree_kind"] == "rescored"
+            rescoring = settings["rescoring"] if use and self.ngram is not None else None
+        if isinstance(rescoring, dict):
+            rescoring = Rescoring.from_dict(rescoring, self.config.num_heads)
+        elif rescoring is not None and not isinstance(rescoring, Rescoring):
+            raise TypeError(f"rescoring must be a dict, a Rescoring or None, got {type(rescoring).__name__}.")
+        if rescoring is not None and self.ngram is None:
+            raise ValueError("rescoring needs an n-gram model next to the heads (ngram.safetensors): build one with "
+                             "`cerberus-hf ngram --heads FOLDER --data DATA`, or load it with model.load_ngram(path).")
+        if dynamic_tree is _UNSET:
+            use = draft_tree is _UNSET and settings["tree_kind"] == "dynamic"
+            dynamic_tree = settings["dynamic_tree"] if use else None
+        if isinstance(dynamic_tree, dict):
+            dynamic_tree = DynamicTree.from_dict(dynamic_tree, self.config.num_heads)
+        elif dynamic_tree is not None and not isinstance(dynamic_tree, DynamicTree):
+            raise TypeError(f"dynamic_tree must be a dict, a DynamicTree or None, got {type(dynamic_tree).__name__}.")
+        if typical_acceptance is True:
+            typical_acceptance = TypicalAcceptance()
+        stats = GenerationStats(calibration=settings["calibration"])
+        profiler = StepProfiler(self.device) if profile else None
+        decode = functools.partial(
+            speculative_generate,
+            streamer=streamer,
+            typical=typical_acceptance or None,
+            profiler=profiler,
+            make_candidate_generator=functools.partial(
+                self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, rescoring=rescoring, stats=stats,
+                lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram, profiler=profiler,
+                exit_confidence=settings["exit_confidence"] if exit_confidence is None else float(exit_confidence),
+            ),
+        )
+        with self._base_generation_defaults():
+            results = [
+                self.base.generate(
+                    row,
+                    generation_config=generation_config,
+                    logits_processor=logits_processor,
+                    stopping_criteria=stopping_criteria,
+                    streamer=streamer,
+                    custom_generate=decode,
+                    **kwargs,
+                )
+                for row in rows
+            ]
+        if profiler is not None:
+            stats.phase_seconds = profiler.close(time.perf_counter() - started)
+        self.generation_stats = stats
+        if len(results) == 1:
+            return results[0]
+        return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
+
+    def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> dict:
+        """Gate threshold, gate signal, draft tree (static, dynamic or rescored) and prompt lookup used by
+        default on a device and dtype (this model's when None): what calibration stored in
+        ``generation_config.cerberus_calibration`` for the closest device, dtype and processor
+        (`hardware.select_calibration`; ``"calibration"`` names the entry used), else the config's values."""
+        device = torch.device(device) if device is not None else self.device
+        wanted = HardwareKey.of(device, dtype or self.base.dtype)
+        key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted,
+                                         amx=has_amx(device))
+        return {
+            "calibration": key,
+            "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),
+            "gate_signal": stored.get("gate_signal", self.config.gate_signal),
+            "draft_tree": stored.get("draft_tree", self.config.draft_tree),
+            "dynamic_tree": stored.get("dynamic_tree", self.config.dynamic_tree),
+            "tree_kind": stored.get("tree_kind", "dynamic" if self.config.dynamic_tree else "static"),
+            "rescoring": stored.get("rescoring"),
+            "prompt_lookup_num_tokens": stored.get("prompt_lookup_num_tokens", self.config.prompt_lookup_num_tokens),
+            "exit_confidence": stored.get("exit_confidence", self.config.exit_confidence),
+        }
+
+    @contextmanager
+    def _base_generation_defaults(self) -> Iterator[None]:
+        """Let the base's generate() fill unset settings from this model's generation config (greedy by
+        default), as it would from its own."""
+        own = self.base.generation_config
+        self.base.generation_config = _without_lookup(self.generation_config)
+        try:
+            yield
+        finally:
+            self.base.generation_config = own
+
+    def _candidate_generator(
+        self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
+        dynamic: DynamicTree | None, rescoring: Rescoring | None, stats: GenerationStats, lookup_tokens: int,
+        lookup_ngram: int, profiler: StepProfiler | None = None, exit_confidence: float = 0.0,
+    ) -> CerberusCandidateGenerator:
+        return CerberusCandidateGenerator(
+            self.heads, gate, tree, generation_config.max_length, stats,
+            lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic, rescoring=rescoring,
+            ngram=self.ngram if rescoring is not None else None, phase=phase_timer(profiler),
+            exit_confidence=exit_confidence,
+        )
+
+
+
+def _check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.Tensor], path: str) -> None:
+    """Compare a heads file with the heads its config describes, before anything heavy is loaded."""
+    with torch.device("meta"):
+        expected = build_drafter(config).state_dict()
+    problems = [f"missing {k}" for k in expected if k not in state_dict]
+    problems += [f"unexpected {k}" for k in state_dict if k not in expected]
+    problems += [
+        f"{k} has shape {tuple(state_dict[k].shape)}, config implies {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state_dict and state_dict[k].shape != v.shape
+    ]
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ValueError(f"{path} does not match its config ({config.head_type}, {config.num_heads} heads, "
+                         f"hidden {config.hidden_size}, vocab {config.vocab_size}): {shown}.")
+
+
+# Prompt-lookup settings are ours to honour (grafted into the heads' drafts): left in what the base's
+# generate() reads, they would switch it to its own prompt-lookup decoding.
+_LOOKUP_FIELDS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
+
+
+def _without_lookup(config: GenerationConfig | None) -> GenerationConfig | None:
+    """``config``, or a copy of it without prompt-lookup settings when it has any."""
+    if config is None or all(getattr(config, name, None) is None for name in _LOOKUP_FIELDS):
+        return config
+    config = copy.deepcopy(config)
+    for name in _LOOKUP_FIELDS:
+        setattr(config, name, None)
+    return config
+
+
+def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:
+    if config.num_beams and config.num_beams > 1:
+        raise ValueError("Beam search is not supported with draft heads; use greedy or sampling (num_beams=1).")
+    if model_kwargs.get("assistant_model") is not None or config.assistant_early_exit is not None:
+        raise ValueError("assistant_model / assistant_early_exit cannot be combined with draft heads (they are the drafter).")
+    if model_kwargs.get("custom_generate") is not None:
+        raise ValueError("CerberusForCausalLM.generate supplies its own decoding loop; custom_generate is not accepted.")
+    if config.cache_implementation not in (None, "dynamic"):
+        raise ValueError(
+            f"cache_implementation={config.cache_implementation!r} is not supported: the draft-verify loop rolls the "
+            "cache back after each step and needs the default dynamic cache."
+        )
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("inputs_embeds is not supported with draft heads: pass input_ids.")
+
+
+def _pad_token_id(config: GenerationConfig) -> int | None:
+    """The pad id generate() uses: pad_token_id, else the first eos id."""
+    if config.pad_token_id is not None:
+        return config.pad_token_id
+    eos = config.eos_token_id
+    return eos[0] if isinstance(eos, list) and eos else eos
+
+
+def _unpadded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: GenerationConfig):
+    """Each row without its left padding. Without a mask, padding is inferred from the pad id as
+    generate() infers it (only when the pad id is not also an eos id)."""
+    pad = config.pad_token_id
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    if attention_mask is None and pad is not None and pad not in eos and bool((input_ids == pad).any()):
+        attention_mask = (input_ids != pad).long()
+    if attention_mask is None:
+        return [row[None] for row in input_ids]
+    if attention_mask.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must be 2D with the shape of input_ids {tuple(input_ids.shape)}.")
+    rows = []
+    for ids, mask in zip(input_ids, attention_mask.bool()):
+        start = int((~mask).sum())
+        if not bool(mask[start:].all()):
+            raise ValueError("Only left padding is supported: set tokenizer.padding_side = 'left'.")
+        if start == ids.shape[0]:
+            raise ValueError("A row of the batch is all padding.")
+        rows.append(ids[start:][None])
+    return rows
+
+
+def _pad_batch(padded_inputs: torch.Tensor, rows: list, results: list, config: GenerationConfig):
+    """Reassemble per-row results as batched generate() returns them: prompt (with its left padding),
+    then the new tokens, right-padded with the pad id to the longest row."""
+    as_dict = not isinstance(results[0], torch.Tensor)
+    new_tokens = [(r.sequences if as_dict else r)[0, row.shape[1] :] for r, row in zip(results, rows)]
+    width = max(t.shape[0] for t in new_tokens)
+    pad = _pad_token_id(config)
+    out = padded_inputs.new_full((len(rows), padded_inputs.shape[1] + width), pad if pad is not None else 0)
+    out[:, : padded_inputs.shape[1]] = padded_inputs
+    for i, tokens in enumerate(new_tokens):
+        out[i, padded_inputs.shape[1] : padded_inputs.shape[1] + tokens.shape[0]] = tokens
+    return GenerateDecoderOnlyOutput(sequences=out) if as_dict else out
+
+
+CerberusConfig.register_for_auto_class()
+CerberusForCausalLM.register_for_auto_class("AutoModelForCausalLM")
