@@ -133,3 +133,14 @@ def test_state_refuses_a_sequence_it_was_not_told_about():
     with pytest.raises(RuntimeError, match="observe"):
         state.heads_input(torch.zeros(1, 8, dtype=torch.long), hidden[:, -1])
     StepDrafts(model.heads, state.heads_input(torch.zeros(1, 9, dtype=torch.long), hidden[:, -1]), 0)
+
+
+def test_window_starts_are_the_rows_records_first_rows_empty_records_included():
+    from cerberus_hf.training.hidden_cache import HiddenStateCache
+
+    offsets = torch.tensor([0, 3, 3, 7, 7, 7, 10, 12])
+    cache = HiddenStateCache(hidden=torch.zeros(12, 4), tokens=torch.zeros(12, dtype=torch.long), teacher_ids=None,
+                             teacher_logprobs=None, record_ids=[str(i) for i in range(7)], record_offsets=offsets)
+    lengths = offsets[1:] - offsets[:-1]
+    assert cache.first_rows(torch.arange(12)).tolist() == torch.repeat_interleave(offsets[:-1], lengths).tolist()
+    assert cache.first_rows(torch.tensor([11, 3, 9])).tolist() == [10, 3, 7]

@@ -323,10 +323,9 @@ class HiddenStateCache:
         ends = torch.repeat_interleave(self.record_offsets[1:], lengths)
         return ends - torch.arange(self.num_positions) - 1
 
-    def first_rows(self) -> torch.Tensor:
-        """For every row, the index of its record's first row (where a drafter's window of states starts)."""
-        lengths = self.record_offsets[1:] - self.record_offsets[:-1]
-        return torch.repeat_interleave(self.record_offsets[:-1], lengths)
+    def first_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The index of the first row of each of ``rows``' records (where a drafter's window of states starts)."""
+        return self.record_offsets[torch.searchsorted(self.record_offsets, rows, right=True) - 1]
 
     def position_modes(self, mode: str) -> torch.Tensor:
         """``[N]`` bool: which positions belong to records of ``mode``."""

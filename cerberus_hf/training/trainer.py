@@ -174,7 +174,6 @@ class _Rows:
 
     def __init__(self, cache: HiddenStateCache, remaining: torch.Tensor, positions: torch.Tensor, num_heads: int,
                  distill_weight: float | torch.Tensor, device: torch.device, context_window: int = 0):
-        self.batch_rows = positions
         batch_index, heads = [], []
         for k in range(num_heads):
             valid = torch.nonzero(remaining[positions] >= k + 1).flatten()
@@ -201,14 +200,14 @@ class _Rows:
         self.target_probs = probs.to(device)
         # the state each row's heads read, or the window of states ending at it within its record
         self.next_tokens = self.valid = None
+        read = positions
         if context_window > 0:
-            index, valid = context_windows(positions, cache.first_rows()[positions], context_window)
-            self.next_tokens, self.valid = cache.tokens[index].to(device), valid.to(device)
-            positions = index
-        self.hidden = cache.hidden[positions].to(device=device, dtype=torch.float32)
+            read, valid = context_windows(positions, cache.first_rows(positions), context_window)
+            self.next_tokens, self.valid = cache.tokens[read].to(device), valid.to(device)
+        self.hidden = cache.hidden[read].to(device=device, dtype=torch.float32)
         # the true tokens at t + 1 .. t + num_heads after each state (teacher forcing for drafters that read
         # them); past a record's end they are never used, since those (position, head) pairs have no target
-        ahead = (self.batch_rows[:, None] + torch.arange(num_heads)).clamp(max=cache.num_positions - 1)
+        ahead = (positions[:, None] + torch.arange(num_heads)).clamp(max=cache.num_positions - 1)
         self.tokens = cache.tokens[ahead].to(device)
         self.batch_index = self.batch_index.to(device)
         self.head = self.head.to(device)
@@ -272,10 +271,11 @@ def evaluate_heads(
     counts = torch.zeros(4, num_heads, dtype=torch.float64)  # rows, top1, top5, loss sum
     was_training = heads.training
     heads.eval()
+    head_states = _HeadStates(heads)
     for start in range(0, positions.shape[0], batch_size):
         batch = positions[start : start + batch_size]
         rows = _Rows(cache, remaining, batch, num_heads, 0.0, device, heads.context_window)
-        states = _HeadStates(heads)(rows.hidden.to(heads.dtype), rows.tokens, rows.next_tokens, rows.valid)
+        states = head_states(rows.hidden.to(heads.dtype), rows.tokens, rows.next_tokens, rows.valid)
         picked = states[rows.batch_index, rows.head]
         for lo in range(0, picked.shape[0], chunk_rows):
             hi = min(lo + chunk_rows, picked.shape[0])
@@ -856,9 +856,8 @@ def run_cli(args: argparse.Namespace) -> int:
     _refuse_options_of_other_head_types(args)
     if args.head_type == "kangaroo":
         return _run_chain_cli(args, base)
-    shape = {"num_layers": args.num_layers} if args.head_type != "clover" else {
-        "adapter_heads": args.adapter_heads, "adapter_head_dim": args.adapter_head_dim,
-        "context_window": args.context_window}
+    shape = {name: getattr(args, name) for name in ("num_layers", "adapter_heads", "adapter_head_dim", "context_window")
+             if args.head_type in args.only_for[name][0]}  # the drafter's shape options that apply to this head type
     model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads, **shape)
     metrics = train_heads(
         model, args.data if len(args.data) > 1 else args.data[0], args.output, epochs=args.epochs, lr=args.lr,

@@ -11,8 +11,9 @@ next tokens depth by depth. Depth ``k`` (0-based) guesses token ``t + k + 2`` fr
 
 A family that also reads the sequence before ``t`` (``context_window > 0``: Clover's augmenting block) turns
 a window of the newest verified states, each with the token that followed it, into the ``hidden`` its heads
-read (`contextualize`: `window_rows` per position, then `read_window` over the window); decoding keeps that window per sequence (`ContextState`) and training and calibration
-gather it from stored states (`context_windows`).
+read (`contextualize`: `window_rows` per position, then `read_window` over the window); decoding keeps that
+window per sequence (`ContextState`) and training and calibration gather it from stored states
+(`context_windows`).
 
 A family is the small part that differs: how a head turns those into its state (`head_state`), which part
 of that state the vocabulary projection reads (`readout`; all of it by default) and which blocks it is made
@@ -103,30 +104,32 @@ class ContextState(SequenceState):
         self.drafter = drafter
         self.rows: torch.Tensor | None = None  # [n, ...]: the rows of the states before the pending ones
         self.pending: torch.Tensor | None = None  # [k, hidden]: the newest states, their rows not computed yet
-        self.end: int | None = None  # one past the newest state's position; None until the first step tells
+        self.verified = 0  # states verified since the prefill's last one
+        self.prefill: int | None = None  # the prefill's length; None until the first step that reads the heads
 
     def observe(self, captured: dict, keep: list[int] | None) -> None:
         hidden = captured["hidden"][0]
         if keep is None:
-            self.rows, self.pending, self.end = None, hidden[-1:], None
+            self.rows, self.pending, self.verified, self.prefill = None, hidden[-1:], 0, None
             return
-        if self.end is None:
-            raise RuntimeError("observe() after a verification needs heads_input() called after the prefill.")
-        self.pending = torch.cat([self.pending, hidden[keep]])
-        self.end += len(keep)
+        if self.pending is None:
+            raise RuntimeError("the decoding loop must call observe() with the prefill first.")
+        # only the newest context_window states can still enter the window, however long no step drafts
+        self.pending = torch.cat([self.pending, hidden[keep]])[-self.drafter.context_window :]
+        self.verified += len(keep)
 
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
         if self.pending is None:
             raise RuntimeError("the decoding loop must call observe() with the prefill before drafting.")
-        if self.end is None:
-            self.end = input_ids.shape[1] - 1
-        if input_ids.shape[1] != self.end + 1:
-            raise RuntimeError(f"the drafter's window ends at position {self.end} but the sequence has "
-                               f"{input_ids.shape[1] - 1} verified states; observe() must follow every forward.")
+        if self.prefill is None:
+            self.prefill = input_ids.shape[1] - 1 - self.verified
+        if input_ids.shape[1] != self.prefill + self.verified + 1:
+            raise RuntimeError(f"the drafter's window ends at position {self.prefill + self.verified} but the "
+                               f"sequence has {input_ids.shape[1] - 1} verified states; observe() must follow every "
+                               "forward.")
         count = self.pending.shape[0]
-        if count:  # the tokens after the pending states are known now
-            next_tokens = input_ids[:, self.end - count + 1 : self.end + 1]
-            rows = self.drafter.window_rows(self.pending[None].to(self.drafter.dtype), next_tokens)[0]
+        if count:  # the tokens after the pending states, the sequence's newest, are known now
+            rows = self.drafter.window_rows(self.pending[None].to(self.drafter.dtype), input_ids[:, -count:])[0]
             self.rows = rows if self.rows is None else torch.cat([self.rows, rows])
             self.rows, self.pending = self.rows[-self.drafter.context_window :], self.pending[:0]
         valid = torch.ones(1, self.rows.shape[0], dtype=torch.bool, device=input_ids.device)

@@ -59,8 +59,9 @@ class AttentionAdapter(nn.Module):
         """(outputs ``[B, T, hidden]``, the keys and values of the past and these positions) for ``x``
         ``[B, T, hidden]`` at sequence ``positions`` ``[T]``, after the cached ``past`` (causal).
 
-        ``queries``: only the last this many positions attend and are returned (the others only give keys and
-        values); ``key_mask`` ``[B, past + T]`` (bool): the keys that may be attended to (e.g. not padding)."""
+        ``queries``: only the last this many positions attend and are returned (outputs ``[B, queries, hidden]``;
+        the others only give keys and values); ``key_mask`` ``[B, past + T]`` (bool): the keys that may be attended
+        to (e.g. not padding)."""
         normed = self.input_norm(x)
         k = rotate(self._heads(self.k_proj(normed)), positions)
         v = self._heads(self.v_proj(normed))

@@ -149,9 +149,12 @@ class CerberusCandidateGenerator(CandidateGenerator):
         room = self.max_length - input_ids.shape[1] - 1
         static = self.tree.truncated(room) if self.dynamic is None else None
         can_draft = room > 0 and (self.dynamic is not None or static is not None)
-        step = StepDrafts(self.drafter, self.state.heads_input(input_ids, last_hidden_state), int(input_ids[0, -1]))
-        first_logits = step.root_logits()[None] if can_draft and self.gate.needs_heads else None
+        # what the heads read (a windowed drafter's window included) is computed only on steps that read them
+        step = self._step_drafts(input_ids, last_hidden_state) if can_draft and self.gate.needs_heads else None
+        first_logits = step.root_logits()[None] if step is not None else None
         drafting = can_draft and self.gate.should_draft(next_token_logits, first_logits)
+        if drafting and step is None and not self.drafter.drafts_chains:
+            step = self._step_drafts(input_ids, last_hidden_state)
         if can_draft:  # no room left for a draft is not the gate's decision
             self.stats.record_gate(drafting)
         draft = None
@@ -174,6 +177,11 @@ class CerberusCandidateGenerator(CandidateGenerator):
             self.stats.context_steps += 1
         self._last = draft
         return draft
+
+    def _step_drafts(self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor) -> StepDrafts:
+        """This step's drafts from what the heads read after ``input_ids`` (`SequenceState.heads_input`)."""
+        heads_input = self.state.heads_input(input_ids, last_hidden_state)
+        return StepDrafts(self.drafter, heads_input, int(input_ids[0, -1]))
 
     def get_candidates(
         self,

@@ -2,7 +2,8 @@
 
 Adding a family of heads: a module here with a `Drafter` subclass (``drafter_type``, ``reads_tokens``,
 `head_state`, and `make_block` if its blocks take more inputs; `readout` if the projection reads part of a
-head's state; `window_rows` and `read_window` with ``context_window`` if the heads read the sequence before ``t``), its name in `DRAFTER_CLASSES` below and in
+head's state; `window_rows` and `read_window` with ``context_window`` if the heads read the sequence before
+``t``), its name in `DRAFTER_CLASSES` below and in
 `configuration_cerberus.HEAD_TYPES`. Decoding, calibration, training, the bench and the cards then work
 for it unchanged. A drafter that drafts through the base itself (Kangaroo) sets ``drafts_chains`` and
 implements `Drafter.start` / `Drafter.draft_chain` instead of `head_state`.
@@ -33,5 +34,5 @@ def build_drafter(config: CerberusConfig) -> Drafter:
     return DRAFTER_CLASSES[config.head_type](config)
 
 
-__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "CloverDrafter", "Drafter", "HydraDrafter", "KangarooDrafter", "MedusaDrafter",
-           "ResidualBlock", "build_drafter"]
+__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "CloverDrafter", "Drafter", "HydraDrafter", "KangarooDrafter",
+           "MedusaDrafter", "ResidualBlock", "build_drafter"]
