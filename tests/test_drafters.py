@@ -33,6 +33,8 @@ TREE_KINDS = {
     "static": dict(draft_tree=STATIC_TREE, dynamic_tree=None),
     "dynamic": dict(dynamic_tree=DYNAMIC),
     "rescored": dict(rescoring={**DYNAMIC, "candidates": 5, "weight": 0.5}),  # with tiny_ngram beside the heads
+    # with tiny_ngram and a random Kangaroo drafter (a small LM) beside the heads
+    "rescored_lm": dict(rescoring={**DYNAMIC, "candidates": 5, "weight": 0.5, "lm_weight": 1.0}),
 }
 
 
@@ -44,9 +46,12 @@ FAMILY_TREES = [(h, tree) for h in TREE_FAMILIES for tree in TREE_KINDS] + [
 
 
 def with_tree_kind(model, tree: str, arch: str):
-    """``model``, with an n-gram model (random text plus the reference continuation) for the rescored kind."""
-    if tree == "rescored":
+    """``model``, with an n-gram model (random text plus the reference continuation) for the rescored kinds,
+    and a random Kangaroo drafter as the small LM for "rescored_lm"."""
+    if tree.startswith("rescored"):
         model.ngram = tiny_ngram(model.config.vocab_size, sequences=[reference(arch)[0].tolist()])
+    if tree == "rescored_lm":
+        model.load_rescorer(fresh_model(arch, "kangaroo", randomize=True, seed=7))
     return model
 
 

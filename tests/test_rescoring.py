@@ -76,9 +76,10 @@ def test_bad_input_is_refused(tmp_path):
 
 def test_rescoring_settings_are_validated():
     assert Rescoring.from_dict({"nodes": 4, "depth": 2}).to_dict() == {
-        "nodes": 4, "depth": 2, "top_k": 4, "candidates": 8, "weight": 0.5}
+        "nodes": 4, "depth": 2, "top_k": 4, "candidates": 8, "weight": 0.5, "lm_weight": 0.0}
     for bad, message in (({"nodes": 4, "depth": 2, "beam": 3}, "unknown keys"), ({"nodes": 0, "depth": 2}, "nodes"),
-                         ({"nodes": 4, "depth": 2, "weight": -1.0}, "weight"), ({"nodes": 4, "depth": 5}, "exceeds")):
+                         ({"nodes": 4, "depth": 2, "weight": -1.0}, "weight"), ({"nodes": 4, "depth": 5}, "exceeds"),
+                         ({"nodes": 4, "depth": 2, "lm_weight": -0.5}, "lm_weight")):
         with pytest.raises(ValueError, match=message):
             Rescoring.from_dict(bad, num_heads=3)
 
@@ -200,12 +201,13 @@ def test_calibrate_fits_the_rescored_tree():
     report = calibrate(model, [(reference("llama")[0].tolist(), PROMPT_LEN - 1)], max_nodes=8, repeats=1,
                        dynamic_max_nodes=8, rescoring_weights=(0.0, 1.0), rescoring_candidates=5)
     rescoring = report["rescoring"]
-    assert set(rescoring["by_weight"]) == {0.0, 1.0}
+    assert [(row["weight"], row["lm_weight"]) for row in rescoring["by_weights"]] == [(0.0, 0.0), (1.0, 0.0)]
     stored = model.decoding_settings("cpu")
     assert stored["rescoring"] == rescoring["settings"] and stored["rescoring"]["weight"] in (0.0, 1.0)
     assert 1 <= stored["rescoring"]["nodes"] <= 8 and stored["rescoring"]["candidates"] == 5
     assert stored["tree_kind"] in ("static", "dynamic", "rescored")
-    assert 0.0 <= rescoring["top_block_repeats"]["heads"] <= 1.0
+    assert set(stored["rescoring_options"]) == {"ngram"} and stored["rescoring_options"]["ngram"]["weight"] == 1.0
+    assert 0.0 <= rescoring["heads_top_block_repeats"] <= 1.0 and rescoring["rescorer"] is None
     text = format_report(report)
     assert "rescored tree" in text and "n-gram weight" in text
 

@@ -83,6 +83,9 @@ TREES = {
     "dynamic": dict(dynamic_tree={"nodes": 4, "depth": 1, "top_k": 4}),
     # an n-gram model that favours other tokens than the heads: it decides which 4 of 6 guesses are verified
     "rescored": dict(rescoring={"nodes": 4, "depth": 1, "top_k": 4, "candidates": 6, "weight": 1.0}),
+    # a random small LM (Kangaroo drafter) in place of the n-gram decides which 4 of 6 guesses are verified
+    "rescored_lm": dict(rescoring={"nodes": 4, "depth": 1, "top_k": 4, "candidates": 6, "weight": 0.0,
+                                   "lm_weight": 1.0}),
 }
 
 
@@ -98,6 +101,13 @@ def test_sampling_matches_base_distribution(base, head_type, tree):
     model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=1, **extra)
     if tree == "rescored":
         model.ngram = NgramModel.build([([t, (t * 5 + 1) % V, (t * 7 + 2) % V], 1) for t in range(V)] * 3, V, order=2)
+    if tree == "rescored_lm":
+        rescorer = CerberusForCausalLM.from_base(base, head_type="kangaroo", num_heads=1, exit_layer=1)
+        generator = torch.Generator().manual_seed(4)
+        with torch.no_grad():
+            for parameter in rescorer.heads.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+        model.load_rescorer(rescorer)
     counts, accepted = draw(model, **TREES[tree])
     stat, bound = chi_square(counts, expected_pairs(base))
     assert accepted > DRAWS // 20, f"drafts were accepted only {accepted} times: the test would not test much"

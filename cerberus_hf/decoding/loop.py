@@ -111,7 +111,7 @@ def speculative_generate(
     raw_logits = () if (want_dict and generation_config.output_logits) else None
     phase = phase_timer(profiler)
 
-    with candidate_generator.drafter.capture(model) as captured:
+    with candidate_generator.capture(model) as captured:
         candidate_generator.start(model, cache)
         with phase("prefill"):
             outputs = model._prefill(input_ids, generation_config, model_kwargs)

@@ -58,8 +58,10 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # Rows without "lookup" switch prompt lookup off, whatever the checkpoint says; "+lookup" rows graft the
 # checkpoint's prompt_lookup_num_tokens copied tokens into each draft. "tree" rows draft the calibrated
 # static tree, "dtree" rows the calibrated dynamic one, "rtree" rows the calibrated lattice-rescored one
-# (a checkpoint with an n-gram model, `cerberus-hf ngram`), and "ltree" rows the same lattice and size
-# without the n-gram (weight 0): the same verification budget, so rtree against ltree is the rescorer's gain.
+# (a checkpoint with an n-gram model, `cerberus-hf ngram`, or a small LM, `calibrate --rescorer`), and "ltree"
+# rows the same lattice and size without either (weights 0): the same verification budget, so rtree against
+# ltree is the rescorers' gain. "rtree-ngram", "rtree-lm" and "rtree-both" rows are the best rescored tree
+# calibration found with the n-gram alone, the LM alone and both.
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
@@ -81,6 +83,12 @@ VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
     "ltree": ("lattice tree (no rescorer), gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP},
               ("rescoring",)),
     "rtree": ("rescored tree, gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP}, ("rescoring",)),
+    "rtree-ngram": ("rescored tree, n-gram only, gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP},
+                    ("rescoring",)),
+    "rtree-lm": ("rescored tree, LM only, gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP},
+                 ("rescoring",)),
+    "rtree-both": ("rescored tree, n-gram and LM, gate off", {"gate_threshold": None, **_RESCORED, **_NO_LOOKUP},
+                   ("rescoring",)),
     "rtree+gate": ("rescored tree, gate on", {**_RESCORED, **_NO_LOOKUP}, ("rescoring", "gate_threshold")),
     "rtree+lookup": ("rescored tree, gate off, lookup", {"gate_threshold": None, **_RESCORED},
                      ("rescoring", "prompt_lookup_num_tokens")),
@@ -105,15 +113,19 @@ def build_methods(
         raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}.")
     for label, model in head_models.items():
         settings = model.decoding_settings(base.device, base.dtype)  # calibrated for the closest hardware, or the config's
-        if model.ngram is None:
-            settings["rescoring"] = None  # calibrated with an n-gram model the folder no longer has
+        if not model.has_rescorers(settings["rescoring"]):
+            settings["rescoring"] = None  # calibrated with a rescorer the folder no longer has
+        lattice = settings["rescoring"] and {**settings["rescoring"], "weight": 0.0, "lm_weight": 0.0}
         tree_of = {"dtree": {"dynamic_tree": settings["dynamic_tree"], "rescoring": None},
-                   "rtree": {"rescoring": settings["rescoring"]},
-                   "ltree": {"rescoring": settings["rescoring"] and {**settings["rescoring"], "weight": 0.0}}}
+                   "rtree": {"rescoring": settings["rescoring"]}, "ltree": {"rescoring": lattice}}
+        for name in ("ngram", "lm", "both"):
+            option = settings["rescoring_options"].get("ngram+lm" if name == "both" else name)
+            tree_of[f"rtree-{name}"] = {"rescoring": option if model.has_rescorers(option) else None}
         options = [("", {})] if variants == [] else [
             (suffix, {**overrides, **tree_of.get(key.split("+")[0], {})})
             for key, (suffix, overrides, needs) in VARIANTS.items()
             if (variants is None or key in variants) and all(settings[n] is not None for n in needs)
+            and (not key.startswith("rtree-") or tree_of[key]["rescoring"] is not None)
         ]
         for suffix, overrides in options:
             def run(ids, model=model, overrides=overrides):

@@ -8,11 +8,13 @@ Three measurements, then two choices:
    among head ``k``'s guesses at every position ``t``, and the candidate gate signals there.
 3. The time the heads take to draft one step.
 
-With an n-gram model beside the heads (`cerberus-hf ngram`), a third tree kind is fitted: the dynamic
-tree over a wider lattice of the heads' guesses, rescored by the n-gram (`decoding.rescoring`), drafted
-for real at every position for each candidate weight; the weight and size with the best expected tokens
-per second are kept, and how often the heads' top-1 block repeats a token, before and after rescoring,
-is reported.
+With an n-gram model (`cerberus-hf ngram`) or a small LM (`--rescorer`, a Kangaroo checkpoint) beside
+the heads, a third tree kind is fitted: the dynamic tree over a wider lattice of the heads' guesses,
+rescored by them (`decoding.rescoring`), drafted for real at every position for each pair of candidate
+weights (the LM reads each held-out sequence once, and at each position sees only what decoding would);
+the weights and size with the best expected tokens per second are kept, with the drafting time of each
+combination of rescorers, and how often the heads' top-1 block repeats a token, before and after
+rescoring, is reported.
 
 The tree: a node ``(r0, ..., rd)`` is accepted at a position exactly when the true tokens' ranks there
 start with that path, so the mean accepted length of a tree is the sum of its paths' empirical
@@ -33,7 +35,9 @@ import json
 import statistics
 import time
 from collections import Counter
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -43,8 +47,8 @@ from ..drafters.base import capture_lm_head_input
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
 from ..decoding.hardware import HardwareKey, describe_device, has_amx
-from ..decoding.rescoring import Rescoring, ngram_rescore, repeats_a_token
-from ..decoding.tree import DynamicTree, TreeSpec
+from ..decoding.rescoring import Rescore, Rescoring, combined, lm_rescore, ngram_rescore, repeats_a_token
+from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
 from ..training.data import Record, read_records
 from ..training.hidden_cache import split_record_ids
 from ..decoding.profiling import synchronize
@@ -53,15 +57,16 @@ from ..decoding.profiling import synchronize
 @dataclass
 class PositionRecord:
     """What calibration keeps of one position: true-token ranks per head (-1 beyond ``top_k``), gate signals,
-    where the true path's nodes come in a dynamic tree's order of choice (-1: not drafted), the same per
-    rescoring weight, and whether the top-1 block repeats a token (the heads' own; per weight, rescored)."""
+    where the true path's nodes come in a dynamic tree's order of choice (-1: not drafted), the same per pair
+    of rescoring weights (n-gram, LM), and whether the top-1 block repeats a token (the heads' own; per pair,
+    rescored)."""
 
     ranks: list[int]
     signals: dict[str, float]
     dynamic_order: list[int] | None = None
-    rescored_order: dict[float, list[int]] = field(default_factory=dict)
+    rescored_order: dict[tuple[float, float], list[int]] = field(default_factory=dict)
     top_block_repeats: bool = False
-    rescored_block_repeats: dict[float, bool] = field(default_factory=dict)
+    rescored_block_repeats: dict[tuple[float, float], bool] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -92,10 +97,12 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
 
 
 @torch.no_grad()
-def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescoring | None = None) -> float:
+def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescoring | None = None,
+                       context: int = 300) -> float:
     """Median seconds for the drafter to draft one step: the chain through every head, or a dynamic tree
-    (a drafter that reads its drafted tokens pays one call per depth), rescored by ``model.ngram`` when
-    ``dynamic`` is a `Rescoring`."""
+    (a drafter that reads its drafted tokens pays one call per depth), rescored by whichever of
+    ``model.ngram`` and ``model.rescorer`` ``dynamic`` weighs when it is a `Rescoring` (the LM after a
+    ``context``-token prefix, closing its scorer each time as decoding does)."""
     # a drafter reading a window pays every step for the newest state's row and for reading the window
     window = max(model.heads.context_window, 1)
     states = torch.zeros(1, window, model.config.hidden_size, device=model.device, dtype=model.dtype)
@@ -103,18 +110,51 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     rows = model.heads.window_rows(states, tokens)
     valid = torch.ones(1, window, dtype=torch.bool, device=model.device)
     chain = TreeSpec.chain(model.config.num_heads)
-    history = torch.arange(16, device=model.device)
+    history = torch.arange(context, device=model.device) % model.config.vocab_size
     values = []
-    for _ in range(repeats):
-        synchronize(model.device)
-        start = time.perf_counter()
-        newest = model.heads.window_rows(states[:, -1:], tokens[:, -1:])
-        step = StepDrafts(model.heads, model.heads.read_window(torch.cat([rows[:, :-1], newest], dim=1), valid), 0)
-        rescore = ngram_rescore(model.ngram, history, dynamic.weight) if isinstance(dynamic, Rescoring) else None
-        dynamic_selection(step, dynamic, model.config.num_heads, rescore) if dynamic else static_draft(step, chain)
-        synchronize(model.device)
-        values.append(time.perf_counter() - start)
+    with ExitStack() as stack:
+        lm_state = None
+        if isinstance(dynamic, Rescoring) and dynamic.lm_weight > 0:
+            lm_state = stack.enter_context(rescorer_state(model, history[None]))
+        for _ in range(repeats):
+            synchronize(model.device)
+            start = time.perf_counter()
+            newest = model.heads.window_rows(states[:, -1:], tokens[:, -1:])
+            step = StepDrafts(model.heads, model.heads.read_window(torch.cat([rows[:, :-1], newest], dim=1), valid), 0)
+            if dynamic is None:
+                static_draft(step, chain)
+            else:
+                scorer = model.rescorer.path_scorer(lm_state, history[None]) if lm_state is not None else None
+                rescore = _rescore(model, dynamic, history, scorer) if isinstance(dynamic, Rescoring) else None
+                dynamic_selection(step, dynamic, model.config.num_heads, rescore)
+                if scorer is not None:
+                    scorer.close()
+            synchronize(model.device)
+            values.append(time.perf_counter() - start)
     return statistics.median(values)
+
+
+@contextmanager
+def rescorer_state(model, ids: torch.LongTensor) -> Iterator:
+    """The neural rescorer's state after the base read ``ids`` ``[1, n]`` with a cache (every position but the
+    last cached), valid while inside: its scorers at any position read the states this captures."""
+    base = model.base
+    cache = DynamicCache(config=base.config)
+    with torch.no_grad(), model.rescorer.capture(base) as captured:
+        base(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        state = model.rescorer.start(base, cache)
+        state.observe(captured, None)
+        yield state
+
+
+def _rescore(model, settings: Rescoring, history: torch.LongTensor, scorer) -> Rescore | None:
+    """The rescore function decoding would use with ``settings`` after ``history`` (``scorer``: the LM's)."""
+    parts = []
+    if settings.weight > 0:
+        parts.append(ngram_rescore(model.ngram, history, settings.weight))
+    if settings.lm_weight > 0:
+        parts.append(lm_rescore(scorer, model.rescorer.draft_index(), settings.lm_weight))
+    return combined(parts)
 
 
 @torch.no_grad()
@@ -124,7 +164,9 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
     every ``(tokens, start)`` sequence from ``start`` on (e.g. the prompt length) that has all heads'
     targets. With ``dynamic``, also the order in which a dynamic tree of those settings (its ``nodes``
     the most considered) picks the true path's nodes, drafted for real at each position; likewise for each
-    of ``rescorings`` (one per weight) with ``model.ngram``."""
+    of ``rescorings`` (one per pair of weights) with ``model.ngram`` and ``model.rescorer``."""
+    uses_lm = any(settings.lm_weight > 0 for settings in rescorings)
+    fed = 1 + max((s.top_k * (s.depth - 1) for s in rescorings), default=0)  # nodes an LM scorer may feed
     records = []
     num_heads = model.config.num_heads
     for seq, skip in tqdm(sequences, desc="head ranks", unit="seq"):
@@ -139,25 +181,43 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
         head_logits = model.draft_logits(hidden, ids[0, ahead.to(ids.device)])  # [len, heads, draft vocab]
         top = model.heads.token_ids(head_logits.topk(top_k, dim=-1).indices)  # [len, heads, top_k]
         signals = {name: gate_signal(name, logits, head_logits[:, 0]).tolist() for name in GATE_SIGNALS}
-        for t in range(skip, len(seq) - num_heads - 1):
-            ranks = []
-            for k in range(num_heads):
-                hit = (top[t, k] == seq[t + k + 2]).nonzero()
-                ranks.append(int(hit[0, 0]) if len(hit) else -1)
-            truth = seq[t + 2 : t + 2 + num_heads]
-            order = None
-            if dynamic is not None:
-                chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), dynamic, num_heads)
-                order = _true_path_order(chosen, truth)
-            record = PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order,
-                                    top_block_repeats=repeats_a_token([seq[t + 1], *top[t, :, 0].tolist()]))
-            history = ids[0, : t + 2]
-            for settings in rescorings:
-                rescore = ngram_rescore(model.ngram, history, settings.weight)
-                chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), settings, num_heads, rescore)
-                record.rescored_order[settings.weight] = _true_path_order(chosen, truth)
-                record.rescored_block_repeats[settings.weight] = repeats_a_token([seq[t + 1], *_top_block(chosen)])
-            records.append(record)
+        if uses_lm and not tree_attention_ok(model.base, len(seq) + fed):
+            raise ValueError(f"The neural rescorer scores paths under a tree mask, which this base cannot take over a "
+                             f"{len(seq)}-token sequence (flash attention or a shorter sliding window).")
+        with ExitStack() as stack:
+            lm_state = stack.enter_context(rescorer_state(model, ids)) if uses_lm else None
+            records.extend(_position_records(model, seq, skip, top, hidden, signals, dynamic, rescorings, lm_state))
+    return records
+
+
+def _position_records(model, seq: list[int], skip: int, top: torch.Tensor, hidden: torch.Tensor, signals: dict,
+                      dynamic: DynamicTree | None, rescorings: list[Rescoring], lm_state) -> list[PositionRecord]:
+    """`collect_positions`' records for one sequence (``lm_state``: the neural rescorer's over all of it)."""
+    records, num_heads = [], model.config.num_heads
+    ids = torch.tensor([seq], device=model.device)
+    for t in range(skip, len(seq) - num_heads - 1):
+        ranks = []
+        for k in range(num_heads):
+            hit = (top[t, k] == seq[t + k + 2]).nonzero()
+            ranks.append(int(hit[0, 0]) if len(hit) else -1)
+        truth = seq[t + 2 : t + 2 + num_heads]
+        order = None
+        if dynamic is not None:
+            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), dynamic, num_heads)
+            order = _true_path_order(chosen, truth)
+        record = PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order,
+                                top_block_repeats=repeats_a_token([seq[t + 1], *top[t, :, 0].tolist()]))
+        history = ids[0, : t + 2]
+        scorer = model.rescorer.path_scorer(lm_state, ids[:, : t + 2], visible=t + 1) if lm_state else None
+        for settings in rescorings:  # the scorer keeps what it computed for one setting for the next
+            rescore = _rescore(model, settings, history, scorer)
+            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), settings, num_heads, rescore)
+            key = (settings.weight, settings.lm_weight)
+            record.rescored_order[key] = _true_path_order(chosen, truth)
+            record.rescored_block_repeats[key] = repeats_a_token([seq[t + 1], *_top_block(chosen)])
+        if scorer is not None:
+            scorer.close()
+        records.append(record)
     return records
 
 
@@ -241,13 +301,13 @@ def static_accepted(records: list[PositionRecord], tree: list[list[int]]) -> lis
     return [accepted_length(r.ranks, tree_set) for r in records]
 
 
-def dynamic_accepted(records: list[PositionRecord], nodes: int, weight: float | None = None) -> list[int]:
-    """Drafts a dynamic tree of ``nodes`` nodes (rescored with ``weight`` when given) would get accepted
+def dynamic_accepted(records: list[PositionRecord], nodes: int, weights: tuple[float, float] | None = None) -> list[int]:
+    """Drafts a dynamic tree of ``nodes`` nodes (rescored with ``weights`` when given) would get accepted
     at each position (its nodes are the first ``nodes`` chosen, so one drafting per position serves every size)."""
     accepted = []
     for record in records:
         count = 0
-        for place in record.dynamic_order if weight is None else record.rescored_order[weight]:
+        for place in record.dynamic_order if weights is None else record.rescored_order[weights]:
             if place < 0 or place >= nodes:
                 break
             count += 1
@@ -256,14 +316,14 @@ def dynamic_accepted(records: list[PositionRecord], nodes: int, weight: float | 
 
 
 def fit_dynamic_tree(records: list[PositionRecord], cost: dict[int, float], draft_time: float, max_nodes: int,
-                     weight: float | None = None):
-    """The dynamic tree size (rescored with ``weight`` when given) maximising expected tokens per second,
+                     weights: tuple[float, float] | None = None):
+    """The dynamic tree size (rescored with ``weights`` when given) maximising expected tokens per second,
     and the table of every size considered."""
     table = []
     for n in range(1, max_nodes + 1):
         if n + 1 not in cost:
             break
-        expected = 1.0 + sum(dynamic_accepted(records, n, weight)) / len(records)
+        expected = 1.0 + sum(dynamic_accepted(records, n, weights)) / len(records)
         step = cost[n + 1] + draft_time
         table.append({"nodes": n, "expected_tau": expected, "step_seconds": step, "tokens_per_s": expected / step})
     return max(table, key=lambda row: row["tokens_per_s"]), table
@@ -331,55 +391,92 @@ def _auc(score: torch.Tensor, positive: torch.Tensor) -> float:
 
 
 RESCORING_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+RESCORING_LM_WEIGHTS = (0.25, 0.5, 1.0)
+
+
+def _uses(settings: Rescoring) -> tuple[bool, bool]:
+    """Which rescorers ``settings`` weighs: (the n-gram, the LM)."""
+    return settings.weight > 0, settings.lm_weight > 0
 
 
 def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, max_nodes: int = 63,
               repeats: int = 5, dynamic_top_k: int = 4, dynamic_max_nodes: int = 32,
-              rescoring_weights: tuple[float, ...] = RESCORING_WEIGHTS, rescoring_candidates: int = 8) -> dict:
+              rescoring_weights: tuple[float, ...] = RESCORING_WEIGHTS, rescoring_candidates: int = 8,
+              rescoring_lm_weights: tuple[float, ...] = RESCORING_LM_WEIGHTS) -> dict:
     """Run all measurements and choices; store the result for this device, dtype and processor in the
     model's generation config (``cerberus_calibration``, keyed as `hardware.HardwareKey`) and return the
     full report.
 
     Both tree kinds are fitted: the static tree from how often each rank path is right, the dynamic tree's
-    size by drafting it for real at every position; with ``model.ngram``, the rescored tree's weight and
-    size too (each weight of ``rescoring_weights`` drafted for real over ``rescoring_candidates`` guesses
-    per depth; weight 0 is the plain dynamic tree over that wider lattice). The kind with the highest
-    expected tokens per second is the default (``tree_kind``); the gate is fitted to that kind; the others
-    stay stored for the bench."""
+    size by drafting it for real at every position; with ``model.ngram`` or ``model.rescorer``, the rescored
+    tree's weights and size too (each pair of an n-gram weight of ``rescoring_weights`` and an LM weight of
+    0 and ``rescoring_lm_weights``, drafted for real over ``rescoring_candidates`` guesses per depth; both 0
+    is the plain dynamic tree over that wider lattice). The kind with the highest expected tokens per second
+    is the default (``tree_kind``); the gate is fitted to that kind; the others stay stored for the bench, as
+    does the best rescored tree of each combination of rescorers (``rescoring_options``)."""
     cost = measure_cost_curve(model.base, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats)
     draft_time = measure_draft_time(model)
     probe = DynamicTree(nodes=dynamic_max_nodes, depth=model.config.num_heads, top_k=dynamic_top_k)
     dynamic_time = measure_draft_time(model, dynamic=probe)
     probes = []
-    if model.ngram is not None:
+    if model.ngram is not None or model.rescorer is not None:
+        ngram_weights = rescoring_weights if model.ngram is not None else (0.0,)
+        lm_weights = (0.0, *rescoring_lm_weights) if model.rescorer is not None else (0.0,)
         probes = [Rescoring(nodes=dynamic_max_nodes, depth=probe.depth, top_k=dynamic_top_k,
-                            candidates=rescoring_candidates, weight=float(w)) for w in rescoring_weights]
-    rescored_time = measure_draft_time(model, dynamic=probes[-1]) if probes else None
+                            candidates=rescoring_candidates, weight=float(w), lm_weight=float(lw))
+                  for w in dict.fromkeys(ngram_weights) for lw in dict.fromkeys(lm_weights)]
+    # drafting time per combination of rescorers in use: (n-gram, LM)
+    rescored_times = {}
+    for settings in probes:
+        uses = _uses(settings)
+        if uses not in rescored_times:
+            rescored_times[uses] = measure_draft_time(model, dynamic=settings)
     records = collect_positions(model, sequences, top_k=top_k, dynamic=probe, rescorings=probes)
     paths, best, table = build_tree(records, cost, draft_time, max_nodes=max_nodes)
     dynamic_best, dynamic_table = fit_dynamic_tree(records, cost, dynamic_time, dynamic_max_nodes)
     dynamic = DynamicTree(nodes=dynamic_best["nodes"], depth=probe.depth, top_k=probe.top_k)
     expected = {"static": best["tokens_per_s"], "dynamic": dynamic_best["tokens_per_s"]}
     rescoring, rescoring_report = None, None
+    options = {}
     if probes:
-        fits = {w.weight: fit_dynamic_tree(records, cost, rescored_time, dynamic_max_nodes, w.weight) for w in probes}
-        weight = max(fits, key=lambda w: fits[w][0]["tokens_per_s"])
-        rescoring = replace(probes[0], nodes=fits[weight][0]["nodes"], weight=weight)
-        expected["rescored"] = fits[weight][0]["tokens_per_s"]
+        fits = {}
+        for settings in probes:
+            key = (settings.weight, settings.lm_weight)
+            fits[key] = fit_dynamic_tree(records, cost, rescored_times[_uses(settings)], dynamic_max_nodes, key)
+
+        def best_of(keys):
+            return max(keys, key=lambda k: fits[k][0]["tokens_per_s"])
+
+        def as_settings(key):
+            return replace(probes[0], nodes=fits[key][0]["nodes"], weight=key[0], lm_weight=key[1])
+
+        weights = best_of(fits)
+        rescoring = as_settings(weights)
+        expected["rescored"] = fits[weights][0]["tokens_per_s"]
+        for name, uses in (("ngram", (True, False)), ("lm", (False, True)), ("ngram+lm", (True, True))):
+            keys = [k for k in fits if (k[0] > 0, k[1] > 0) == uses]
+            if keys:
+                options[name] = as_settings(best_of(keys)).to_dict()
         rescoring_report = {
             "settings": rescoring.to_dict(),
-            "draft_seconds": rescored_time,
-            "by_weight": {w: {"best": fit[0], "sizes": fit[1]} for w, fit in fits.items()},
-            "top_block_repeats": {
-                "heads": sum(r.top_block_repeats for r in records) / len(records),
-                **{w: sum(r.rescored_block_repeats[w] for r in records) / len(records) for w in fits},
-            },
-            "ngram": {"order": model.ngram.order, "tokens": model.ngram.tokens, "bytes": model.ngram.num_bytes()},
+            "draft_seconds": rescored_times[_uses(rescoring)],
+            "by_weights": [
+                {"weight": k[0], "lm_weight": k[1], "draft_seconds": rescored_times[(k[0] > 0, k[1] > 0)],
+                 "best": fit[0], "sizes": fit[1],
+                 "top_block_repeats": sum(r.rescored_block_repeats[k] for r in records) / len(records)}
+                for k, fit in fits.items()
+            ],
+            "heads_top_block_repeats": sum(r.top_block_repeats for r in records) / len(records),
+            "ngram": model.ngram and {"order": model.ngram.order, "tokens": model.ngram.tokens,
+                                      "bytes": model.ngram.num_bytes()},
+            "rescorer": model.rescorer and {
+                "type": model.rescorer.drafter_type, "exit_layer": model.rescorer.exit_layer,
+                "parameters": sum(p.numel() for p in model.rescorer.parameters())},
         }
     kind = max(expected, key=expected.get)
     if kind == "rescored":
-        rescored_best = rescoring_report["by_weight"][rescoring.weight]["best"]
-        gate = fit_gate(records, dynamic_accepted(records, rescoring.nodes, rescoring.weight),
+        rescored_best = fits[(rescoring.weight, rescoring.lm_weight)][0]
+        gate = fit_gate(records, dynamic_accepted(records, rescoring.nodes, (rescoring.weight, rescoring.lm_weight)),
                         rescored_best["step_seconds"], cost[1])
     elif kind == "dynamic":
         gate = fit_gate(records, dynamic_accepted(records, dynamic.nodes), dynamic_best["step_seconds"], cost[1])
@@ -388,6 +485,7 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     settings = {"draft_tree": paths, "dynamic_tree": dynamic.to_dict(), "tree_kind": kind, **_chosen_gate(gate)}
     if rescoring is not None:
         settings["rescoring"] = rescoring.to_dict()
+        settings["rescoring_options"] = options
     stored = model.decoding_settings()
     if stored["calibration"] is not None and stored["prompt_lookup_num_tokens"] is not None:
         # not fitted here: keep what was chosen for the closest device
@@ -576,6 +674,11 @@ def add_cli(subparsers) -> None:
                         help="children expanded per node and nodes kept per level of the dynamic tree")
     parser.add_argument("--rescoring-weights", type=float, nargs="+", default=list(RESCORING_WEIGHTS),
                         help="n-gram weights tried for the rescored tree (needs HEADS/ngram.safetensors or --ngram)")
+    parser.add_argument("--rescoring-lm-weights", type=float, nargs="+", default=list(RESCORING_LM_WEIGHTS),
+                        help="LM weights tried beside 0 for the rescored tree (needs HEADS/rescorer/ or --rescorer)")
+    parser.add_argument("--rescorer", default=None,
+                        help="Kangaroo checkpoint for this base to rescore with as a small LM (default: the folder's "
+                             "rescorer/; written there with --write)")
     parser.add_argument("--rescoring-candidates", type=int, default=8,
                         help="guesses per depth the rescored tree considers under each path")
     parser.add_argument("--ngram", default=None,
@@ -590,7 +693,7 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
     # the options only trees read: a drafter that drafts chains refuses them rather than ignore them
     tree_options = ("max_nodes", "top_k", "dynamic_max_nodes", "dynamic_top_k", "rescoring_weights",
-                    "rescoring_candidates", "ngram")
+                    "rescoring_lm_weights", "rescoring_candidates", "ngram", "rescorer")
     parser.set_defaults(func=run_cli, tree_defaults={name: parser.get_default(name) for name in tree_options})
 
 
@@ -601,6 +704,8 @@ def run_cli(args: argparse.Namespace) -> int:
     model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device, getattr(torch, args.dtype))
     if args.ngram:
         model.load_ngram(args.ngram)
+    if args.rescorer:
+        model.load_rescorer(args.rescorer)
     if args.draft_vocab:
         model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
@@ -615,7 +720,8 @@ def run_cli(args: argparse.Namespace) -> int:
         report = calibrate(model, sequences, top_k=args.top_k, max_nodes=args.max_nodes, repeats=args.repeats,
                            dynamic_top_k=args.dynamic_top_k, dynamic_max_nodes=args.dynamic_max_nodes,
                            rescoring_weights=tuple(args.rescoring_weights),
-                           rescoring_candidates=args.rescoring_candidates)
+                           rescoring_candidates=args.rescoring_candidates,
+                           rescoring_lm_weights=tuple(args.rescoring_lm_weights))
         print(format_report(report))
     if args.report:
         with open(args.report, "w") as handle:
@@ -685,16 +791,22 @@ def format_chain_report(report: dict) -> str:
 
 def _format_rescoring(rescoring: dict | None) -> list[str]:
     if rescoring is None:
-        return ["rescored tree: no n-gram model beside the heads (cerberus-hf ngram)"]
-    repeats = rescoring["top_block_repeats"]
-    lines = [f"rescored tree: {rescoring['settings']}, drafting {rescoring['draft_seconds'] * 1e3:.1f} ms; "
-             f"n-gram order {rescoring['ngram']['order']} over {rescoring['ngram']['tokens']:,} tokens, "
-             f"{rescoring['ngram']['bytes'] / 1e6:.1f} MB",
-             "| n-gram weight | nodes | expected tau | tokens/s (model) | top-1 block repeats a token |",
-             "|---|---|---|---|---|"]
-    for weight, fit in rescoring["by_weight"].items():
-        best = fit["best"]
-        lines.append(f"| {weight} | {best['nodes']} | {best['expected_tau']:.3f} | {best['tokens_per_s']:.1f} | "
-                     f"{repeats[weight]:.1%} |")
-    lines.append(f"the heads' own top-1 block repeats a token at {repeats['heads']:.1%} of positions")
+        return ["rescored tree: no rescorer beside the heads (cerberus-hf ngram, --rescorer)"]
+    models = []
+    if rescoring.get("ngram"):
+        ngram = rescoring["ngram"]
+        models.append(f"n-gram order {ngram['order']} over {ngram['tokens']:,} tokens, {ngram['bytes'] / 1e6:.1f} MB")
+    if rescoring.get("rescorer"):
+        lm = rescoring["rescorer"]
+        models.append(f"LM: {lm['type']} (the base's first {lm['exit_layer']} layers, {lm['parameters']:,} parameters "
+                      "of its own)")
+    lines = [f"rescored tree: {rescoring['settings']}; " + "; ".join(models),
+             "| n-gram weight | LM weight | nodes | expected tau | drafting ms | tokens/s (model) | "
+             "top-1 block repeats a token |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rescoring["by_weights"]:
+        best = row["best"]
+        lines.append(f"| {row['weight']} | {row['lm_weight']} | {best['nodes']} | {best['expected_tau']:.3f} | "
+                     f"{row['draft_seconds'] * 1e3:.1f} | {best['tokens_per_s']:.1f} | {row['top_block_repeats']:.1%} |")
+    lines.append(f"the heads' own top-1 block repeats a token at {rescoring['heads_top_block_repeats']:.1%} of positions")
     return lines

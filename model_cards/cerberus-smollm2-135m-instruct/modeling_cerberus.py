@@ -28,13 +28,13 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .decoding_acceptance import TypicalAcceptance
 from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
 from .decoding_candidate_generator import CerberusCandidateGenerator
-from .checkpoint import load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
+from .checkpoint import HEADS_WEIGHTS_NAME, load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
 from .configuration_cerberus import CerberusConfig
 from .decoding_lookup import DEFAULT_MAX_NGRAM
 from .decoding_loop import speculative_generate
 from .decoding_gate import EntropyGate
 from .decoding_hardware import HardwareKey, has_amx, select_calibration
-from .drafters import Drafter, build_drafter
+from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .decoding_profiling import StepProfiler, phase_timer
 from .real_models import describe_source
 from .remote_code import auto_map_entry, write_remote_code
@@ -44,6 +44,7 @@ from .decoding_rescoring import Rescoring
 from .decoding_tree import DynamicTree, TreeSpec
 
 _UNSET = object()
+RESCORER_FOLDER = "rescorer"  # where a checkpoint keeps its neural lattice rescorer
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
 
 
@@ -76,6 +77,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.generation_config = greedy_generation_config(getattr(base, "generation_config", None))
         self.generation_stats: GenerationStats | None = None
         self.ngram: NgramModel | None = None  # the lattice rescorer's n-gram model, when the folder has one
+        self.rescorer: Drafter | None = None  # the lattice rescorer's small LM (a Kangaroo drafter), when it has one
+        self.rescorer_config: CerberusConfig | None = None
         self.post_init()
 
     # ----------------------------------------------------------------------------------------- building
@@ -144,6 +147,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
         if ngram_file is not None:
             model.load_ngram(ngram_file)
+        rescorer_file = resolve_file(path, f"{RESCORER_FOLDER}/config.json", required=False, **hub_kwargs)
+        if rescorer_file is not None:
+            resolve_file(path, f"{RESCORER_FOLDER}/{HEADS_WEIGHTS_NAME}", **hub_kwargs)  # beside it (from the Hub too)
+            model.load_rescorer(os.path.dirname(rescorer_file))
         model.eval()
         return model
 
@@ -164,6 +171,45 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         save_heads_state_dict(self.heads.state_dict(), save_directory)
         if self.ngram is not None:
             self.ngram.save(os.path.join(save_directory, NGRAM_WEIGHTS_NAME))
+        if self.rescorer is not None:
+            folder = os.path.join(save_directory, RESCORER_FOLDER)
+            os.makedirs(folder, exist_ok=True)
+            self.rescorer_config.save_pretrained(folder)
+            save_heads_state_dict(self.rescorer.state_dict(), folder)
+
+    def load_rescorer(self, source: "str | os.PathLike | CerberusForCausalLM | None", **hub_kwargs) -> None:
+        """Rescore lattices with a small LM from now on (``rescoring={"lm_weight": ...}``): a Kangaroo
+        checkpoint for this base (a folder, a Hub id, or a loaded model), read as a language model (the base's
+        first layers, its adapter and the lm_head; `drafters.kangaroo.PathScorer`). Its adapter is all it adds;
+        `save_pretrained` writes it to ``rescorer/`` beside the heads. None drops it. A checkpoint for
+        another base, of another family or with unreadable weights is refused."""
+        if source is None:
+            self.rescorer = self.rescorer_config = None
+            return
+        if isinstance(source, CerberusForCausalLM):
+            config, state_dict, where = source.config, source.heads.state_dict(), "the given model"
+        else:
+            where = str(source)
+            config = CerberusConfig.from_pretrained(where, **hub_kwargs)
+            heads_file = resolve_heads_file(where, **hub_kwargs)
+            state_dict = load_heads_state_dict(heads_file)
+            _check_heads_state_dict(config, state_dict, heads_file)
+        drafter_class = DRAFTER_CLASSES[config.head_type]
+        if not drafter_class.drafts_chains:
+            raise ValueError(f"{where} holds {config.head_type} heads, which guess from the base's state alone; a "
+                             "neural rescorer must read tokens on its own: use a kangaroo checkpoint.")
+        mine, theirs = self.config.base_model_name_or_path, config.base_model_name_or_path
+        if (config.hidden_size, config.vocab_size) != (self.config.hidden_size, self.config.vocab_size) or (
+                mine and theirs and mine != theirs):
+            raise ValueError(f"{where} was made for another base ({theirs or config.base_model_type}, hidden size "
+                             f"{config.hidden_size}, vocabulary {config.vocab_size}) than these heads' "
+                             f"({mine or self.config.base_model_type}, {self.config.hidden_size}, "
+                             f"{self.config.vocab_size}).")
+        lm_weight = self.base.get_output_embeddings().weight
+        rescorer = build_drafter(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
+        rescorer.attach(self.base)
+        rescorer.load_state_dict(state_dict, strict=True)
+        self.rescorer, self.rescorer_config = rescorer.eval(), config
 
     def load_ngram(self, path: str | os.PathLike | None) -> None:
         """Use the n-gram model saved at ``path`` (`cerberus-hf ngram`) for lattice rescoring; None drops it.
@@ -270,8 +316,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         chain of every head's top-1); ``dynamic_tree`` (``{"nodes", "depth", "top_k"}`` or a `DynamicTree`;
         ``None``: off) grows each step's tree from the drafter's confidence instead, and a call that names
         only ``draft_tree`` drafts that static tree. ``rescoring`` (``{"nodes", "depth", "top_k",
-        "candidates", "weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads' guesses
-        rescored by the checkpoint's n-gram model (``model.ngram``, from ``ngram.safetensors``; see
+        "candidates", "weight", "lm_weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads'
+        guesses rescored by the checkpoint's n-gram model (``weight``; ``model.ngram``, from
+        ``ngram.safetensors``) and its small LM (``lm_weight``; ``model.rescorer``, from ``rescorer/``; see
         `decoding.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
         the generation config for the closest device, dtype and processor are used (`decoding_settings`;
         ``generation_stats.calibration`` names the entry), else the config's.
@@ -336,14 +383,18 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths is not None else None
         if rescoring is _UNSET:
             use = draft_tree is _UNSET and dynamic_tree is _UNSET and settings["tree_kind"] == "rescored"
-            rescoring = settings["rescoring"] if use and self.ngram is not None else None
+            rescoring = settings["rescoring"] if use and self.has_rescorers(settings["rescoring"]) else None
         if isinstance(rescoring, dict):
             rescoring = Rescoring.from_dict(rescoring, self.config.num_heads)
         elif rescoring is not None and not isinstance(rescoring, Rescoring):
             raise TypeError(f"rescoring must be a dict, a Rescoring or None, got {type(rescoring).__name__}.")
-        if rescoring is not None and self.ngram is None:
-            raise ValueError("rescoring needs an n-gram model next to the heads (ngram.safetensors): build one with "
-                             "`cerberus-hf ngram --heads FOLDER --data DATA`, or load it with model.load_ngram(path).")
+        if rescoring is not None and rescoring.weight > 0 and self.ngram is None:
+            raise ValueError("rescoring with an n-gram weight needs an n-gram model next to the heads "
+                             "(ngram.safetensors): build one with `cerberus-hf ngram --heads FOLDER --data DATA`, or "
+                             "load it with model.load_ngram(path).")
+        if rescoring is not None and rescoring.lm_weight > 0 and self.rescorer is None:
+            raise ValueError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
+                             "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
         if dynamic_tree is _UNSET:
             use = draft_tree is _UNSET and settings["tree_kind"] == "dynamic"
             dynamic_tree = settings["dynamic_tree"] if use else None
@@ -386,6 +437,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             return results[0]
         return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
 
+    def has_rescorers(self, rescoring: dict | Rescoring | None) -> bool:
+        """Whether this model has every rescorer the ``rescoring`` settings give a weight (None: False)."""
+        if rescoring is None:
+            return False
+        get = rescoring.get if isinstance(rescoring, dict) else lambda name, default: getattr(rescoring, name)
+        return (get("weight", 0.5) == 0 or self.ngram is not None) and (get("lm_weight", 0.0) == 0 or
+                                                                     self.rescorer is not None)
+
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> dict:
         """Gate threshold, gate signal, draft tree (static, dynamic or rescored) and prompt lookup used by
         default on a device and dtype (this model's when None): what calibration stored in
@@ -403,6 +462,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             "dynamic_tree": stored.get("dynamic_tree", self.config.dynamic_tree),
             "tree_kind": stored.get("tree_kind", "dynamic" if self.config.dynamic_tree else "static"),
             "rescoring": stored.get("rescoring"),
+            "rescoring_options": stored.get("rescoring_options", {}),
             "prompt_lookup_num_tokens": stored.get("prompt_lookup_num_tokens", self.config.prompt_lookup_num_tokens),
             "exit_confidence": stored.get("exit_confidence", self.config.exit_confidence),
         }
@@ -426,7 +486,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return CerberusCandidateGenerator(
             self.heads, gate, tree, generation_config.max_length, stats,
             lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic, rescoring=rescoring,
-            ngram=self.ngram if rescoring is not None else None, phase=phase_timer(profiler),
+            ngram=self.ngram if rescoring is not None else None,
+            rescorer=self.rescorer if rescoring is not None else None, phase=phase_timer(profiler),
             exit_confidence=exit_confidence,
         )
 

@@ -4,7 +4,7 @@ It follows transformers' `CandidateGenerator` contract (`get_candidates` returns
 candidate chain appended; `update_candidate_strategy` hears how many were accepted). The decoding loop
 asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The tree is a
 fixed tree of ranks, one grown each step from the drafter's confidence (`drafting`), or one grown from
-the drafter's confidence rescored by an n-gram model (`rescoring`). The entropy
+the drafter's confidence rescored by an n-gram model, a small neural LM or both (`rescoring`). The entropy
 gate lives here: a step the gate rejects gets no head draft, and the loop decodes a single token. With
 prompt lookup on, tokens copied from the context are grafted into the draft (gate or not: a repeated
 n-gram is its own evidence).
@@ -12,8 +12,9 @@ n-gram is its own evidence).
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Iterator
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
@@ -24,9 +25,9 @@ from .drafters_base import Drafter
 from .decoding_drafting import DynamicTree, StepDrafts, dynamic_draft, static_draft
 from .decoding_ngram import NgramModel
 from .decoding_profiling import phase_timer
-from .decoding_rescoring import Rescoring, ngram_rescore
+from .decoding_rescoring import Rescoring, combined, lm_rescore, ngram_rescore
 from .decoding_stats import GenerationStats
-from .decoding_tree import TreeSpec, graft_chain
+from .decoding_tree import TreeSpec, graft_chain, tree_attention_ok
 
 
 @dataclass
@@ -72,10 +73,13 @@ class CerberusCandidateGenerator(CandidateGenerator):
         lookup_tokens: how many tokens prompt lookup may copy from the context per step (0: off).
         lookup_ngram: the longest suffix n-gram prompt lookup matches.
         dynamic: grow an EAGLE-2-style tree per step instead of drafting ``tree``.
-        rescoring: grow the tree from the drafter's guesses rescored by ``ngram`` instead (overrides
-            ``tree`` and ``dynamic``).
-        ngram: the n-gram model ``rescoring`` reads.
-        phase: the profiler's phase timer (`profiling.phase_timer`), which charges the n-gram's scoring to
+        rescoring: grow the tree from the drafter's guesses rescored by ``ngram`` and ``rescorer`` instead
+            (overrides ``tree`` and ``dynamic``).
+        ngram: the n-gram model ``rescoring`` reads (needed when its ``weight`` is above 0).
+        rescorer: the neural rescorer ``rescoring`` reads (a drafter that scores paths, `Drafter.path_scorer`;
+            needed when its ``lm_weight`` is above 0). Where the base cannot attend under a tree mask (flash
+            attention, a sequence past a sliding window) it sits the step out, as tree verification does.
+        phase: the profiler's phase timer (`profiling.phase_timer`), which charges the rescorers' scoring to
             the ``rescore`` phase.
         exit_confidence: for drafters that draft their own chain (``drafts_chains``), end a draft after a
             token drafted with probability below this.
@@ -95,6 +99,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
         dynamic: DynamicTree | None = None,
         rescoring: Rescoring | None = None,
         ngram: NgramModel | None = None,
+        rescorer: Drafter | None = None,
         phase: Callable[[str], ContextManager[None]] = phase_timer(None),
         exit_confidence: float = 0.0,
     ):
@@ -105,8 +110,12 @@ class CerberusCandidateGenerator(CandidateGenerator):
             raise ValueError(f"The draft tree is {self.tree.depth} deep but there are only {drafter.num_heads} heads.")
         if dynamic is not None and dynamic.depth > drafter.num_heads:
             raise ValueError(f"The dynamic tree is {dynamic.depth} deep but there are only {drafter.num_heads} heads.")
-        if rescoring is not None and ngram is None:
-            raise ValueError("Lattice rescoring needs an n-gram model: build one with `cerberus-hf ngram`.")
+        if rescoring is not None and rescoring.weight > 0 and ngram is None:
+            raise ValueError("Lattice rescoring with an n-gram weight needs an n-gram model: build one with "
+                             "`cerberus-hf ngram`.")
+        if rescoring is not None and rescoring.lm_weight > 0 and rescorer is None:
+            raise ValueError("Lattice rescoring with an lm_weight needs a neural rescorer beside the heads "
+                             "(model.load_rescorer(folder of a Kangaroo checkpoint for this base)).")
         if rescoring is not None and rescoring.depth > drafter.num_heads:
             raise ValueError(f"The rescored tree is {rescoring.depth} deep but there are only {drafter.num_heads} heads.")
         if drafter.drafts_chains:
@@ -118,7 +127,11 @@ class CerberusCandidateGenerator(CandidateGenerator):
                                  f"{drafter.drafter_type} does not make: use 'base_entropy' or 'base_top1'.")
         self.exit_confidence = exit_confidence
         self.dynamic = rescoring if rescoring is not None else dynamic
-        self.ngram = ngram if rescoring is not None else None
+        self.ngram = ngram if rescoring is not None and rescoring.weight > 0 else None
+        self.rescorer = rescorer if rescoring is not None and rescoring.lm_weight > 0 else None
+        self.rescorer_state = None
+        self._draft_index: torch.Tensor | None = None
+        self._model = None
         self.max_length = max_length
         self.stats = stats
         self.lookup_tokens = lookup_tokens
@@ -127,13 +140,30 @@ class CerberusCandidateGenerator(CandidateGenerator):
         self._last: Draft | None = None
         self.state = None
 
+    @contextmanager
+    def capture(self, model) -> Iterator[dict]:
+        """The drafter's `Drafter.capture` on ``model``; with a neural rescorer, what it reads goes to
+        ``captured["rescorer"]``."""
+        with ExitStack() as stack:
+            captured = stack.enter_context(self.drafter.capture(model))
+            if self.rescorer is not None:
+                captured["rescorer"] = stack.enter_context(self.rescorer.capture(model))
+            yield captured
+
     def start(self, model, cache) -> None:
-        """Begin a sequence decoded by ``model`` with ``cache`` (the drafter's state for it starts empty)."""
+        """Begin a sequence decoded by ``model`` with ``cache`` (the drafter's state for it starts empty, and
+        the neural rescorer's)."""
         self.state = self.drafter.start(model, cache)
+        if self.rescorer is not None:
+            self._model = model
+            self.rescorer_state = self.rescorer.start(model, cache)
+            self._draft_index = self.rescorer.draft_index()
 
     def observe(self, captured: dict, keep: list[int] | None) -> None:
         """The base's latest forward and which of its input positions were kept (`SequenceState.observe`)."""
         self.state.observe(captured, keep)
+        if self.rescorer_state is not None:
+            self.rescorer_state.observe(captured["rescorer"], keep)
 
     @torch.no_grad()
     def propose(
@@ -162,11 +192,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
             chain = self.drafter.draft_chain(self.state, input_ids, static.depth, self.exit_confidence)
             draft = Draft(TreeSpec.chain(len(chain)), torch.tensor(chain, dtype=input_ids.dtype, device=input_ids.device))
         elif drafting and self.dynamic is not None:
-            rescore = None
-            if self.ngram is not None and self.dynamic.weight > 0:  # weight 0: the same tree without the n-gram
-                rescore = self._profiled(ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight))
-            tree, tokens = dynamic_draft(step, self.dynamic, room, rescore)  # room > 0: never None here
-            draft = Draft(tree, tokens.to(input_ids.dtype))
+            draft = self._grown_draft(step, input_ids, room)
         elif drafting:
             draft = Draft(static, static_draft(step, static).to(input_ids.dtype))
         copied = []
@@ -177,6 +203,25 @@ class CerberusCandidateGenerator(CandidateGenerator):
             self.stats.context_steps += 1
         self._last = draft
         return draft
+
+    def _grown_draft(self, step: StepDrafts, input_ids: torch.LongTensor, room: int) -> Draft:
+        """A dynamic tree, rescored by whichever rescorers have a weight above 0 (none: the plain tree)."""
+        rescores, scorer = [], None
+        if self.ngram is not None:
+            rescores.append(ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight))
+        # the scorer feeds the root and at most top_k nodes per further depth after the cached positions
+        fed = 1 + self.dynamic.top_k * (min(self.dynamic.depth, room) - 1)
+        if self.rescorer is not None and tree_attention_ok(self._model, input_ids.shape[1] + fed):
+            scorer = self.rescorer.path_scorer(self.rescorer_state, input_ids)
+            rescores.append(lm_rescore(scorer, self._draft_index, self.dynamic.lm_weight))
+        rescore = combined(rescores)
+        try:
+            tree, tokens = dynamic_draft(step, self.dynamic, room, rescore and self._profiled(rescore))
+        finally:
+            if scorer is not None:
+                with self.phase("rescore"):
+                    scorer.close()
+        return Draft(tree, tokens.to(input_ids.dtype))  # room > 0: dynamic_draft never returns None here
 
     def _step_drafts(self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor) -> StepDrafts:
         """This step's drafts from what the heads read after ``input_ids`` (`SequenceState.heads_input`)."""

@@ -25,6 +25,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .decoding_acceptance import TypicalAcceptance, pick_token
 from .decoding_candidate_generator import CerberusCandidateGenerator, Draft
 from .decoding_profiling import StepProfiler, phase_timer
+from .decoding_tree import tree_attention_ok
 
 
 def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):
@@ -60,15 +61,6 @@ def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, 
     return model(
         input_ids=step_input, past_key_values=cache, position_ids=position_ids, attention_mask=mask, use_cache=True
     )
-
-
-def _tree_attention_ok(model: nn.Module, input_ids: torch.LongTensor, draft: Draft) -> bool:
-    """Whether this step can verify a branching tree: it needs a 4D mask, which flash-attention kernels do
-    not take, and one mask serves every layer, so sliding-window layers must still see the whole context."""
-    if "flash" in str(getattr(model.config, "_attn_implementation", "")):
-        return False
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
-    return window is None or input_ids.shape[1] + len(draft.tokens) <= window
 
 
 def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[int]) -> None:
@@ -119,7 +111,7 @@ def speculative_generate(
     raw_logits = () if (want_dict and generation_config.output_logits) else None
     phase = phase_timer(profiler)
 
-    with candidate_generator.drafter.capture(model) as captured:
+    with candidate_generator.capture(model) as captured:
         candidate_generator.start(model, cache)
         with phase("prefill"):
             outputs = model._prefill(input_ids, generation_config, model_kwargs)
@@ -171,7 +163,7 @@ def speculative_generate(
                 draft = candidate_generator.propose(
                     input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last]
                 )
-                if draft is not None and not draft.tree.is_chain and not _tree_attention_ok(model, input_ids, draft):
+                if draft is not None and not draft.tree.is_chain and not tree_attention_ok(model, input_ids.shape[1] + len(draft.tokens)):
                     draft = candidate_generator.fall_back_to_chain(draft)
             with phase("verify"):
                 outputs = _verify(model, cache, input_ids, draft)

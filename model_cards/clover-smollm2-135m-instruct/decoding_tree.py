@@ -127,6 +127,16 @@ class TreeSpec:
         return mask
 
 
+def tree_attention_ok(model, length: int) -> bool:
+    """Whether ``model`` can attend under a tree mask over a sequence of ``length`` positions (the cached
+    ones plus those fed with the mask): it needs a 4D mask, which flash-attention kernels do not take, and one
+    mask serves every layer, so sliding-window layers must still see the whole sequence."""
+    if "flash" in str(getattr(model.config, "_attn_implementation", "")):
+        return False
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    return window is None or length <= window
+
+
 @dataclass(frozen=True)
 class DynamicTree:
     """EAGLE-2-style tree settings: verify the ``nodes`` most probable of the paths grown ``depth`` deep,

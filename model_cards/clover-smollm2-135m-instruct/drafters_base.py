@@ -270,6 +270,14 @@ class Drafter(nn.Module):
         drafted with probability below ``confidence``); only for ``drafts_chains`` drafters."""
         raise NotImplementedError(f"{type(self).__name__} guesses depth by depth (draft_level), not whole chains.")
 
+    def path_scorer(self, state: SequenceState, input_ids: torch.LongTensor, visible: int | None = None):
+        """A chain drafter read as a small language model for lattice rescoring: an object whose
+        ``log_probs(paths)`` gives the log-distribution over the draft vocabulary after ``input_ids[:, :visible + 1]``
+        (``visible``: the verified positions before the newest token, by default all) and each path of tokens,
+        and whose ``close()`` undoes what scoring left in the caches; only for ``drafts_chains`` drafters."""
+        raise NotImplementedError(f"{type(self).__name__} guesses depth by depth from the base's state; it cannot score "
+                                  "paths of tokens on its own.")
+
     def forced_chain_logits(self, captured: dict, sequence: list[int]) -> torch.Tensor:
         """A chain drafter's draft logits ``[len(sequence), V]`` at every position of ``sequence`` after the
         base read it (``captured``), each as drafting computes it when every draft before it was right."""
@@ -343,6 +351,14 @@ class Drafter(nn.Module):
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Token ids of indices into the logits the drafter returns."""
         return indices if self.draft_vocab is None else self.draft_vocab[indices]
+
+    def draft_index(self) -> torch.Tensor | None:
+        """Each token id's index in the draft vocabulary (``[vocab_size]``, -1 where not in it); None without one."""
+        if self.draft_vocab is None:
+            return None
+        index = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.draft_vocab.device)
+        index[self.draft_vocab] = torch.arange(self.draft_vocab.numel(), device=self.draft_vocab.device)
+        return index
 
     def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Draft over these token ids only (e.g. the most frequent ones), or over all when None."""

@@ -40,6 +40,7 @@ from torch import nn
 from .configuration_cerberus import CerberusConfig
 from .drafters_base import Drafter, SequenceState, capture_lm_head_input
 from .drafters_layers import AttentionAdapter
+from .decoding_tree import tree_attention_ok
 
 
 def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
@@ -116,6 +117,72 @@ class KangarooState(SequenceState):
         self.extend(states if keep is None else states[:, keep])
 
 
+class PathScorer:
+    """The Kangaroo drafter read as a small language model over token paths, for lattice rescoring
+    (`decoding.rescoring.lm_rescore`): `log_probs` gives its log-distribution over the draft vocabulary after
+    the sequence's first ``visible`` tokens, its newest token (at position ``visible``) and each path.
+
+    A path's nodes are fed once, the first time a path through them is asked for, all new nodes of one depth
+    in one forward: through the base's first layers (their KV entries go into the base's cache after the cached
+    positions) and through the adapter (likewise into its cache). A node attends to the visible positions, its
+    ancestors and itself (a tree mask, as verification uses), so it computes what drafting its path token by
+    token would. `close` drops every fed node from both caches. In decoding every cached position is visible;
+    calibration caches a whole held-out sequence once and scores each position with the later ones hidden."""
+
+    def __init__(self, drafter: "KangarooDrafter", state: KangarooState, newest: int, visible: int,
+                 device: torch.device):
+        self.drafter, self.state, self.device = drafter, state, device
+        self.newest, self.visible = newest, visible
+        self.cached = state.length  # positions in both caches before the first node (>= visible)
+        self.columns: dict[tuple[int, ...], int] = {}  # a fed path's node: its index after the cached positions
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}  # a fed path: the log-probabilities after it [V]
+
+    def log_probs(self, paths: list[tuple[int, ...]]) -> torch.Tensor:
+        """Log-probabilities ``[len(paths), V]`` (over the draft vocabulary) of the token after each path."""
+        needed = {tuple(path[:d]) for path in paths for d in range(len(path) + 1)} - self.memo.keys()
+        for depth in sorted({len(path) for path in needed}):
+            self._feed(sorted(path for path in needed if len(path) == depth))
+        return torch.stack([self.memo[tuple(path)] for path in paths])
+
+    def _feed(self, paths: list[tuple[int, ...]]) -> None:
+        """Run the nodes ending ``paths`` (all of one depth, their ancestors fed) through both caches."""
+        model, device = self.state.model, self.device
+        fed, count, depth = len(self.columns), len(paths), len(paths[0])
+        total = self.cached + fed + count
+        if not tree_attention_ok(model, total):
+            raise RuntimeError(f"{total} positions under a tree mask: more than this base can attend to that way "
+                               "(flash attention, or past its sliding window); check tree_attention_ok first.")
+        attend = torch.zeros(count, total, dtype=torch.bool, device=device)
+        attend[:, : self.visible] = True
+        for row, path in enumerate(paths):
+            for ancestor in range(depth):
+                attend[row, self.cached + self.columns[path[:ancestor]]] = True
+            attend[row, self.cached + fed + row] = True
+        tokens = torch.tensor([[path[-1] if path else self.newest for path in paths]], device=device)
+        positions = torch.full((count,), self.visible + depth, device=device)
+        mask = torch.zeros(1, 1, count, total, dtype=model.dtype, device=device)
+        mask.masked_fill_(~attend, torch.finfo(model.dtype).min)
+        with first_layers(model, self.drafter.exit_layer) as decoder:
+            decoder(input_ids=tokens, past_key_values=self.state.cache, position_ids=positions[None],
+                    attention_mask=mask, use_cache=True)
+        exit_states = self.state.captured["exit"].to(self.drafter.dtype)
+        adapted, self.state.past = self.drafter.adapter(exit_states, positions, self.state.past, attend=attend)
+        self.state.length += count
+        log_probs = torch.log_softmax(self.drafter.logits(adapted[0]).float(), dim=-1)
+        for row, path in enumerate(paths):
+            self.columns[path] = fed + row
+            self.memo[path] = log_probs[row]
+
+    def close(self) -> None:
+        """Drop the fed nodes from the base's cache and the adapter's: both are as before the first call."""
+        if self.columns:
+            for layer in self.state.cache.layers[: self.drafter.exit_layer]:
+                layer.crop(-len(self.columns))
+            self.state.truncate(self.cached)
+        self.columns.clear()
+        self.memo.clear()
+
+
 class KangarooDrafter(Drafter):
     """Drafts with the base's first ``exit_layer`` layers, the adapter and the base's lm_head."""
 
@@ -179,6 +246,16 @@ class KangarooDrafter(Drafter):
             layer.crop(-len(drafted))
         state.truncate(start)
         return drafted
+
+    def path_scorer(self, state: KangarooState, input_ids: torch.LongTensor, visible: int | None = None) -> PathScorer:
+        if state.captured.get("exit") is None:
+            raise RuntimeError("the scorer reads the states the base's first layers compute: call observe() with the "
+                               "prefill first.")
+        visible = input_ids.shape[1] - 1 if visible is None else visible
+        if state.length < visible:
+            raise RuntimeError(f"the adapter's cache covers {state.length} positions but {visible} are to be visible; "
+                               "the decoding loop must call observe() after every forward.")
+        return PathScorer(self, state, int(input_ids[0, visible]), visible, input_ids.device)
 
     def adapt(self, exit_states: torch.Tensor) -> torch.Tensor:
         """The adapter's outputs ``[B, T, hidden]`` over exited states ``[B, T, hidden]`` of whole sequences

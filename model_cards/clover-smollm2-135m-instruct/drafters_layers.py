@@ -54,14 +54,15 @@ class AttentionAdapter(nn.Module):
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
-        key_mask: torch.Tensor | None = None, queries: int | None = None,
+        key_mask: torch.Tensor | None = None, queries: int | None = None, attend: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """(outputs ``[B, T, hidden]``, the keys and values of the past and these positions) for ``x``
         ``[B, T, hidden]`` at sequence ``positions`` ``[T]``, after the cached ``past`` (causal).
 
         ``queries``: only the last this many positions attend and are returned (outputs ``[B, queries, hidden]``;
         the others only give keys and values); ``key_mask`` ``[B, past + T]`` (bool): the keys that may be attended
-        to (e.g. not padding)."""
+        to (e.g. not padding); ``attend`` ``[T, past + T]`` (bool): the keys each position sees, in place of the
+        causal mask (e.g. a tree's: the past, the position's ancestors and itself)."""
         normed = self.input_norm(x)
         k = rotate(self._heads(self.k_proj(normed)), positions)
         v = self._heads(self.v_proj(normed))
@@ -71,8 +72,8 @@ class AttentionAdapter(nn.Module):
         if past is not None:
             k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
         steps, total = x.shape[1], k.shape[-2]
-        mask = None
-        if steps > 1:  # query i sits at key index total - steps + i and sees the keys up to it
+        mask = attend
+        if mask is None and steps > 1:  # query i sits at key index total - steps + i and sees the keys up to it
             mask = torch.ones(steps, total, dtype=torch.bool, device=x.device).tril(total - steps)
         if key_mask is not None:
             keys = key_mask[:, None, None, :]

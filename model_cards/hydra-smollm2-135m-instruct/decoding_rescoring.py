@@ -1,4 +1,4 @@
-"""Lattice rescoring: choose which of the heads' guesses to verify with an n-gram model's help.
+"""Lattice rescoring: choose which of the heads' guesses to verify with a language model's help.
 
 Parallel heads (Medusa, Cerberus) guess each depth on its own, so the paths through their top-k
 "lattice" include incoherent ones (a token repeated, two continuations spliced). Kim et al. (2024) rescore
@@ -6,14 +6,22 @@ the lattice with a language model before verification. Here the lattice is searc
 searches it (`drafting.dynamic_selection`): level by level, every frontier path is extended by each of the
 depth's ``candidates`` best guesses, scored by
 
-    score(path + x) = score(path) + log p_head(x) + weight * log p_ngram(x | context, path),
+    score(path + x) = score(path) + log p_head(x) + weight * log p_ngram(x | context, path)
+                                                  + lm_weight * log p_lm(x | context, path),
 
 the ``top_k`` best extensions form the next frontier, and the ``nodes`` best paths drafted (scores only
-fall along a path, so they form a tree) are verified together in one forward, prefixes shared. With
-``weight = 0`` this is the plain dynamic tree over the same lattice. The n-gram context is the end of
-the sequence so far followed by the path's own drafted tokens. Rescoring only chooses what is verified:
-the emitted tokens are still the base's own. ``weight``, ``nodes`` and ``candidates`` are fitted by
-``cerberus-hf calibrate`` on held-out data.
+fall along a path, so they form a tree) are verified together in one forward, prefixes shared. With both
+weights 0 this is the plain dynamic tree over the same lattice. Two rescorers are offered:
+
+* global: an n-gram model over token ids (`ngram.NgramModel`), whose context is the end of the sequence so
+  far followed by the path's own drafted tokens; a few vectorised lookups per depth;
+* local, neural: a small causal LM sharing the base's tokenizer that reads the whole sequence and the path,
+  here a Kangaroo drafter (the base's first layers, an adapter and the base's lm_head over the draft
+  vocabulary; `drafters.kangaroo.PathScorer`): one forward of its few layers per depth, over the frontier's
+  new nodes under a tree mask. Tokens outside its draft vocabulary get the least probability it gives.
+
+Rescoring only chooses what is verified: the emitted tokens are still the base's own. The weights,
+``nodes`` and ``candidates`` are fitted by ``cerberus-hf calibrate`` on held-out data.
 """
 
 from __future__ import annotations
@@ -33,13 +41,14 @@ Rescore = Callable[[list[tuple[int, ...]], torch.Tensor], torch.Tensor]
 class Rescoring:
     """Lattice-rescoring settings: verify the ``nodes`` best paths at most ``depth`` deep; extend ``top_k``
     paths per level by each depth's ``candidates`` best guesses; weigh the n-gram's log-probability by
-    ``weight``."""
+    ``weight`` and the neural rescorer's by ``lm_weight``."""
 
     nodes: int
     depth: int
     top_k: int = 4
     candidates: int = 8
     weight: float = 0.5
+    lm_weight: float = 0.0
 
     @classmethod
     def from_dict(cls, value: dict, num_heads: int | None = None) -> "Rescoring":
@@ -60,6 +69,32 @@ def ngram_rescore(model: NgramModel, history: torch.LongTensor, weight: float) -
         return weight * model.log_probs(contexts, candidates).to(candidates.device)
 
     return rescore
+
+
+def lm_rescore(scorer, index_of: torch.Tensor | None, weight: float) -> Rescore:
+    """``weight`` times each candidate's log-probability under a neural rescorer's ``scorer``
+    (`drafters.base.Drafter.path_scorer`) after the path drafted above it. ``index_of`` maps a token id to
+    its index in the rescorer's draft vocabulary (-1: not in it; None: the full vocabulary)."""
+
+    def rescore(paths: list[tuple[int, ...]], candidates: torch.Tensor) -> torch.Tensor:
+        log_probs = scorer.log_probs(paths)  # [n, V]
+        if index_of is None:
+            return weight * log_probs.gather(1, candidates.to(log_probs.device)).to(candidates.device)
+        index = index_of[candidates.to(index_of.device)].to(log_probs.device)
+        picked = log_probs.gather(1, index.clamp(min=0))
+        floor = log_probs.min(dim=1, keepdim=True).values  # a token it never drafts: its least likely one
+        return weight * torch.where(index >= 0, picked, floor).to(candidates.device)
+
+    return rescore
+
+
+def combined(rescores: list[Rescore]) -> Rescore | None:
+    """The sum of ``rescores`` (None when there are none)."""
+    if not rescores:
+        return None
+    if len(rescores) == 1:
+        return rescores[0]
+    return lambda paths, candidates: sum(rescore(paths, candidates) for rescore in rescores)
 
 
 def repeats_a_token(tokens: list[int]) -> bool:
