@@ -13,6 +13,8 @@ FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu}    # every family's trees
 RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
 KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
 CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
+LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
+LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
 TYPES=${TYPES:-"medusa cerberus hydra kangaroo clover"}   # head types to train / describe
@@ -72,6 +74,14 @@ for step in $STEPS; do
       cerberus-hf bench $(for type in medusa cerberus hydra kangaroo clover; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
         --prompts "$PROMPTS_EVAL" --every 4 --max-new-tokens 128 --profile --variants tree \
         --json "$CLOVER.json" --plot "$CLOVER.png" > "$CLOVER.md" ;;
+    lmrescore)  # not part of the defaults (2026-11-23): the Kangaroo drafter as Medusa's neural lattice rescorer, in a copy
+      rm -rf "$LMHEADS" && cp -r "$OUT/medusa-smollm2-135m-instruct" "$LMHEADS"
+      cerberus-hf calibrate --heads "$LMHEADS" --rescorer "$OUT/kangaroo-smollm2-135m-instruct" --data "$DATA" \
+        --draft-vocab 4096 --limit 25 --rescoring-weights 0 0.5 1 --rescoring-lm-weights 0.25 0.5 1 \
+        --report "$LMRESCORING.calibration.json" --write
+      cerberus-hf bench --heads "$LMHEADS" --prompts "$PROMPTS_EVAL" --max-new-tokens 128 --profile \
+        --variants ltree rtree-ngram rtree-lm \
+        --json "$LMRESCORING.json" --plot "$LMRESCORING.png" > "$LMRESCORING.md" ;;
     card)     # the model cards, from the training metrics and the bench of their default configuration
       for type in $TYPES; do
         bench=$RESCORING; [ "$type" = hydra ] && bench=$FAMILIES   # Hydra has no n-gram model: its trees are the default

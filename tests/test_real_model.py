@@ -102,6 +102,24 @@ def test_kangaroo_on_the_real_model(smollm2):
     assert oracle.generation_stats.tau > 1.5
 
 
+def test_shipped_medusa_with_the_kangaroo_lm_rescoring_its_lattice(smollm2):
+    """The shipped Kangaroo drafter as the shipped Medusa heads' neural lattice rescorer (alone and beside the
+    n-gram) on the real base: it is called, and output is the base's on every prompt."""
+    from pathlib import Path
+
+    base, tokenizer, prompts = smollm2
+    cards = Path(__file__).resolve().parent.parent / "model_cards"
+    model = CerberusForCausalLM.from_pretrained(cards / "medusa-smollm2-135m-instruct", base_model=base)
+    model.load_rescorer(cards / "kangaroo-smollm2-135m-instruct")
+    lattice = {"nodes": 7, "depth": 4, "top_k": 4, "candidates": 8}
+    for weights in ({"weight": 0.0, "lm_weight": 1.0}, {"weight": 1.0, "lm_weight": 0.5}):
+        for prompt, expected in prompts:
+            out = model.generate(prompt, max_new_tokens=NEW_TOKENS, gate_threshold=None, prompt_lookup_num_tokens=0,
+                                 rescoring={**lattice, **weights}, profile=True)
+            assert out.tolist() == expected.tolist(), tokenizer.decode(out[0, prompt.shape[1]:])
+            assert model.generation_stats.phase_seconds["rescore"] > 0
+
+
 SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hydra-smollm2-135m-instruct",
            "kangaroo-smollm2-135m-instruct", "clover-smollm2-135m-instruct")
 
