@@ -52,6 +52,23 @@ def test_path_scores_are_the_drafters_own_over_the_whole_path(arch):
             assert torch.allclose(score, whole_sequence_log_probs(drafter, base, whole), atol=1e-5), (visible, path)
 
 
+def test_path_scorer_refuses_more_than_a_sliding_window_can_attend_to():
+    drafter, base = fresh_model("mistral", "kangaroo", randomize=True, seed=1).heads, fresh_model("mistral").base
+    sequence = reference("mistral")[:, : PROMPT_LEN + 7]  # 14 cached positions: 3 nodes go past the window of 16
+    cache = DynamicCache(config=base.config)
+    with torch.no_grad(), drafter.capture(base) as captured:
+        base(input_ids=sequence[:, :-1], past_key_values=cache, use_cache=True)
+        cache.activate_past_recording()  # as the decoding loop does after the prefill, so that crop can roll back
+        state = drafter.start(base, cache)
+        state.observe(captured, None)
+        scorer = drafter.path_scorer(state, sequence)
+        scorer.log_probs([(5,)])  # the root and one node: 16 positions
+        with pytest.raises(RuntimeError, match="sliding window"):
+            scorer.log_probs([(5, 9)])
+        scorer.close()
+    assert state.length == cache.get_seq_length() == sequence.shape[1] - 1
+
+
 def test_lm_term_is_the_weighted_log_probability_with_a_floor_outside_its_vocabulary():
     class Scorer:
         def log_probs(self, paths):

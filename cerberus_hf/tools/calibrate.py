@@ -142,6 +142,8 @@ def rescorer_state(model, ids: torch.LongTensor) -> Iterator:
     cache = DynamicCache(config=base.config)
     with torch.no_grad(), model.rescorer.capture(base) as captured:
         base(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        if hasattr(cache, "activate_past_recording"):
+            cache.activate_past_recording()  # sliding-window layers must be able to drop the scored nodes again
         state = model.rescorer.start(base, cache)
         state.observe(captured, None)
         yield state
