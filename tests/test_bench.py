@@ -96,12 +96,16 @@ def test_rescored_rows_need_the_ngram_model_and_category_tau_adds_up():
     _, stats = methods[4].run(get_prompt("llama"))
     assert calls and stats.phase_seconds["rescore"] > 0 and stats.phase_seconds["draft"] > 0
     result = {"methods": [
-        {"method": "plain", "tau": 1.0, "prompts": [{"prompt": i, "new_tokens": 4, "steps": None} for i in range(3)]},
-        {"method": "m", "tau": 2.0, "prompts": [{"prompt": 0, "new_tokens": 6, "steps": 2},
-                                                {"prompt": 1, "new_tokens": 4, "steps": 4},
-                                                {"prompt": 2, "new_tokens": 8, "steps": 2}]}]}
+        {"method": "plain", "tau": 1.0, "prompts": [{"prompt": i, "new_tokens": 4, "steps": None, "seconds": 2.0}
+                                                    for i in range(3)]},
+        {"method": "m", "tau": 2.0, "prompts": [{"prompt": 0, "new_tokens": 6, "steps": 2, "seconds": 1.0},
+                                                {"prompt": 1, "new_tokens": 4, "steps": 4, "seconds": 4.0},
+                                                {"prompt": 2, "new_tokens": 8, "steps": 2, "seconds": 3.0}]}]}
     table = markdown_categories(result, ["a", "b", "a"])
     assert table.splitlines()[0] == "| method | a | b |" and table.splitlines()[2] == "| m | 3.50 | 1.00 |"
+    # per category, tokens per second against plain's on the same prompts: a: (14 / 4) / (8 / 4), b: (4 / 4) / (4 / 2)
+    speedups = markdown_categories(result, ["a", "b", "a"], measure="speedup")
+    assert speedups.splitlines()[2:] == ["| m | 1.75x | 0.50x |"]
 
 
 def test_profile_accounts_for_the_whole_call():

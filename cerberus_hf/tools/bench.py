@@ -259,18 +259,31 @@ def markdown_profile(result: dict) -> str:
     return "\n".join(lines)
 
 
-def markdown_categories(result: dict, categories: list[str | None]) -> str:
-    """tau per prompt category (e.g. MT-Bench's eight), per method that drafts."""
+def markdown_categories(result: dict, categories: list[str | None], measure: str = "tau") -> str:
+    """Per prompt category (e.g. MT-Bench's eight): tau per method that drafts (``measure="tau"``), or the
+    speedup over plain generate() on the same prompts per method other than plain (``"speedup"``)."""
     names = list(dict.fromkeys(c for c in categories if c is not None))
-    rows = [r for r in result["methods"] if r["tau"] is not None and r["prompts"][0]["steps"] is not None]
+    plain = result["methods"][0]
+    if measure == "tau":
+        rows = [r for r in result["methods"] if r["tau"] is not None and r["prompts"][0]["steps"] is not None]
+    else:
+        rows = result["methods"][1:]
     if not names or not rows:
         return ""
+
+    def rate(records: list[dict], per: str) -> float:
+        return sum(r["new_tokens"] for r in records) / sum(r[per] for r in records)
+
     lines = ["| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for row in rows:
         cells = []
         for name in names:
             recs = [r for r in row["prompts"] if categories[r["prompt"]] == name]
-            cells.append(f"{sum(r['new_tokens'] for r in recs) / sum(r['steps'] for r in recs):.2f}")
+            if measure == "tau":
+                cells.append(f"{rate(recs, 'steps'):.2f}")
+            else:
+                plain_recs = [r for r in plain["prompts"] if categories[r["prompt"]] == name]
+                cells.append(f"{rate(recs, 'seconds') / rate(plain_recs, 'seconds'):.2f}x")
         lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -355,6 +368,8 @@ def run_cli(args: argparse.Namespace) -> int:
     if by_category:
         print("\ntau by prompt category:")
         print(by_category)
+        print("\nspeedup by prompt category (tokens per second against plain generate() on the same prompts):")
+        print(markdown_categories(result, categories, measure="speedup"))
     if args.profile:
         print("\nmilliseconds per decoding step, by phase (see cerberus_hf/decoding/profiling.py):")
         print(markdown_profile(result))
