@@ -88,13 +88,19 @@ def lm_rescore(scorer, index_of: torch.Tensor | None, weight: float) -> Rescore:
     return rescore
 
 
-def combined(rescores: list[Rescore]) -> Rescore | None:
-    """The sum of ``rescores`` (None when there are none)."""
-    if not rescores:
-        return None
-    if len(rescores) == 1:
-        return rescores[0]
-    return lambda paths, candidates: sum(rescore(paths, candidates) for rescore in rescores)
+def lattice_rescore(settings: Rescoring, history: torch.LongTensor, ngram: NgramModel | None, scorer,
+                    index_of: torch.Tensor | None) -> Rescore | None:
+    """What `drafting.dynamic_selection` adds to each candidate under ``settings``: the n-gram's term after
+    ``history`` where ``weight`` is above 0, plus the LM ``scorer``'s (`lm_rescore`) where ``lm_weight`` is
+    above 0 and there is a scorer this step; None when neither applies (the plain lattice)."""
+    parts = []
+    if settings.weight > 0:
+        parts.append(ngram_rescore(ngram, history, settings.weight))
+    if settings.lm_weight > 0 and scorer is not None:
+        parts.append(lm_rescore(scorer, index_of, settings.lm_weight))
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    return lambda paths, candidates: sum(rescore(paths, candidates) for rescore in parts)
 
 
 def repeats_a_token(tokens: list[int]) -> bool:

@@ -47,7 +47,7 @@ from ..drafters.base import capture_lm_head_input
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
 from ..decoding.hardware import HardwareKey, describe_device, has_amx
-from ..decoding.rescoring import Rescore, Rescoring, combined, lm_rescore, ngram_rescore, repeats_a_token
+from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
 from ..training.data import Record, read_records
 from ..training.hidden_cache import split_record_ids
@@ -111,6 +111,7 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     valid = torch.ones(1, window, dtype=torch.bool, device=model.device)
     chain = TreeSpec.chain(model.config.num_heads)
     history = torch.arange(context, device=model.device) % model.config.vocab_size
+    index_of = model.rescorer.draft_index() if model.rescorer is not None else None
     values = []
     with ExitStack() as stack:
         lm_state = None
@@ -125,7 +126,8 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
                 static_draft(step, chain)
             else:
                 scorer = model.rescorer.path_scorer(lm_state, history[None]) if lm_state is not None else None
-                rescore = _rescore(model, dynamic, history, scorer) if isinstance(dynamic, Rescoring) else None
+                rescore = (lattice_rescore(dynamic, history, model.ngram, scorer, index_of)
+                           if isinstance(dynamic, Rescoring) else None)
                 dynamic_selection(step, dynamic, model.config.num_heads, rescore)
                 if scorer is not None:
                     scorer.close()
@@ -149,16 +151,6 @@ def rescorer_state(model, ids: torch.LongTensor) -> Iterator:
         yield state
 
 
-def _rescore(model, settings: Rescoring, history: torch.LongTensor, scorer) -> Rescore | None:
-    """The rescore function decoding would use with ``settings`` after ``history`` (``scorer``: the LM's)."""
-    parts = []
-    if settings.weight > 0:
-        parts.append(ngram_rescore(model.ngram, history, settings.weight))
-    if settings.lm_weight > 0:
-        parts.append(lm_rescore(scorer, model.rescorer.draft_index(), settings.lm_weight))
-    return combined(parts)
-
-
 @torch.no_grad()
 def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int = 10,
                       dynamic: DynamicTree | None = None, rescorings: list[Rescoring] = ()) -> list[PositionRecord]:
@@ -168,6 +160,7 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
     the most considered) picks the true path's nodes, drafted for real at each position; likewise for each
     of ``rescorings`` (one per pair of weights) with ``model.ngram`` and ``model.rescorer``."""
     uses_lm = any(settings.lm_weight > 0 for settings in rescorings)
+    index_of = model.rescorer.draft_index() if uses_lm else None
     fed = 1 + max((s.top_k * (s.depth - 1) for s in rescorings), default=0)  # nodes an LM scorer may feed
     records = []
     num_heads = model.config.num_heads
@@ -188,15 +181,17 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
                              f"{len(seq)}-token sequence (flash attention or a shorter sliding window).")
         with ExitStack() as stack:
             lm_state = stack.enter_context(rescorer_state(model, ids)) if uses_lm else None
-            records.extend(_position_records(model, seq, skip, top, hidden, signals, dynamic, rescorings, lm_state))
+            records.extend(_position_records(model, ids, skip, top, hidden, signals, dynamic, rescorings, lm_state,
+                                             index_of))
     return records
 
 
-def _position_records(model, seq: list[int], skip: int, top: torch.Tensor, hidden: torch.Tensor, signals: dict,
-                      dynamic: DynamicTree | None, rescorings: list[Rescoring], lm_state) -> list[PositionRecord]:
-    """`collect_positions`' records for one sequence (``lm_state``: the neural rescorer's over all of it)."""
-    records, num_heads = [], model.config.num_heads
-    ids = torch.tensor([seq], device=model.device)
+def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor, hidden: torch.Tensor,
+                      signals: dict, dynamic: DynamicTree | None, rescorings: list[Rescoring], lm_state,
+                      index_of: torch.Tensor | None) -> list[PositionRecord]:
+    """`collect_positions`' records for one sequence ``ids`` ``[1, n]`` (``lm_state``: the neural rescorer's over
+    all of it; ``index_of``: its `Drafter.draft_index`)."""
+    records, num_heads, seq = [], model.config.num_heads, ids[0].tolist()
     for t in range(skip, len(seq) - num_heads - 1):
         ranks = []
         for k in range(num_heads):
@@ -212,7 +207,7 @@ def _position_records(model, seq: list[int], skip: int, top: torch.Tensor, hidde
         history = ids[0, : t + 2]
         scorer = model.rescorer.path_scorer(lm_state, ids[:, : t + 2], visible=t + 1) if lm_state else None
         for settings in rescorings:  # the scorer keeps what it computed for one setting for the next
-            rescore = _rescore(model, settings, history, scorer)
+            rescore = lattice_rescore(settings, history, model.ngram, scorer, index_of)
             chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), settings, num_heads, rescore)
             key = (settings.weight, settings.lm_weight)
             record.rescored_order[key] = _true_path_order(chosen, truth)

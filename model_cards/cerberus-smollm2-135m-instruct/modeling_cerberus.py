@@ -135,9 +135,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
             # Remote code can load the config class from another module copy than this one.
             config = CerberusConfig.from_dict(config.to_dict())
-        heads_file = resolve_heads_file(path, **hub_kwargs)
-        state_dict = load_heads_state_dict(heads_file)
-        _check_heads_state_dict(config, state_dict, heads_file)
+        state_dict = _read_heads(path, config, hub_kwargs)
 
         model = cls(config, base_model=base_model, **kwargs)
         model.heads.load_state_dict(state_dict, strict=True)
@@ -191,9 +189,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         else:
             where = str(source)
             config = CerberusConfig.from_pretrained(where, **hub_kwargs)
-            heads_file = resolve_heads_file(where, **hub_kwargs)
-            state_dict = load_heads_state_dict(heads_file)
-            _check_heads_state_dict(config, state_dict, heads_file)
+            state_dict = _read_heads(where, config, hub_kwargs)
         drafter_class = DRAFTER_CLASSES[config.head_type]
         if not drafter_class.drafts_chains:
             raise ValueError(f"{where} holds {config.head_type} heads, which guess from the base's state alone; a "
@@ -441,8 +437,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         """Whether this model has every rescorer the ``rescoring`` settings give a weight (None: False)."""
         if rescoring is None:
             return False
-        get = rescoring.get if isinstance(rescoring, dict) else lambda name, default: getattr(rescoring, name)
-        return (get("weight", 0.5) == 0 or self.ngram is not None) and (get("lm_weight", 0.0) == 0 or
+        settings = Rescoring(**rescoring) if isinstance(rescoring, dict) else rescoring
+        return (settings.weight == 0 or self.ngram is not None) and (settings.lm_weight == 0 or
                                                                      self.rescorer is not None)
 
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> dict:
@@ -491,6 +487,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             exit_confidence=exit_confidence,
         )
 
+
+
+def _read_heads(path: str, config: CerberusConfig, hub_kwargs: dict) -> dict[str, torch.Tensor]:
+    """The heads' weights in the checkpoint at ``path`` (folder or Hub id), checked against ``config``."""
+    heads_file = resolve_heads_file(path, **hub_kwargs)
+    state_dict = load_heads_state_dict(heads_file)
+    _check_heads_state_dict(config, state_dict, heads_file)
+    return state_dict
 
 
 def _check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.Tensor], path: str) -> None:

@@ -25,7 +25,7 @@ from .drafters_base import Drafter
 from .decoding_drafting import DynamicTree, StepDrafts, dynamic_draft, static_draft
 from .decoding_ngram import NgramModel
 from .decoding_profiling import phase_timer
-from .decoding_rescoring import Rescoring, combined, lm_rescore, ngram_rescore
+from .decoding_rescoring import Rescoring, lattice_rescore
 from .decoding_stats import GenerationStats
 from .decoding_tree import TreeSpec, graft_chain, tree_attention_ok
 
@@ -206,15 +206,14 @@ class CerberusCandidateGenerator(CandidateGenerator):
 
     def _grown_draft(self, step: StepDrafts, input_ids: torch.LongTensor, room: int) -> Draft:
         """A dynamic tree, rescored by whichever rescorers have a weight above 0 (none: the plain tree)."""
-        rescores, scorer = [], None
-        if self.ngram is not None:
-            rescores.append(ngram_rescore(self.ngram, input_ids[0], self.dynamic.weight))
+        scorer = None
         # the scorer feeds the root and at most top_k nodes per further depth after the cached positions
         fed = 1 + self.dynamic.top_k * (min(self.dynamic.depth, room) - 1)
         if self.rescorer is not None and tree_attention_ok(self._model, input_ids.shape[1] + fed):
             scorer = self.rescorer.path_scorer(self.rescorer_state, input_ids)
-            rescores.append(lm_rescore(scorer, self._draft_index, self.dynamic.lm_weight))
-        rescore = combined(rescores)
+        rescore = None
+        if isinstance(self.dynamic, Rescoring):  # not a plain dynamic tree
+            rescore = lattice_rescore(self.dynamic, input_ids[0], self.ngram, scorer, self._draft_index)
         try:
             tree, tokens = dynamic_draft(step, self.dynamic, room, rescore and self._profiled(rescore))
         finally:
