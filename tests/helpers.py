@@ -54,9 +54,23 @@ def reference(arch: str, max_new_tokens: int = NEW_TOKENS) -> torch.Tensor:
     return _reference(arch, max_new_tokens).clone()
 
 
+# Drafter variants that the family-parametrised tests run beside the head types: a name, its head type and options.
+VARIANTS = {
+    "hydra+prefix": dict(head_type="hydra", prefix_layer=True, context_window=4, adapter_heads=2, adapter_head_dim=8),
+}
+
+
+def family_options(family: str) -> dict:
+    """``head_type`` and options of a head type or of one of `VARIANTS`."""
+    return dict(VARIANTS.get(family, {"head_type": family}))
+
+
 def fresh_model(arch: str, head_type: str = "cerberus", randomize: bool = False, seed: int = 0, **kwargs):
     """New heads on the shared base; ``randomize`` gives every head parameter random normal values.
-    Kangaroo drafts through the tiny bases' first layer (of two) unless told otherwise."""
+    ``head_type`` may name one of `VARIANTS`. Kangaroo drafts through the tiny bases' first layer (of two) unless
+    told otherwise."""
+    kwargs = {**family_options(head_type), **kwargs}
+    head_type = kwargs.pop("head_type")
     if head_type == "kangaroo":
         kwargs.setdefault("exit_layer", 1)
     model = CerberusForCausalLM.from_base(get_base(arch), head_type=head_type, **kwargs)

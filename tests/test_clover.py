@@ -1,4 +1,5 @@
-"""Clover: the window its augmenting block reads, the same in decoding, training and calibration; its heads."""
+"""Drafters that read a window of verified states (Clover's augmenting block, Hydra++'s prefix layer): the window is
+the same in decoding, training and calibration; Clover's heads."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from cerberus_hf.decoding.drafting import StepDrafts
 from helpers import (ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, fresh_model, get_base, get_prompt, install_oracle,
                      randomize_heads, reference)
 
+WINDOWED = ["clover", "hydra+prefix"]
 
-def test_fresh_clover_guesses_the_base_next_token_at_every_depth():
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_fresh_windowed_drafter_guesses_the_base_next_token_at_every_depth(family):
     """A fresh drafter is harmless: whatever the window and the tokens, every depth guesses the token the base
     itself predicts from its newest state (the identity, up to scale, on ``h_t``)."""
-    model = fresh_model("llama", "clover", num_heads=3, context_window=4)
+    model = fresh_model("llama", family, num_heads=3, context_window=4)
     heads = model.heads
     generator = torch.Generator().manual_seed(0)
     window = torch.randn(2, 4, model.config.hidden_size, generator=generator)
@@ -48,8 +52,9 @@ def test_context_windows_stop_at_the_first_row():
     assert valid.tolist() == [[False, False, True], [False, True, True], [True, True, True]]
 
 
-def test_the_window_is_read_and_only_the_window():
-    model = fresh_model("llama", "clover", randomize=True, seed=3, num_heads=2, context_window=3)
+@pytest.mark.parametrize("family", WINDOWED)
+def test_the_window_is_read_and_only_the_window(family):
+    model = fresh_model("llama", family, randomize=True, seed=3, num_heads=2, context_window=3)
     heads = model.heads
     hidden = torch.randn(1, 5, model.config.hidden_size)
     tokens = torch.randint(0, model.config.vocab_size, (1, 5))
@@ -60,15 +65,18 @@ def test_the_window_is_read_and_only_the_window():
     assert not torch.allclose(heads.contextualize(changed[:, 2:], tokens[:, 2:], valid), read)
     other_token = tokens.clone()
     other_token[0, 3] = (other_token[0, 3] + 1) % model.config.vocab_size  # a token that followed a state in it
-    assert not torch.allclose(heads.contextualize(hidden[:, 2:], other_token[:, 2:], valid), read)
+    # Clover mixes each state with the token after it; Hydra's prefix layer reads the states alone
+    mixes_tokens = not torch.allclose(heads.contextualize(hidden[:, 2:], other_token[:, 2:], valid), read)
+    assert mixes_tokens == (family == "clover")
 
 
+@pytest.mark.parametrize("family", WINDOWED)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_decoding_reads_the_window_that_training_and_calibration_read(arch):
+def test_decoding_reads_the_window_that_training_and_calibration_read(arch, family):
     """What the heads read at each step of decoding (kept across acceptance and rollback by `ContextState`)
     equals `Drafter.heads_inputs` over the finished sequence with the window starting at the prompt's last
     state: the stored-state path that training and calibration take."""
-    model = fresh_model(arch, "clover", num_heads=3, context_window=4)
+    model = fresh_model(arch, family, num_heads=3, context_window=4)
     randomize_heads(model, seed=7, std=0.05)
     # drafts right at some depths and wrong at others, so steps keep and drop drafted positions variously
     install_oracle(model, [reference(arch, NEW_TOKENS + 8)], corrupt=lambda p, k: (p + 2 * k) % 3 == 0)
@@ -107,10 +115,11 @@ def test_decoding_reads_the_window_that_training_and_calibration_read(arch):
         torch.testing.assert_close(read, expected[position], atol=1e-5, rtol=1e-4)
 
 
-def test_calibration_draft_time_pays_for_the_window():
+@pytest.mark.parametrize("family", WINDOWED)
+def test_calibration_draft_time_pays_for_the_window(family):
     from cerberus_hf.tools.calibrate import measure_draft_time
 
-    model = fresh_model("llama", "clover", num_heads=3, context_window=4)
+    model = fresh_model("llama", family, num_heads=3, context_window=4)
     calls = []
     real = type(model.heads).read_window
     type(model.heads).read_window = lambda self, *a: calls.append(a[0].shape) or real(self, *a)

@@ -17,6 +17,7 @@ from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import (
     ARCHITECTURES,
     NEW_TOKENS,
+    VARIANTS,
     ForwardCounter,
     check_stats,
     fresh_model,
@@ -39,7 +40,7 @@ TREE_KINDS = {
 
 
 # Families that guess depth by depth draft every tree kind; one that drafts its own chain (Kangaroo) drafts chains.
-TREE_FAMILIES = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].drafts_chains)
+TREE_FAMILIES = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].drafts_chains) + tuple(VARIANTS)
 FAMILY_TREES = [(h, tree) for h in TREE_FAMILIES for tree in TREE_KINDS] + [
     (h, "chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains
 ]

@@ -61,3 +61,13 @@ def test_clover_card_says_what_the_drafter_is_made_of():
     assert "# Clover heads for" in card and "width 16" in card and "newest 6 verified states" in card
     assert "residual layer" not in card
     assert "| 2 | token t+4 | 0.200 | 0.400 |" in card
+
+
+def test_hydra_card_says_whether_a_prefix_layer_reads_the_sequence():
+    training = {"top1": [0.5, 0.3], "top5": [0.7, 0.5], "config": {}, "data": {}, "cost": {}}
+    with_prefix = render_card(fresh_model("llama", "hydra+prefix", num_heads=2, context_window=6).config, training,
+                              None, "cerberus-hf card", None)
+    assert "# Hydra heads for" in with_prefix and "prefix layer (Hydra++" in with_prefix
+    assert "attention 2 heads of 8" in with_prefix and "newest 6 verified states" in with_prefix
+    plain = render_card(fresh_model("llama", "hydra", num_heads=2).config, training, None, "cerberus-hf card", None)
+    assert "prefix layer" not in plain

@@ -164,8 +164,10 @@ def test_flattening_a_flat_copy_gives_the_same_files(saved, tmp_path):
     [dict(head_type="medusa"), dict(head_type="cerberus", num_layers=2), dict(head_type="medusa", head_projection="own"),
      dict(head_type="cerberus", draft_tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0]], gate_threshold=0.0),
      dict(head_type="kangaroo", exit_layer=1, adapter_heads=1, adapter_head_dim=8, exit_confidence=0.3),
-     dict(head_type="clover", adapter_heads=1, adapter_head_dim=8, context_window=5)],
-    ids=["medusa", "cerberus-2-layers", "medusa-own-projection", "cerberus-tree-gate", "kangaroo", "clover"],
+     dict(head_type="clover", adapter_heads=1, adapter_head_dim=8, context_window=5),
+     dict(head_type="hydra", prefix_layer=True, adapter_heads=2, adapter_head_dim=8, context_window=5, head_dropout=0.2)],
+    ids=["medusa", "cerberus-2-layers", "medusa-own-projection", "cerberus-tree-gate", "kangaroo", "clover",
+         "hydra-prefix-dropout"],
 )
 def test_round_trip_with_given_base(base, base_dir, tmp_path, kwargs):
     model = build(base, base_dir, **kwargs)
@@ -175,7 +177,8 @@ def test_round_trip_with_given_base(base, base_dir, tmp_path, kwargs):
     assert not loaded.training
     assert_same_heads(loaded.heads, model.heads)
     for key in ("head_type", "num_heads", "num_layers", "head_projection", "gate_threshold", "draft_tree",
-                "exit_layer", "adapter_heads", "adapter_head_dim", "exit_confidence", "context_window"):
+                "exit_layer", "adapter_heads", "adapter_head_dim", "exit_confidence", "context_window", "prefix_layer",
+                "head_dropout"):
         assert getattr(loaded.config, key) == getattr(model.config, key), key
     out = loaded.generate(prompt(), max_new_tokens=NEW_TOKENS)
     assert out.tolist() == model.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)

@@ -17,6 +17,7 @@ from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.ngram import NgramModel
 from cerberus_hf.drafters import DRAFTER_CLASSES
+from helpers import VARIANTS, family_options
 
 V = 12
 DRAWS = 2500
@@ -90,15 +91,17 @@ TREES = {
 
 
 # Kangaroo drafts its own chain only (through the base's first layer of two).
-FAMILY_TREES = [(h, tree) for h in HEAD_TYPES if not DRAFTER_CLASSES[h].drafts_chains for tree in TREES] + [
+FAMILY_TREES = [(h, tree) for h in (*HEAD_TYPES, *VARIANTS) if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains
+                for tree in TREES] + [
     (h, "chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains
 ]
 
 
 @pytest.mark.parametrize("head_type, tree", FAMILY_TREES)
 def test_sampling_matches_base_distribution(base, head_type, tree):
-    extra = {"exit_layer": 1} if DRAFTER_CLASSES[head_type].drafts_chains else {}
-    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=1, **extra)
+    options = family_options(head_type)
+    extra = {"exit_layer": 1} if DRAFTER_CLASSES[options["head_type"]].drafts_chains else {}
+    model = CerberusForCausalLM.from_base(base, **options, num_heads=1, **extra)
     if tree == "rescored":
         model.ngram = NgramModel.build([([t, (t * 5 + 1) % V, (t * 7 + 2) % V], 1) for t in range(V)] * 3, V, order=2)
     if tree == "rescored_lm":

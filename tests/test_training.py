@@ -17,6 +17,7 @@ from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_i
 from cerberus_hf.training.trainer import evaluate_heads, projection_loss, train_heads
 
 from tiny_models import VOCAB, prompt_ids, tiny_model
+from helpers import family_options
 
 NUM_HEADS = 3
 # The tiny problem wants a larger step than the real one (1e-3); everything else is the real recipe.
@@ -47,8 +48,10 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("hidden_cache")
 
 
-def fresh(base, head_type="cerberus", **kwargs):
-    return CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=NUM_HEADS, num_layers=1, **kwargs)
+def fresh(base, family="cerberus", **kwargs):
+    """Fresh heads of a head type or of one of the tests' `VARIANTS`."""
+    return CerberusForCausalLM.from_base(base, **{**family_options(family), "num_heads": NUM_HEADS, "num_layers": 1,
+                                                  **kwargs})
 
 
 def heads_equal(a, b) -> bool:
@@ -154,7 +157,7 @@ def test_chunked_projection_loss_matches_autograd(trainable_projection):
 # ------------------------------------------------------------------------------------------------ training
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "clover"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "clover", "hydra+prefix"])
 def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_dir, tmp_path, head_type):
     model = fresh(base, head_type)
     cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False)
@@ -176,10 +179,30 @@ def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_
     assert json.loads((tmp_path / "training_metrics.json").read_text())["steps"] == metrics["steps"]
 
     loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base)
-    assert loaded.config.head_type == head_type and heads_equal(loaded, model)
+    assert loaded.config.head_type == family_options(head_type)["head_type"] and heads_equal(loaded, model)
     prompt = prompt_ids(seed=99, length=7)
     expected = base.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(loaded.generate(prompt, max_new_tokens=12, eos_token_id=None, pad_token_id=0), expected)
+
+
+def test_head_dropout_acts_in_training_only(base):
+    """Dropout regularises what training fits (`forced_states` in training mode); evaluation and drafting see the
+    heads whole."""
+    plain, dropped = fresh(base, "hydra"), fresh(base, "hydra", head_dropout=0.5)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in plain.heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    dropped.heads.load_state_dict(plain.heads.state_dict())
+    hidden, tokens = torch.randn(4, plain.config.hidden_size), torch.randint(0, VOCAB, (4, NUM_HEADS))
+    dropped.heads.train()
+    torch.manual_seed(0)
+    first = dropped.heads.forced_states(hidden, tokens)
+    assert not torch.allclose(first, dropped.heads.forced_states(hidden, tokens))
+    assert not torch.allclose(first, plain.heads.forced_states(hidden, tokens))
+    dropped.heads.eval()
+    torch.testing.assert_close(dropped.heads.forced_states(hidden, tokens), plain.heads.forced_states(hidden, tokens))
+    torch.testing.assert_close(dropped.heads(hidden, tokens), plain.heads(hidden, tokens))
 
 
 def test_same_seed_same_heads_other_seed_other_heads(base, data_path, cache_dir, tmp_path):
@@ -368,11 +391,17 @@ def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
     training.add_cli(parser.add_subparsers(dest="command"))
     common = ["train", "--data", "x.jsonl", "--output", str(tmp_path / "out")]
     for head_type, option in (("kangaroo", ["--batch-size", "64"]), ("medusa", ["--exit-layer", "4"]),
-                              ("hydra", ["--adapter-heads", "4"]), ("kangaroo", ["--context-window", "8"]),
-                              ("clover", ["--num-layers", "2"])):
+                              ("medusa", ["--adapter-heads", "4"]), ("kangaroo", ["--context-window", "8"]),
+                              ("clover", ["--num-layers", "2"]), ("cerberus", ["--prefix-layer"]),
+                              ("kangaroo", ["--head-dropout", "0.2"])):
         args = parser.parse_args(common + ["--head-type", head_type] + option)
         with pytest.raises(SystemExit, match=f"{option[0]} do\\(es\\) not apply to --head-type {head_type}"):
             training._refuse_options_of_other_head_types(args)
+    for option in (["--adapter-heads", "4"], ["--context-window", "8"]):  # Hydra reads them for its prefix layer only
+        args = parser.parse_args(common + ["--head-type", "hydra"] + option)
+        with pytest.raises(SystemExit, match=f"{option[0]} shape\\(s\\) Hydra's prefix layer: add --prefix-layer"):
+            training._refuse_options_of_other_head_types(args)
     for head_type, option in (("kangaroo", ["--adapter-heads", "4"]), ("clover", ["--adapter-heads", "4"]),
-                              ("clover", ["--context-window", "8", "--batch-size", "64"])):
+                              ("clover", ["--context-window", "8", "--batch-size", "64"]),
+                              ("hydra", ["--prefix-layer", "--adapter-heads", "4", "--head-dropout", "0.2"])):
         training._refuse_options_of_other_head_types(parser.parse_args(common + ["--head-type", head_type] + option))

@@ -178,6 +178,7 @@ class Drafter(nn.Module):
             torch.zeros(config.draft_vocab_size, dtype=torch.long) if config.draft_vocab_size else None,
         )
         self._draft_rows: dict[int, tuple] = {}
+        self.dropout = nn.Dropout(config.head_dropout)  # training only: `forced_states` applies it, drafting never
 
     # ------------------------------------------------------------------------------ the family's part
     def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
@@ -293,11 +294,13 @@ class Drafter(nn.Module):
     def forced_states(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
         """Every head's projected state (`readout`) ``[n, num_heads, hidden]`` with the true tokens ``tokens``
         ``[n, num_heads]`` (``tokens[:, j]`` is the token at ``t + 1 + j``) in place of drafted ones: what
-        training fits."""
+        training fits. In training mode, ``head_dropout`` drops parts of what the heads read and of what they
+        project (Hydra++'s regularisation)."""
         states, previous = [], None
+        hidden = self.dropout(hidden)
         for k in range(self.num_heads):
             previous = self.head_state(k, hidden, tokens[:, : k + 1], previous)
-            states.append(self.readout(k, previous))
+            states.append(self.dropout(self.readout(k, previous)))
         return torch.stack(states, dim=-2)
 
     def forward(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:

@@ -779,8 +779,9 @@ def add_cli(subparsers):
     heads = tuple(h for h in HEAD_TYPES if h != "kangaroo")
     only = {"batch_size": heads, "head_weight_decay": heads, "text_distill_weight": heads, "train_fraction": heads,
             "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
-            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo",), "adapter_heads": ("kangaroo", "clover"),
-            "adapter_head_dim": ("kangaroo", "clover"), "context_window": ("clover",)}
+            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo",), "adapter_heads": ("kangaroo", "clover", "hydra"),
+            "adapter_head_dim": ("kangaroo", "clover", "hydra"), "context_window": ("clover", "hydra"),
+            "prefix_layer": ("hydra",), "head_dropout": heads}
     parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
     return parser
 
@@ -828,12 +829,17 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "--num-heads is the longest draft)")
     kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
     kangaroo.add_argument("--batch-tokens", type=int, default=8192, help="padded sequence tokens per step")
-    adapter = parser.add_argument_group("adapter", "Kangaroo's adapter and Clover's augmenting block (--head-type "
-                                        "kangaroo or clover)")
+    parser.add_argument("--head-dropout", type=float, default=0.0,
+                        help="dropout on what the heads read and project, in training (Hydra++: 0.2)")
+    adapter = parser.add_argument_group("adapter", "Kangaroo's adapter, Clover's augmenting block and Hydra++'s prefix "
+                                        "layer (--head-type kangaroo, clover, or hydra with --prefix-layer)")
     adapter.add_argument("--adapter-heads", type=int, default=2)
     adapter.add_argument("--adapter-head-dim", type=int, default=32)
     adapter.add_argument("--context-window", type=int, default=16,
-                         help="Clover: how many of the newest verified states the augmenting block reads")
+                         help="Clover and Hydra++: how many of the newest verified states the augmenting block or "
+                              "the prefix layer reads")
+    adapter.add_argument("--prefix-layer", action="store_true",
+                         help="Hydra: Hydra++'s prefix layer (a decoder layer over the base's states) before the heads")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -856,7 +862,8 @@ def run_cli(args: argparse.Namespace) -> int:
     _refuse_options_of_other_head_types(args)
     if args.head_type == "kangaroo":
         return _run_chain_cli(args, base)
-    shape = {name: getattr(args, name) for name in ("num_layers", "adapter_heads", "adapter_head_dim", "context_window")
+    shape = {name: getattr(args, name) for name in ("num_layers", "adapter_heads", "adapter_head_dim", "context_window",
+                                                    "prefix_layer", "head_dropout")
              if args.head_type in args.only_for[name][0]}  # the drafter's shape options that apply to this head type
     model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads, **shape)
     metrics = train_heads(
@@ -884,6 +891,12 @@ def run_cli(args: argparse.Namespace) -> int:
 def _refuse_options_of_other_head_types(args: argparse.Namespace) -> None:
     given = [name for name, (types, default) in args.only_for.items()
              if args.head_type not in types and getattr(args, name) != default]
+    if args.head_type == "hydra" and not args.prefix_layer:  # Hydra reads the attention's shape for its prefix only
+        prefix = [name for name in ("adapter_heads", "adapter_head_dim", "context_window")
+                  if getattr(args, name) != args.only_for[name][1]]
+        if prefix:
+            raise SystemExit(f"cerberus-hf train: {', '.join('--' + n.replace('_', '-') for n in prefix)} shape(s) "
+                             "Hydra's prefix layer: add --prefix-layer")
     if given:
         raise SystemExit(f"cerberus-hf train: {', '.join('--' + n.replace('_', '-') for n in given)} do(es) not "
                          f"apply to --head-type {args.head_type}")

@@ -81,3 +81,24 @@ class AttentionAdapter(nn.Module):
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
         out = self.o_proj(attended.transpose(-3, -2).reshape(*x.shape[:-1], -1))
         return self.norm(x + out), (k, v)
+
+
+class GatedMLP(nn.Module):
+    """``down(SiLU(gate(x)) * up(x))``, the SwiGLU MLP of LLaMA-style decoder layers; ``down`` starts at zero, so a
+    fresh one adds nothing to the residual stream it feeds."""
+
+    def __init__(self, hidden_size: int, width: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden_size, bias=False)
+        nn.init.zeros_(self.down_proj.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def llama_mlp_width(hidden_size: int) -> int:
+    """The SwiGLU width LLaMA derives from its hidden size: ``8 d / 3``, rounded up to a multiple of 64 (1536 for
+    SmolLM2-135M's 576, its own MLP width)."""
+    return math.ceil(8 * hidden_size / 3 / 64) * 64

@@ -56,11 +56,17 @@ class CerberusConfig(PreTrainedConfig):
             transformers).
         exit_layer: Kangaroo only: how many of the base's first layers draft (the adapter reads the output
             of layer ``exit_layer - 1``); must be below the base's layer count.
-        adapter_heads: Kangaroo and Clover: attention heads of the adapter (Kangaroo) or augmenting block
-            (Clover).
-        adapter_head_dim: Kangaroo and Clover: width of each of those heads (the attention is
+        adapter_heads: Kangaroo, Clover and Hydra's prefix layer: attention heads of the adapter (Kangaroo), the
+            augmenting block (Clover) or the prefix layer.
+        adapter_head_dim: the same three: width of each of those heads (the attention is
             ``adapter_heads * adapter_head_dim`` wide, which sets its size: about ``4 * hidden * width``).
-        context_window: Clover only: how many of the newest verified states its augmenting block reads.
+        context_window: Clover, and Hydra with ``prefix_layer``: how many of the newest verified states the
+            augmenting block (Clover) or the prefix layer (Hydra++) reads.
+        prefix_layer: Hydra only: Hydra++'s prefix layer, one decoder layer over the base's verified states
+            (``adapter_heads * adapter_head_dim`` wide attention, a SwiGLU MLP) whose output the heads read in
+            place of the newest state.
+        head_dropout: dropout on what the heads read and on what they project, in training only (Hydra++ uses
+            0.2); drafting never drops anything.
         exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
             probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
             longest draft is ``num_heads`` tokens.
@@ -90,6 +96,8 @@ class CerberusConfig(PreTrainedConfig):
     adapter_heads: int = 2
     adapter_head_dim: int = 32
     context_window: int = 16
+    prefix_layer: bool = False
+    head_dropout: float = 0.0
     exit_confidence: float = 0.6
 
     def __post_init__(self, **kwargs):
@@ -107,6 +115,13 @@ class CerberusConfig(PreTrainedConfig):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if not isinstance(self.prefix_layer, bool):
+            raise ValueError(f"prefix_layer must be true or false, got {self.prefix_layer!r}.")
+        if self.prefix_layer and self.head_type != "hydra":
+            raise ValueError(f"prefix_layer is Hydra++'s prefix layer: head_type must be 'hydra', not {self.head_type!r}.")
+        self.head_dropout = float(self.head_dropout)
+        if not 0.0 <= self.head_dropout < 1.0:
+            raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout!r}.")
         self.exit_confidence = float(self.exit_confidence)
         if not 0.0 <= self.exit_confidence <= 1.0:
             raise ValueError(f"exit_confidence must be a probability in [0, 1], got {self.exit_confidence!r}.")

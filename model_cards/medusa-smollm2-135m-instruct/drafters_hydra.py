@@ -10,6 +10,17 @@ a linear path and a non-linear path over the concatenation, both zero-initialise
 is the identity on ``h`` like every other family's (Hydra initialises its linear path as a default
 ``Linear``; with ``h`` carried by the residual the two are the same map at ``U = [I | 0]``). Its other
 blocks are plain residual blocks. The embeddings are the base's own (frozen, never saved with the heads).
+
+Hydra++'s prefix layer (``prefix_layer=True``): one decoder layer (attention with rotary positions, then a SwiGLU
+MLP, then a norm) reads the base's verified states and its output ``p_t`` replaces ``h_t`` as what every head
+reads, so the heads see the sequence and not only its newest state. Hydra++ runs it over the whole sequence with
+its own KV cache; here it reads a sliding window of the newest ``context_window`` verified states (from the state
+that predicted the first new token on), through the window machinery Clover's augmenting block uses: training
+keeps drawing single answer positions from the hidden-state cache, and decoding recomputes the window's keys each
+step instead of keeping a cache in step with acceptance and rollback. Its attention is ``adapter_heads *
+adapter_head_dim`` wide (Hydra++ copies the base's attention shape: 9 heads of 64 on SmolLM2-135M) and its MLP
+LLaMA's width for the hidden size. A fresh prefix layer is the identity up to scale (its attention and MLP outputs
+start at zero), so fresh heads still guess the base's own next token.
 """
 
 from __future__ import annotations
@@ -17,7 +28,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .configuration_cerberus import CerberusConfig
 from .drafters_base import Drafter, ResidualBlock
+from .drafters_layers import AttentionAdapter, GatedMLP, llama_mlp_width
 
 
 class GroundedBlock(nn.Module):
@@ -37,11 +50,38 @@ class GroundedBlock(nn.Module):
         return x + self.skip(inputs) + self.act(self.linear(inputs))
 
 
+class PrefixLayer(nn.Module):
+    """``norm(a + MLP(a))`` with ``a = attention(window)`` at the window's newest position: a decoder layer over
+    the base's states (the attention's own norms stand in for the layer's input norms)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int):
+        super().__init__()
+        self.attention = AttentionAdapter(hidden_size, num_heads, head_dim)
+        self.mlp = GatedMLP(hidden_size, llama_mlp_width(hidden_size))
+        self.norm = nn.RMSNorm(hidden_size, eps=1e-6)
+
+    def forward(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """``[n, hidden]`` from windows ``[n, W, hidden]`` (oldest first) of which ``valid`` ``[n, W]`` belong."""
+        positions = torch.arange(rows.shape[-2], device=rows.device)
+        attended = self.attention(rows, positions, key_mask=valid, queries=1)[0][:, -1]
+        return self.norm(attended + self.mlp(attended))
+
+
 class HydraDrafter(Drafter):
-    """Head ``k`` is ``stack_k(h_t, e(x_{t+1}), ..., e(x_{t+k+1}))``."""
+    """Head ``k`` is ``stack_k(h_t, e(x_{t+1}), ..., e(x_{t+k+1}))``, with ``p_t`` in place of ``h_t`` when the
+    prefix layer is on."""
 
     drafter_type = "hydra"
     reads_tokens = True
+
+    def __init__(self, config: CerberusConfig):
+        super().__init__(config)
+        if config.prefix_layer:
+            self.context_window = config.context_window
+            self.prefix = PrefixLayer(config.hidden_size, config.adapter_heads, config.adapter_head_dim)
+
+    def read_window(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return self.prefix(rows, valid)
 
     def make_block(self, k: int, layer: int) -> nn.Module:
         if layer == 0:
