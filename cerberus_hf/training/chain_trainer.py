@@ -14,9 +14,9 @@ prompt and the answer so far), so it trains on sequences, not on independent pos
    never trained on, and held-out accuracy is measured on the base's own answers.
 3. The loss goes through `trainer.projection_loss`, in row chunks, as the heads' does.
 
-Runs are deterministic under a seed and resumable: every ``save_every`` steps accelerate's ``save_state``
-writes the adapter, AdamW, the schedule and the RNG states under ``output_dir/checkpoints/step-N``; the
-same command continues from the last one.
+Runs are deterministic under a seed and resumable: every ``save_every`` steps the heads trainer's
+`trainer.save_checkpoint` (accelerate's ``save_state``) writes the adapter, AdamW, the schedule and the RNG states
+under ``output_dir/checkpoints/step-N``; the same command continues from the last one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Sequence
@@ -44,7 +43,7 @@ from .hidden_cache import _batches as batches_by_length
 from .hidden_cache import _sequence, base_fingerprint, build_hidden_cache, right_padded, split_record_ids
 from . import trainer as trainer_module  # its _on_step_end is looked up at each step (tests replace it)
 from .trainer import (
-    CHECKPOINTS_DIR, METRICS_NAME, STATE_NAME, _checkpoint_dirs, _cosine_with_warmup, default_cache_dir, projection_loss,
+    METRICS_NAME, _cosine_with_warmup, default_cache_dir, projection_loss, resume_checkpoint, save_checkpoint,
 )
 
 logger = logging.getLogger(__name__)
@@ -265,19 +264,9 @@ def train_chain_drafter(
     accelerator.register_for_checkpointing(scheduler)
 
     state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
-    checkpoints = _checkpoint_dirs(output_dir)  # those whose state file was written: complete ones
-    if checkpoints and not resume:
-        shutil.rmtree(output_dir / CHECKPOINTS_DIR)
-        checkpoints = []
-    if checkpoints:
-        last = checkpoints[-1][1]
-        saved = json.loads((last / STATE_NAME).read_text())
-        if saved["run_config"] != run_config:
-            raise ValueError(f"{last} was written by a run with other settings; resume with the same "
-                             "arguments, pass resume=False (--no-resume), or use another output directory.")
-        accelerator.load_state(str(last))
+    saved = resume_checkpoint(accelerator, output_dir, run_config, resume)
+    if saved is not None:
         state = saved
-        logger.info("resuming from %s (step %d of %d)", last, state["step"], total_steps)
 
     progress = tqdm(total=total_steps, initial=state["step"], unit="step", desc="training the kangaroo adapter",
                     disable=not show_progress, dynamic_ncols=True)
@@ -318,11 +307,7 @@ def train_chain_drafter(
             run_eval(step)
         if step % save_every == 0 or step == total_steps:
             state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
-            folder = output_dir / CHECKPOINTS_DIR / f"step-{step}"
-            accelerator.save_state(str(folder))
-            (folder / STATE_NAME).write_text(json.dumps(state))
-            for _, old in _checkpoint_dirs(output_dir)[:-2]:
-                shutil.rmtree(old)
+            save_checkpoint(accelerator, output_dir, step, state, keep=2)
         trainer_module._on_step_end(step)
     progress.close()
     if not state["evals"] or state["evals"][-1]["step"] != state["step"]:

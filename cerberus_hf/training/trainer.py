@@ -1,4 +1,4 @@
-"""Train Medusa or Cerberus heads on a frozen base, from the base's own answers (``cerberus-hf distill``).
+"""Train draft heads (Medusa, Cerberus, Hydra, Clover) on a frozen base, from the base's own answers (``cerberus-hf distill``).
 
 Recipe (Medusa-1, Cai et al. 2024, with the heads projecting through the frozen base ``lm_head``):
 
@@ -14,11 +14,11 @@ Recipe (Medusa-1, Cai et al. 2024, with the heads projecting through the frozen 
    function that returns the loss and the gradient of the heads' states together, so at most
    ``chunk_rows x vocab`` logits exist at a time and no logits are kept for the backward pass.
 
-Runs are deterministic under a seed (the data order is drawn from the seed and the epoch number alone)
-and resumable: every ``save_every`` steps a checkpoint (heads, AdamW state, scheduler, RNG states, step;
-safetensors for tensors and JSON for the rest) is written atomically under ``output_dir/checkpoints``; a
-killed run started again with the same arguments continues from the last one and ends with the same
-weights as a run that was never interrupted. ``accelerate`` runs the same code on several GPUs
+Runs are deterministic under a seed (the data order is drawn from the seed and the epoch number alone, dropout
+from the seeded global RNG) and resumable: every ``save_every`` steps accelerate's ``save_state`` writes the heads,
+AdamW, the schedule and every RNG state, with the run's settings and history as JSON, atomically under
+``output_dir/checkpoints/step-N`` (`save_checkpoint`); a killed run started again with the same arguments
+continues from the last one and ends with the same weights as a run that was never interrupted. ``accelerate`` runs the same code on several GPUs
 (``accelerate launch``): each process takes its slice of every batch and gradients are averaged.
 """
 
@@ -29,16 +29,13 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -336,84 +333,58 @@ def _checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _rng_state() -> tuple[dict[str, torch.Tensor], dict]:
-    tensors = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda.{i}"] = state
-    py = random.getstate()
-    np_state = np.random.get_state()
-    return tensors, {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-    }
-
-
-def _set_rng_state(tensors: dict[str, torch.Tensor], extra: dict) -> None:
-    torch.set_rng_state(tensors["torch"])
-    cuda = [tensors[f"cuda.{i}"] for i in range(len(tensors)) if f"cuda.{i}" in tensors]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
-    py = extra["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = extra["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
-
-
-def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    state = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for index, values in state["state"].items():
-        for name, value in values.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state.{index}.{name}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{index}.{name}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], extra: dict) -> None:
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in tensors.items():
-        _, index, name = key.split(".", 2)
-        state.setdefault(int(index), {})[name] = value
-    for key, value in extra["scalars"].items():
-        index, name = key.split(".", 1)
-        state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": extra["param_groups"]})
-
-
-def _save_checkpoint(output_dir: Path, step: int, heads: nn.Module, optimizer, scheduler, trainer_state: dict,
-                     keep: int) -> Path:
+def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict, keep: int) -> Path:
+    """``checkpoints/step-N``: what ``accelerator`` was given to train (`Accelerator.save_state`: the prepared
+    modules and optimizers, the objects registered for checkpointing such as the schedule, every process's RNG
+    state) and ``state`` (JSON: run settings, history). Written under a temporary name and renamed, so a run
+    killed while saving leaves the previous checkpoints complete; only the newest ``keep`` are kept."""
     folder = output_dir / CHECKPOINTS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"step-{step:08d}"
-    for stale in folder.glob(".tmp-step-*"):  # left by a run killed while saving
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = folder / f".tmp-step-{step:08d}-{os.getpid()}"
-    tmp.mkdir()
-    save_file({k: v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}, str(tmp / "heads.safetensors"))
-    opt_tensors, opt_extra = _optimizer_to_files(optimizer)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    rng_tensors, rng_extra = _rng_state()
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
-    payload = dict(trainer_state, step=step, optimizer=opt_extra, scheduler=scheduler.state_dict(), rng=rng_extra)
-    (tmp / STATE_NAME).write_text(json.dumps(payload, indent=1) + "\n")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for _, old in _checkpoint_dirs(output_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    final, tmp = folder / f"step-{step:08d}", folder / f".tmp-step-{step:08d}"
+    if accelerator.is_main_process:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob(".tmp-step-*"):  # left by a run killed while saving
+            shutil.rmtree(stale, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        (tmp / STATE_NAME).write_text(json.dumps(dict(state, step=step), indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for _, old in _checkpoint_dirs(output_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
     return final
 
 
-def _load_checkpoint(path: Path, heads: nn.Module, optimizer, scheduler) -> dict:
-    state = json.loads((path / STATE_NAME).read_text())
-    heads.load_state_dict(load_file(str(path / "heads.safetensors")), strict=True)
-    _optimizer_from_files(optimizer, load_file(str(path / "optimizer.safetensors")), state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    _set_rng_state(load_file(str(path / "rng.safetensors")), state["rng"])
-    return state
+def resume_checkpoint(accelerator, output_dir: Path, run_config: dict, resume: bool) -> dict | None:
+    """The ``state`` of the newest complete checkpoint in ``output_dir``, after loading what it saved into
+    ``accelerator``'s objects; None if there is none (or ``resume`` is False: the checkpoints are removed).
+    A checkpoint written with other ``run_config`` settings is refused, not silently continued."""
+    checkpoints = _checkpoint_dirs(output_dir)
+    if checkpoints and not resume:
+        if accelerator.is_main_process:
+            shutil.rmtree(output_dir / CHECKPOINTS_DIR, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        return None
+    if not checkpoints:
+        return None
+    path = checkpoints[-1][1]
+    saved = json.loads((path / STATE_NAME).read_text())
+    differences = {k: (saved["run_config"].get(k), v) for k, v in run_config.items() if saved["run_config"].get(k) != v}
+    if differences:
+        raise ValueError(
+            f"{path} was written by a run with other settings or data "
+            f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in differences.items())}). "
+            "Resume with the same arguments, pass resume=False (--no-resume) to start over, or use another "
+            "output directory."
+        )
+    if not (path / "optimizer.bin").is_file():  # what accelerate's save_state names the (first) optimizer's state
+        raise ValueError(f"{path} was written by an older cerberus-hf (its own checkpoint files, not accelerate's): "
+                         "pass resume=False (--no-resume) to start over, or use another output directory.")
+    accelerator.load_state(str(path))
+    logger.info("resuming from %s (step %d of %d)", path, saved["step"], run_config["total_steps"])
+    return saved
 
 
 def _cosine_with_warmup(optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -522,6 +493,7 @@ def train_heads(
         ``output_dir/training_metrics.json``.
     """
     from accelerate import Accelerator
+    from accelerate.utils import set_seed
 
     started = time.perf_counter()
     if num_threads is not None:
@@ -597,37 +569,21 @@ def train_heads(
     optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
     scheduler = _cosine_with_warmup(optimizer, warmup_steps, total_steps)
     trainable, optimizer_wrapped = accelerator.prepare(_HeadStates(heads), optimizer)
+    accelerator.register_for_checkpointing(scheduler)
     weight, bias = _projection(model)
     weight = weight.to(device=device, dtype=projection_dtype)
     bias = bias.to(device=device, dtype=projection_dtype) if bias is not None else None
     head_weights = torch.tensor([head_weight_decay**k for k in range(num_heads)], dtype=torch.float32)
 
-    # ---- resume
+    # ---- resume (a resumed run continues the saved RNG state; a new one starts from the seed's: dropout draws from it)
     trainer_state: dict = {"run_config": run_config, "history": [], "evals": [], "train_time_s": 0.0,
                            "positions_trained": 0}
     step = 0
-    checkpoints = _checkpoint_dirs(output_dir)
-    if checkpoints and not resume:
-        if accelerator.is_main_process:
-            shutil.rmtree(output_dir / CHECKPOINTS_DIR, ignore_errors=True)
-        accelerator.wait_for_everyone()
-        checkpoints = []
-    if checkpoints:
-        step, path = checkpoints[-1]
-        saved = json.loads((path / STATE_NAME).read_text())
-        differences = {k: (saved["run_config"].get(k), v) for k, v in run_config.items()
-                       if saved["run_config"].get(k) != v}
-        if differences:
-            raise ValueError(
-                f"{path} was written by a run with other settings or data "
-                f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in differences.items())}). "
-                "Resume with the same arguments, pass resume=False (--no-resume) to start over, or use another "
-                "output directory."
-            )
-        saved = _load_checkpoint(path, heads, optimizer, scheduler)
+    set_seed(seed)
+    saved = resume_checkpoint(accelerator, output_dir, run_config, resume)
+    if saved is not None:
         trainer_state.update({k: saved[k] for k in ("history", "evals", "train_time_s", "positions_trained")})
         step = int(saved["step"])
-        logger.info("resuming from %s (step %d of %d)", path, step, total_steps)
 
     # ---- the loop
     is_main = accelerator.is_main_process
@@ -706,10 +662,7 @@ def train_heads(
         if eval_every and step % eval_every == 0 and step != total_steps:
             run_eval(step)
         if step % save_every == 0 or step == total_steps:
-            if is_main:
-                _save_checkpoint(output_dir, step, heads, optimizer, scheduler, state_for_checkpoint(),
-                                 keep_checkpoints)
-            accelerator.wait_for_everyone()
+            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints)
         _on_step_end(step)
     progress.close()
     train_time = time.perf_counter() - train_started - eval_time
@@ -718,8 +671,8 @@ def train_heads(
     final_eval = trainer_state["evals"][-1] if trainer_state["evals"] and trainer_state["evals"][-1]["step"] == step else None
     if final_eval is None:
         final_eval = run_eval(step)
-        if is_main and final_eval is not None:  # keep the checkpoint's record complete
-            _save_checkpoint(output_dir, step, heads, optimizer, scheduler, state_for_checkpoint(), keep_checkpoints)
+        if final_eval is not None:  # keep the checkpoint's record complete
+            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints)
     t0 = time.perf_counter()
     train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=chunk_rows, accelerator=accelerator)
     eval_time += time.perf_counter() - t0
