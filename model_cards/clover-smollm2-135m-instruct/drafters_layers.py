@@ -19,6 +19,18 @@ def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
+@torch.no_grad()
+def init_from_fixed_seed(*projections: nn.Linear) -> None:
+    """The weights of ``projections`` as torch's default Linear init draws them, from a fixed seed: a fresh layer is a
+    function of its config, so a training run depends on its own seed alone (and resumes exactly)."""
+    generator = torch.Generator().manual_seed(0)
+    for proj in projections:
+        if proj.weight.is_meta:
+            continue
+        bound = 1.0 / math.sqrt(proj.weight.shape[1])
+        proj.weight.copy_((torch.rand(proj.weight.shape, generator=generator) * 2 - 1) * bound)
+
+
 class AttentionAdapter(nn.Module):
     """``norm(x + attention(input_norm(x)))`` with its own KV cache and rotary positions, and no MLP: Kangaroo's
     adapter. A fresh one is the identity followed by the norm (its output projection is zero)."""
@@ -38,16 +50,8 @@ class AttentionAdapter(nn.Module):
         self.norm = nn.RMSNorm(hidden_size, eps=eps)
         self._init_projections()
 
-    @torch.no_grad()
     def _init_projections(self) -> None:
-        """q, k and v as torch's default Linear init draws them, from a fixed seed: a fresh adapter is a
-        function of its config, so a training run depends on its own seed alone (and resumes exactly)."""
-        generator = torch.Generator().manual_seed(0)
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
-            if proj.weight.is_meta:
-                continue
-            bound = 1.0 / math.sqrt(proj.weight.shape[1])
-            proj.weight.copy_((torch.rand(proj.weight.shape, generator=generator) * 2 - 1) * bound)
+        init_from_fixed_seed(self.q_proj, self.k_proj, self.v_proj)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(-3, -2)  # [B, heads, T, d]
@@ -85,7 +89,7 @@ class AttentionAdapter(nn.Module):
 
 class GatedMLP(nn.Module):
     """``down(SiLU(gate(x)) * up(x))``, the SwiGLU MLP of LLaMA-style decoder layers; ``down`` starts at zero, so a
-    fresh one adds nothing to the residual stream it feeds."""
+    fresh one adds nothing to the residual stream it feeds, and ``gate`` and ``up`` from a fixed seed."""
 
     def __init__(self, hidden_size: int, width: int):
         super().__init__()
@@ -93,6 +97,7 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, width, bias=False)
         self.down_proj = nn.Linear(width, hidden_size, bias=False)
         nn.init.zeros_(self.down_proj.weight)
+        init_from_fixed_seed(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
