@@ -800,6 +800,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..modeling_cerberus import CerberusForCausalLM
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # its save_state logs six lines per checkpoint
     if args.output is None and not args.cache_only:
         raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
     base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
