@@ -118,7 +118,8 @@ class CerberusConfig(PreTrainedConfig):
         if not isinstance(self.prefix_layer, bool):
             raise ValueError(f"prefix_layer must be true or false, got {self.prefix_layer!r}.")
         if self.prefix_layer and self.head_type != "hydra":
-            raise ValueError(f"prefix_layer is Hydra++'s prefix layer: head_type must be 'hydra', not {self.head_type!r}.")
+            raise ValueError(f"prefix_layer is Hydra++'s prefix layer: head_type must be 'hydra', not "
+                             f"{self.head_type!r}.")
         self.head_dropout = float(self.head_dropout)
         if not 0.0 <= self.head_dropout < 1.0:
             raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout!r}.")

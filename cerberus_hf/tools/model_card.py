@@ -131,10 +131,10 @@ def _title_and_summary(config) -> list[str]:
                 "decoder), and every depth projects through the frozen base `lm_head`. They make `generate()` faster "
                 "without changing its output: the base verifies every drafted token."]
     prefix = ""
-    if getattr(config, "prefix_layer", False):
+    if config.prefix_layer:
         prefix = (f" A prefix layer (Hydra++: one decoder layer, attention {config.adapter_heads} heads of "
-                  f"{config.adapter_head_dim} and a SwiGLU MLP) reads the newest {config.context_window} verified states "
-                  "and the heads read its output in place of the base's newest state.")
+                  f"{config.adapter_head_dim} and a SwiGLU MLP) reads the newest {config.context_window} verified "
+                  "states and the heads read its output in place of the base's newest state.")
     return [f"# {head_type.capitalize()} heads for {config.base_model_name_or_path}", "",
             f"{config.num_heads} {head_type} draft heads ({config.num_layers} residual layer(s) each, projecting through "
             f"the frozen base `lm_head`{HEAD_READS.get(head_type, '')}), made with cerberus-hf.{prefix} They make "

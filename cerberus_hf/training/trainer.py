@@ -1,4 +1,5 @@
-"""Train draft heads (Medusa, Cerberus, Hydra, Clover) on a frozen base, from the base's own answers (``cerberus-hf distill``).
+"""Train draft heads (Medusa, Cerberus, Hydra, Clover) on a frozen base, from the base's own answers
+(``cerberus-hf distill``).
 
 Recipe (Medusa-1, Cai et al. 2024, with the heads projecting through the frozen base ``lm_head``):
 
@@ -18,8 +19,9 @@ Runs are deterministic under a seed (the data order is drawn from the seed and t
 from the seeded global RNG) and resumable: every ``save_every`` steps accelerate's ``save_state`` writes the heads,
 AdamW, the schedule and every RNG state, with the run's settings and history as JSON, atomically under
 ``output_dir/checkpoints/step-N`` (`save_checkpoint`); a killed run started again with the same arguments
-continues from the last one and ends with the same weights as a run that was never interrupted. ``accelerate`` runs the same code on several GPUs
-(``accelerate launch``): each process takes its slice of every batch and gradients are averaged.
+continues from the last one and ends with the same weights as a run that was never interrupted. ``accelerate``
+runs the same code on several GPUs (``accelerate launch``): each process takes its slice of every batch and
+gradients are averaged.
 """
 
 from __future__ import annotations
