@@ -154,10 +154,15 @@ def run_bench(
     warmup: int = 1,
     profile: bool = False,
 ) -> dict:
-    """Decode every prompt (``[1, length]`` input ids) with every method; returns per-method summaries
-    and per-prompt records."""
-    device = base.device
+    """Decode every prompt (``[1, length]`` input ids) with every method of `build_methods`; returns
+    per-method summaries and per-prompt records."""
     methods = build_methods(base, head_models, max_new_tokens, variants, profile)
+    return run_methods(methods, encoded, base.device, warmup)
+
+
+def run_methods(methods: list[Method], encoded: list[torch.Tensor], device: torch.device, warmup: int = 1) -> dict:
+    """`run_bench` for any methods, the first of which (plain decoding) is the reference for speed and
+    identity: each prompt decoded by every method back to back, the order rotating from prompt to prompt."""
     for ids in encoded[:warmup]:
         for method in methods:
             method.run(ids)
