@@ -138,6 +138,8 @@ def test_calibrate_chain_measures_what_kangaroo_drafts_and_stores_what_generate_
     report = calibrate_chain(model, [(sequence, PROMPT_LEN - 1)], repeats=1)
     assert "chosen: length" in format_chain_report(report)
     assert report["depth_acceptance"] == [1.0, 1.0, 1.0]  # the oracle is right at every depth it reaches
+    assert all(set(by_length) == {1, 2, 3} and min(by_length.values()) > 0
+               for by_length in report["chain_step_seconds"].values())  # a real step timed per draft length
     settings = model.decoding_settings("cpu")
     assert settings["calibration"] == report["key"]
     assert settings["exit_confidence"] == report["settings"]["exit_confidence"]

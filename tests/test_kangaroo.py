@@ -1,18 +1,23 @@
 """Kangaroo: the base's first layers plus an adapter draft a chain, with the second early exit.
 
 What the family matrix in test_drafters does not reach: the base's cache is left exactly as it was after
-every draft (the shallow layers write into it while drafting), steps whose draft is fully rejected, fully
-accepted or ended by the confidence exit, the adapter's cache following the verified tokens, the
-untrained adapter being the base's early exit, and the errors for settings Kangaroo cannot take.
+every draft (the shallow layers write into it while drafting), verification starting at the exit layer
+(the shallow layers' work on the draft reused) computing what the whole forward computes, steps whose draft
+is fully rejected, fully accepted or ended by the confidence exit, the adapter's cache following the
+verified tokens, the untrained adapter being the base's early exit, and the errors for settings Kangaroo
+cannot take.
 """
 
 from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
 
 import pytest
 import torch
 from transformers import DynamicCache
 
-from cerberus_hf.drafters.kangaroo import capture_exit_states, first_layers
+from cerberus_hf.drafters.kangaroo import capture_exit_states, decoder_layers, first_layers
 from helpers import ARCHITECTURES, NEW_TOKENS, check_stats, fresh_model, get_base, get_prompt, install_oracle, reference
 
 
@@ -41,6 +46,67 @@ def test_drafting_leaves_the_base_cache_as_it_was(arch):
         assert layer.get_seq_length() == length
         assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
     assert state.length == prompt.shape[1] - 1 and state.past[0].shape[-2] == state.length
+
+
+@contextmanager
+def _shallow_layer_lengths(model):
+    """Records how many positions each call of the base's first layer computes while inside (read at its first
+    part with parameters: a stand-in that passes its input on computes nothing there)."""
+    layer = decoder_layers(model.base)[2][0]
+    part = next(m for m in layer.modules() if m is not layer and any(True for _ in m.parameters(recurse=False)))
+    lengths: list[int] = []
+    handle = part.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[-2]))
+    try:
+        yield lengths
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_verification_from_the_exit_layer_equals_the_whole_forward(arch):
+    """After a draft, verifying from the exit layer on (the shallow layers' KV entries and exited states
+    from drafting) gives the logits, the cache and the exited states the whole forward gives, and does not
+    run the shallow layers."""
+    model = fresh_model(arch, "kangaroo", randomize=True, seed=5, num_heads=4)
+    with torch.no_grad():
+        prompt, cache, state, captured = _prefilled(model, arch)
+    with capture_exit_states(model.base, 1) as fresh, torch.no_grad():
+        state.captured = fresh
+        drafted = model.heads.draft_chain(state, prompt, max_tokens=4, confidence=0.0)
+        assert state.shallow is not None and state.shallow.tokens == prompt[0, -1:].tolist() + drafted
+        tokens = torch.tensor([prompt[0, -1:].tolist() + drafted])
+        positions = torch.arange(prompt.shape[1] - 1, prompt.shape[1] + len(drafted))[None]
+        whole_cache = copy.deepcopy(cache)
+        whole = model.base(input_ids=tokens, past_key_values=whole_cache, position_ids=positions, use_cache=True)
+        whole_exit = fresh["exit"].clone()
+        with _shallow_layer_lengths(model) as lengths, state.verifying(tokens):
+            reused = model.base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+    assert lengths == [] and state.shallow is None
+    torch.testing.assert_close(reused.logits, whole.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fresh["exit"], whole_exit, rtol=1e-5, atol=1e-5)
+    for layer, whole_layer in zip(cache.layers, whole_cache.layers):
+        assert layer.get_seq_length() == whole_layer.get_seq_length()
+        torch.testing.assert_close(layer.keys, whole_layer.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer.values, whole_layer.values, rtol=1e-5, atol=1e-5)
+    assert all("forward" not in layer.__dict__ for layer in decoder_layers(model.base)[2])
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_generate_verifies_from_the_exit_layer(arch):
+    """In generate(), the first layer runs one position at a time after the prefill (drafting), never over a
+    draft (verification starts after it); recomputing it instead gives the same output."""
+    model = fresh_model(arch, "kangaroo", randomize=True, seed=2, num_heads=3, exit_confidence=0.0)
+    install_oracle(model, [reference(arch, NEW_TOKENS + 8)], corrupt=lambda p, k: (p + k) % 4 == 0)
+    with _shallow_layer_lengths(model) as lengths:
+        out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0)
+    assert out.tolist() == reference(arch).tolist()
+    assert lengths[0] == get_prompt(arch).shape[1] and set(lengths[1:]) == {1}
+    assert model.generation_stats.draft_steps > 0
+    model.heads.reuse_shallow_layers = False
+    with _shallow_layer_lengths(model) as lengths:
+        out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0)
+    assert out.tolist() == reference(arch).tolist()
+    assert max(lengths[1:]) > 1
 
 
 def test_the_untrained_adapter_drafts_the_base_early_exit():

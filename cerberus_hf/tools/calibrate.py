@@ -509,26 +509,40 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
 
 
 @torch.no_grad()
-def measure_chain_draft_time(model, context: int = 300, repeats: int = 10) -> float:
-    """Median seconds a drafter that drafts its own chain (Kangaroo) takes per drafted token, after a
-    ``context``-token prefix (its first layers, its adapter and its projection, once per token)."""
-    base, depth = model.base, model.config.num_heads
+def measure_chain_steps(model, context: int = 300, repeats: int = 5) -> dict[str, dict[int, float]]:
+    """Median seconds of a chain drafter's (Kangaroo's) step parts for each draft length ``n`` up to
+    ``num_heads``, after a ``context``-token prefix: ``"draft"``, drafting ``n`` tokens, and ``"verify"``, the
+    base's forward over the newest token and those ``n`` as decoding runs it (from the exit layer on, the
+    shallow layers' work reused). Lengths are interleaved across repeats so drifting load hits all alike."""
+    base, depth, device = model.base, model.config.num_heads, model.device
     vocab = base.get_output_embeddings().weight.shape[0]
+    limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
+    if limit:
+        context = max(1, min(context, limit - depth - 2))
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, context + 1), generator=generator).to(model.device)
+    ids = torch.randint(0, vocab, (1, context + 1), generator=generator).to(device)
     cache = DynamicCache(config=base.config)
-    values = []
+    times = {part: {n: [] for n in range(1, depth + 1)} for part in ("draft", "verify")}
     with model.heads.capture(base) as captured:
         base(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
         state = model.heads.start(base, cache)
         state.observe(captured, None)
-        for _ in range(repeats):
-            synchronize(model.device)
-            start = time.perf_counter()
-            model.heads.draft_chain(state, ids, depth, confidence=0.0)
-            synchronize(model.device)
-            values.append((time.perf_counter() - start) / depth)
-    return statistics.median(values)
+        for _ in tqdm(range(repeats), desc="chain steps", unit="pass"):
+            for n in range(1, depth + 1):
+                synchronize(device)
+                start = time.perf_counter()
+                drafted = model.heads.draft_chain(state, ids, n, confidence=0.0)
+                synchronize(device)
+                middle = time.perf_counter()
+                tokens = torch.cat([ids[:, -1:], torch.tensor([drafted], device=device, dtype=ids.dtype)], dim=-1)
+                positions = torch.arange(context, context + n + 1, device=device)[None]
+                with state.verifying(tokens):
+                    base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+                synchronize(device)
+                times["draft"][n].append(middle - start)
+                times["verify"][n].append(time.perf_counter() - middle)
+                cache.crop(-(n + 1))
+    return {part: {n: statistics.median(values) for n, values in by_length.items()} for part, by_length in times.items()}
 
 
 @dataclass
@@ -587,7 +601,7 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
     (fitted at the chosen settings' mean step time), stored as `calibrate` stores the heads' settings."""
     depth = model.config.num_heads
     cost = measure_cost_curve(model.base, max_tokens=depth + 1, repeats=repeats)
-    per_token = measure_chain_draft_time(model)
+    steps = measure_chain_steps(model, repeats=repeats)
     positions = collect_chain_positions(model, sequences)
     if not positions:
         raise ValueError("No calibration position: the sequences are shorter than a draft.")
@@ -596,7 +610,7 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
         for confidence in confidences:
             drafted = [p.drafted(length, confidence) for p in positions]
             accepted = [p.accepted(n) for p, n in zip(positions, drafted)]
-            seconds = sum(cost[n + 1] + n * per_token for n in drafted)
+            seconds = sum(steps["draft"][n] + steps["verify"][n] for n in drafted)
             table.append({"length": length, "exit_confidence": confidence,
                           "drafted": sum(drafted) / len(positions),
                           "expected_tau": 1.0 + sum(accepted) / len(positions),
@@ -616,7 +630,7 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
         "settings": settings, "expected": {k: v for k, v in best.items() if k != "accepted"},
         "chains": [{k: v for k, v in row.items() if k != "accepted"} for row in table],
         "gate": gate, "cost_curve_seconds": cost, "relative_cost": {n: t / cost[1] for n, t in cost.items()},
-        "draft_seconds_per_token": per_token, "depth_acceptance": hits, "positions": len(positions),
+        "chain_step_seconds": steps, "depth_acceptance": hits, "positions": len(positions),
     }
 
 
@@ -773,8 +787,11 @@ def format_chain_report(report: dict) -> str:
     best = report["expected"]
     lines = [f"{report['machine']}, stored as {report['key']!r}; {report['positions']} calibration positions",
              *_format_cost(report),
-             f"drafting: {report['draft_seconds_per_token'] * 1e3:.1f} ms per token; acceptance per depth (right "
-             "where the drafts above were right): " + " ".join(f"{v:.3f}" for v in report["depth_acceptance"]),
+             "a step by draft length (ms): " + "; ".join(
+                 f"{n}: draft {draft * 1e3:.1f} + verify {report['chain_step_seconds']['verify'][n] * 1e3:.1f}"
+                 for n, draft in report["chain_step_seconds"]["draft"].items()),
+             "acceptance per depth (right where the drafts above were right): "
+             + " ".join(f"{v:.3f}" for v in report["depth_acceptance"]),
              "| exit confidence | best length | drafted per step | expected tau | tokens/s (model) |",
              "|---|---|---|---|---|"]
     for confidence in sorted({row["exit_confidence"] for row in report["chains"]}):

@@ -165,7 +165,7 @@ def speculative_generate(
                 )
                 if draft is not None and not draft.tree.is_chain and not tree_attention_ok(model, input_ids.shape[1] + len(draft.tokens)):
                     draft = candidate_generator.fall_back_to_chain(draft)
-            with phase("verify"):
+            with phase("verify"), candidate_generator.verifying(input_ids, draft):
                 outputs = _verify(model, cache, input_ids, draft)
             step_logits = outputs.logits
             step_hidden = captured["hidden"]

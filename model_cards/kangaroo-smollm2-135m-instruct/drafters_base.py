@@ -32,8 +32,8 @@ guesses the base's own next token at every depth: wrong, but harmless, since ver
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
-from typing import ClassVar, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import ClassVar, ContextManager, Iterator
 
 import torch
 from torch import nn
@@ -90,6 +90,13 @@ class SequenceState:
         """What the heads read this step (``[1, hidden]``) after ``input_ids``, whose newest token the base
         predicted from ``hidden`` (``[1, hidden]``): that state itself unless the drafter reads a window."""
         return hidden
+
+    def verifying(self, step_tokens: torch.LongTensor | None) -> ContextManager[None]:
+        """Entered around every verification forward: over ``step_tokens`` (``[1, n]``: the newest token and
+        a chain draft) at consecutive positions, or over a tree (None). A drafter that already computed part
+        of that forward while drafting (Kangaroo: the base's first layers over its chain) lends it to the
+        forward here; by default there is nothing to lend."""
+        return nullcontext()
 
 
 class ContextState(SequenceState):

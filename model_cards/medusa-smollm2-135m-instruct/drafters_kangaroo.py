@@ -11,16 +11,20 @@ own KV cache: input RMSNorm, attention, residual, final RMSNorm; no MLP), then t
 token drafted with probability below ``exit_confidence`` (the second early exit; that token is still
 verified).
 
-What this implementation reuses and what it recomputes. The shallow layers' KV entries written while
-drafting are dropped again before verification (`draft_chain` crops them), and verification runs the whole
-base over the last token and the draft as it does for every family: the ``l`` shallow layers run twice on
-drafted tokens. Kangaroo's own code instead verifies from the exited states (layers ``l..``) only; that
-needs a forward that starts at a middle layer, which transformers' decoders do not offer generically (the
-mask and position embeddings are built inside the model's forward, and some models scale their input
-embeddings there). The cost is ``l / num_layers`` of a verification forward (2 / 30 for SmolLM2-135M); the
-bench's profile shows it in the ``verify`` phase. The adapter's cache is extended after each verification
-with the states the verifier computed at the accepted positions (`KangarooState.observe`), so it always
-covers exactly the verified tokens.
+What verification reuses. Drafting runs the shallow layers on the newest token and every drafted one, the
+last guess included, so when the base verifies exactly that chain (`KangarooState.verifying`) the forward
+starts at layer ``l``, as Kangaroo's own code verifies from the exited states: the shallow layers stand
+aside during it (`exited_forward`: each passes its input on, layer ``l - 1`` answers with the states
+drafting computed) and their KV entries from drafting are appended to the base's cache after it. Until then
+they are kept aside (`draft_chain` crops them, so the cache's lengths, from which the forward builds its
+mask and positions, are the model's own), and nothing of the model's forward is rewritten: it works for
+any decoder whose layers take the hidden states first. A step that verifies anything else (a tree, or a
+longer chain, after prompt lookup grafted copied tokens into the draft) runs the whole base, and the last
+guess's shallow pass was spent for nothing. The saving is ``l / num_layers`` of a verification forward
+(2 / 30 for SmolLM2-135M) for the cost of one shallow pass on a single token; the bench's profile shows
+both (``verify``, ``draft``). The adapter's cache is extended after each verification with the exited
+states at the accepted positions (`KangarooState.observe`), so it always covers exactly the verified
+tokens.
 
 Size. Kangaroo's adapter is a full-width attention layer (``4 d^2`` parameters: as large as four Medusa
 heads of one block each on SmolLM2-135M). Here its width is ``adapter_heads * adapter_head_dim`` (64 by
@@ -32,6 +36,7 @@ layer ``l`` (transformers' ``assistant_early_exit``, with the adapter's final no
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -79,6 +84,7 @@ def capture_exit_states(model: nn.Module, exit_layer: int) -> Iterator[dict]:
 
     def hook(module, args, output):
         captured["exit"] = output[0] if isinstance(output, tuple) else output
+        captured["exit_is_tuple"] = isinstance(output, tuple)  # how a stand-in for the layer must answer
 
     with capture_lm_head_input(model) as captured:
         handle = layers[exit_layer - 1].register_forward_hook(hook)
@@ -88,14 +94,56 @@ def capture_exit_states(model: nn.Module, exit_layer: int) -> Iterator[dict]:
             handle.remove()
 
 
+@dataclass
+class ShallowPass:
+    """What drafting computed of the next verification forward: the base's first ``exit_layer`` layers over
+    the newest token and the drafted chain."""
+
+    tokens: list[int]  # the newest token, then the chain
+    exit_states: torch.Tensor  # [1, len(tokens), hidden]: layer ``exit_layer - 1``'s outputs at them
+    keys_values: list[tuple[torch.Tensor, torch.Tensor]]  # per shallow layer: its KV entries at them
+
+
+@contextmanager
+def exited_forward(model: nn.Module, shallow: ShallowPass, as_tuple: bool) -> Iterator[None]:
+    """The base's forward starting at layer ``len(shallow.keys_values)`` while inside: the shallow layers
+    stand aside (each passes its input on, the last answers with ``shallow.exit_states``) and leave the
+    cache alone; their KV entries are appended after the forward. Everything else the forward builds
+    (positions, masks, the cache's lengths) is the model's own, so this works for any decoder whose layers
+    take the hidden states first and return them (first, in a tuple, when ``as_tuple``)."""
+    layers = decoder_layers(model)[2][: len(shallow.keys_values)]
+
+    def passthrough(hidden_states, *args, **kwargs):
+        return (hidden_states,) if as_tuple else hidden_states
+
+    def exited(hidden_states, *args, **kwargs):
+        states = shallow.exit_states.to(hidden_states.device, hidden_states.dtype)
+        return (states,) if as_tuple else states
+
+    saved = [layer.__dict__.get("forward") for layer in layers]  # an instance forward (accelerate's hooks) stays
+    for layer in layers[:-1]:
+        layer.forward = passthrough
+    layers[-1].forward = exited
+    try:
+        yield
+    finally:
+        for layer, forward in zip(layers, saved):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
+
+
 class KangarooState(SequenceState):
-    """The adapter's KV cache for one sequence, and where to find the base's cache and captured states."""
+    """The adapter's KV cache for one sequence, where to find the base's cache and captured states, and the
+    shallow layers' work on the last draft (`ShallowPass`) until its verification."""
 
     def __init__(self, drafter: "KangarooDrafter", model: nn.Module, cache):
         self.drafter, self.model, self.cache = drafter, model, cache
         self.past: tuple[torch.Tensor, torch.Tensor] | None = None
         self.length = 0
         self.captured: dict = {}
+        self.shallow: ShallowPass | None = None
 
     def extend(self, exit_states: torch.Tensor) -> torch.Tensor:
         """Run the adapter on the next positions' exited states ``[1, n, hidden]``; returns its outputs."""
@@ -115,6 +163,19 @@ class KangarooState(SequenceState):
         self.captured = captured
         states = captured["exit"]
         self.extend(states if keep is None else states[:, keep])
+
+    @contextmanager
+    def verifying(self, step_tokens: torch.LongTensor | None) -> Iterator[None]:
+        """Verify from layer ``exit_layer`` on when the forward reads exactly the chain just drafted (the
+        shallow layers ran on it then); otherwise (a gated step, a draft lookup changed) the whole base."""
+        shallow, self.shallow = self.shallow, None
+        if shallow is None or step_tokens is None or step_tokens[0].tolist() != shallow.tokens:
+            yield
+            return
+        with exited_forward(self.model, shallow, self.captured.get("exit_is_tuple", False)):
+            yield
+        for layer, (keys, values) in zip(self.cache.layers, shallow.keys_values):
+            layer.update(keys, values)
 
 
 class PathScorer:
@@ -193,6 +254,9 @@ class KangarooDrafter(Drafter):
         super().__init__(config)
         self.exit_layer = config.exit_layer
         self.adapter = AttentionAdapter(config.hidden_size, config.adapter_heads, config.adapter_head_dim)
+        # Verification reuses the first layers' work on the draft (`KangarooState.verifying`); False recomputes
+        # it, as for every other family, to measure what the reuse saves.
+        self.reuse_shallow_layers = True
 
     def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
         return nn.ModuleList()  # no heads: the adapter is the drafter's only trained part
@@ -227,23 +291,39 @@ class KangarooDrafter(Drafter):
             raise RuntimeError(f"the adapter's cache covers {state.length} positions but the sequence has {start} "
                                "verified ones; the decoding loop must call observe() after every forward.")
         sequence = input_ids[0].tolist()
-        token = input_ids[:, -1:]
         drafted: list[int] = []
+        exits: list[torch.Tensor] = []
+        state.shallow = None
+
+        def shallow(decoder, token: int) -> torch.Tensor:
+            """The token at the next position through the first layers; their output there ``[1, 1, hidden]``."""
+            length = start + len(exits)
+            decoder(input_ids=torch.tensor([[token]], device=input_ids.device, dtype=input_ids.dtype),
+                    past_key_values=state.cache, use_cache=True,
+                    position_ids=torch.tensor([[length]], device=input_ids.device),
+                    attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=input_ids.device))
+            exits.append(state.captured["exit"][:, -1:])
+            return exits[-1]
+
         with first_layers(state.model, self.exit_layer) as decoder:
+            token = sequence[-1]
             while len(drafted) < max_tokens:
-                length = start + len(drafted)
-                decoder(input_ids=token, past_key_values=state.cache, use_cache=True,
-                        position_ids=torch.tensor([[length]], device=input_ids.device),
-                        attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=input_ids.device))
-                adapted = state.extend(state.captured["exit"][:, -1:])
+                adapted = state.extend(shallow(decoder, token))
                 probs = torch.softmax(self.next_logits(adapted[0, -1], sequence + drafted).float(), dim=-1)
                 top, index = probs.max(dim=-1)
                 drafted.append(int(self.token_ids(index)))
                 if float(top) < confidence:
                     break
-                token = torch.tensor([[drafted[-1]]], device=input_ids.device, dtype=input_ids.dtype)
+                token = drafted[-1]
+            if self.reuse_shallow_layers and drafted:
+                shallow(decoder, drafted[-1])  # the last guess too: verification then starts at exit_layer
+        fed = len(exits)
+        if self.reuse_shallow_layers and drafted:
+            layers = state.cache.layers[: self.exit_layer]
+            state.shallow = ShallowPass(sequence[-1:] + drafted, torch.cat(exits, dim=1),
+                                        [(layer.keys[..., -fed:, :], layer.values[..., -fed:, :]) for layer in layers])
         for layer in state.cache.layers[: self.exit_layer]:
-            layer.crop(-len(drafted))
+            layer.crop(-fed)
         state.truncate(start)
         return drafted
 
