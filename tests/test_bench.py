@@ -69,6 +69,12 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
                            "m (chain, gate off)"]
     assert names(["chain", "tree+gate"]) == ["c (chain, gate off)", "c (tree, gate on)", "m (chain, gate off)"]
     assert names([]) == ["c", "m"]
+    assert names(["chain", "cerberus:tree"]) == ["c (chain, gate off)", "c (tree, gate off)", "m (chain, gate off)"]
+    assert names(["medusa:chain+gate", "medusa:chain"]) == ["m (chain, gate off)"]
+    with pytest.raises(ValueError, match="Unknown variants"):
+        build_methods(base, models, 4, ["hydra:beam"])
+    with pytest.raises(ValueError, match="Unknown variants"):
+        build_methods(base, models, 4, ["hydr:tree"])
     with pytest.raises(ValueError, match="Unknown variants"):
         build_methods(base, models, 4, ["beam"])
 

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from ..configuration_cerberus import HEAD_TYPES
 from ..decoding.hardware import describe_device
 from ..decoding.profiling import PHASES, synchronize
 
@@ -102,16 +103,23 @@ def build_methods(
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
-    checkpoint once as it is configured. ``profile`` records per-phase step times of the head methods."""
+    checkpoint once as it is configured. A variant written ``family:key`` (``hydra:dtree``) applies only
+    to checkpoints of that head type, so one interleaved run can give each family its own rows without
+    running every family in every configuration. ``profile`` records per-phase step times of the head
+    methods."""
     call = {"max_new_tokens": max_new_tokens, "do_sample": False}
     methods = [
         Method("plain generate()", lambda ids: (base.generate(ids, **call), None)),
         Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)),
     ]
-    unknown = set(variants or ()) - set(VARIANTS)
+    unknown = {v for v in variants or () if v.rpartition(":")[2] not in VARIANTS
+               or v.rpartition(":")[0] not in ("", *HEAD_TYPES)}
     if unknown:
-        raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}.")
+        raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}, "
+                         f"optionally prefixed by a head type ({', '.join(HEAD_TYPES)}) and a colon.")
     for label, model in head_models.items():
+        wanted = variants and {v.rpartition(":")[2] for v in variants
+                               if v.rpartition(":")[0] in ("", model.config.head_type)}
         settings = model.decoding_settings(base.device, base.dtype)  # calibrated for the closest hardware, or the config's
         if not model.has_rescorers(settings["rescoring"]):
             settings["rescoring"] = None  # calibrated with a rescorer the folder no longer has
@@ -124,7 +132,7 @@ def build_methods(
         options = [("", {})] if variants == [] else [
             (suffix, {**overrides, **tree_of.get(key.split("+")[0], {})})
             for key, (suffix, overrides, needs) in VARIANTS.items()
-            if (variants is None or key in variants) and all(settings[n] is not None for n in needs)
+            if (variants is None or key in wanted) and all(settings[n] is not None for n in needs)
             and (not key.startswith("rtree-") or tree_of[key]["rescoring"] is not None)
         ]
         for suffix, overrides in options:
@@ -336,9 +344,10 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--profile", action="store_true",
                         help="also time each phase of a decoding step (synchronises CUDA at phase edges)")
-    parser.add_argument("--variants", nargs="*", default=None, choices=list(VARIANTS),
-                        help="configurations to run each checkpoint in (default: all its settings allow; "
-                             "none given: only its default configuration)")
+    parser.add_argument("--variants", nargs="*", default=None, metavar="[FAMILY:]VARIANT",
+                        help=f"configurations to run each checkpoint in, from {', '.join(VARIANTS)}; "
+                             "FAMILY:VARIANT (hydra:dtree) for checkpoints of one head type only "
+                             "(default: all its settings allow; none given: only its default configuration)")
     parser.set_defaults(func=run_cli)
 
 
