@@ -12,8 +12,8 @@ from transformers import GenerationConfig
 from cerberus_hf.decoding.hardware import HardwareKey, has_amx
 from cerberus_hf.tools.calibrate import (
     ChainPosition, PositionRecord, accepted_length, build_tree, calibrate, calibrate_chain, collect_chain_positions,
-    dynamic_accepted, fit_dynamic_tree, fit_gate, format_chain_report, format_report, path_frequencies,
-    static_accepted,
+    dynamic_accepted, fit_dynamic_tree, fit_gate, format_chain_report, format_report, parse_budgets,
+    path_frequencies, static_accepted,
 )
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 
@@ -80,11 +80,57 @@ def test_dynamic_tree_size_follows_where_the_true_path_was_chosen():
     assert best["nodes"] == 1
 
 
+def test_a_budgeted_dynamic_tree_is_priced_by_the_nodes_it_drafted_at_each_position():
+    # (true path's places in the order of choice, nodes the budget drafted) at five positions; the plain
+    # tree finds the true path at the same places but always drafts as many nodes as it may
+    drafted = [([0, 1], 2), ([0, 1], 2), ([0, -1], 1), ([-1, -1], 1), ([-1, -1], 6)]
+    recs = [PositionRecord([0, 0], {}, order, budgeted={(0.9, 0.2): (order, n)}) for order, n in drafted]
+    steep = {n: float(n) for n in range(1, 10)}
+    best, table = fit_dynamic_tree(recs, steep, draft_time=0.5, max_nodes=5, budget=(0.9, 0.2))
+    assert dynamic_accepted(recs, 5, budget=(0.9, 0.2)) == [2, 2, 1, 0, 0]
+    row = table[3]  # at most 4 nodes: 2, 2, 1, 1 and 4 drafted; each position's step on the cost curve
+    assert row["mean_nodes"] == pytest.approx(10 / 5)
+    assert row["step_seconds"] == pytest.approx((3 + 3 + 2 + 2 + 5) / 5 + 0.5)
+    assert row["expected_tau"] == pytest.approx(1 + 5 / 5)
+    plain_best, plain = fit_dynamic_tree(recs, steep, draft_time=0.5, max_nodes=5)
+    assert plain[3]["mean_nodes"] == 4 and plain[3]["step_seconds"] == pytest.approx(5.5)
+    # the budget verifies fewer nodes where no more are needed: on a steep curve 2 nodes pay with it (2.0
+    # tokens in 3.1 s), not without (1 node: 1.6 tokens in 2.5 s)
+    assert plain_best["nodes"] == 1 and plain_best["tokens_per_s"] == pytest.approx(1.6 / 2.5)
+    assert best["nodes"] == 2 and best["tokens_per_s"] == pytest.approx(2.0 / 3.1)
+
+
+def test_calibrate_keeps_a_budget_only_where_it_does_best():
+    model = fresh_model("llama", "hydra", randomize=True, num_heads=3)
+    sequence = [(reference("llama")[0].tolist(), PROMPT_LEN - 1)]
+    report = calibrate(model, sequence, max_nodes=8, repeats=1, dynamic_budgets=((0.9, 0.2), (0.5, 0.5)))
+    fits = {(row["top_p"], row["min_ratio"]): row["best"] for row in report["dynamic_budgets"]}
+    assert list(fits) == [(1.0, 0.0), (0.9, 0.2), (0.5, 0.5)]  # the plain tree first
+    assert all(row["mean_nodes"] <= row["nodes"] for row in fits.values())
+    assert fits[(1.0, 0.0)]["mean_nodes"] == fits[(1.0, 0.0)]["nodes"]
+    assert "dynamic tree budget (top_p, min_ratio)" in format_report(report)
+    chosen = report["settings"]["dynamic_tree"]
+    kept = (chosen.get("top_p", 1.0), chosen.get("min_ratio", 0.0))
+    assert fits[kept] == max(fits.values(), key=lambda row: row["tokens_per_s"]) == report["dynamic_expected"]
+    assert chosen["nodes"] == fits[kept]["nodes"]
+    # whatever was kept, generate() drafts it and output stays exact
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, dynamic_tree=chosen, gate_threshold=None,
+                         prompt_lookup_num_tokens=0)
+    assert torch.equal(out, reference("llama"))
+    with pytest.raises(SystemExit, match="TOP_P:MIN_RATIO"):
+        parse_budgets(["0.9"])
+    with pytest.raises(SystemExit, match="top_p must be in"):
+        parse_budgets(["1.5:0.2"])
+    assert parse_budgets(["0.95:0.25"]) == ((0.95, 0.25),)
+
+
 @pytest.mark.parametrize("head_type", ["cerberus", "clover"])
 def test_calibrate_stores_settings_that_generate_uses(tmp_path, head_type):
     model = fresh_model("llama", head_type, num_heads=3)
     install_oracle(model, [reference("llama")], corrupt=lambda p, k: (p + k) % 3 == 0)
-    report = calibrate(model, [(reference("llama")[0].tolist(), PROMPT_LEN - 1)], max_nodes=8, repeats=1)
+    # the plain dynamic tree only: its size is the same every step (budgets: the test below)
+    report = calibrate(model, [(reference("llama")[0].tolist(), PROMPT_LEN - 1)], max_nodes=8, repeats=1,
+                       dynamic_budgets=())
     assert "cost of one forward" in format_report(report)
     key = report["key"]
     assert key == str(HardwareKey.of("cpu", torch.float32)) and key.startswith("cpu/float32/")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
-from cerberus_hf.decoding.drafting import StepDrafts, dynamic_draft, dynamic_selection, static_draft
+from cerberus_hf.decoding.drafting import StepDrafts, dynamic_draft, dynamic_selection, node_budget, static_draft
 from cerberus_hf.decoding.tree import DynamicTree, TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import (
@@ -33,6 +33,7 @@ TREE_KINDS = {
     "chain": dict(draft_tree=None, dynamic_tree=None),
     "static": dict(draft_tree=STATIC_TREE, dynamic_tree=None),
     "dynamic": dict(dynamic_tree=DYNAMIC),
+    "budgeted": dict(dynamic_tree={**DYNAMIC, "top_p": 0.9, "min_ratio": 0.2}),  # Clover's per-node budget
     "rescored": dict(rescoring={**DYNAMIC, "candidates": 5, "weight": 0.5}),  # with tiny_ngram beside the heads
     # with tiny_ngram and a random Kangaroo drafter (a small LM) beside the heads
     "rescored_lm": dict(rescoring={**DYNAMIC, "candidates": 5, "weight": 0.5, "lm_weight": 1.0}),
@@ -172,6 +173,34 @@ def test_dynamic_tree_is_the_most_probable_paths(head_type):
     assert dynamic_draft(StepDrafts(model.heads, hidden, 5), settings, max_depth=0) is None
 
 
+@pytest.mark.parametrize("head_type", TREE_FAMILIES)
+def test_a_budgeted_dynamic_tree_drafts_only_children_within_the_budget(head_type):
+    """Every chosen node is, among its parent's children, within the cumulative probability top_p and at
+    least min_ratio times the most probable child; the plain tree of the same size drafts more."""
+    model = fresh_model("llama", head_type, randomize=True, seed=3, num_heads=3)
+    hidden = torch.randn(1, model.config.hidden_size)
+    budget = DynamicTree(nodes=12, depth=3, top_k=4, top_p=0.6, min_ratio=0.3)
+    chosen = dynamic_selection(StepDrafts(model.heads, hidden, 5), budget, max_depth=3)
+    assert 1 <= len(chosen) <= 12 and all(len(p) == 1 or p[:-1] in chosen for p in chosen)
+    assert (0,) in chosen  # the most probable child of the root is always a candidate
+
+    @torch.no_grad()
+    def children_probs(parent):
+        """The probabilities of the four most probable children of ``parent`` (a chosen path or the root)."""
+        tokens = [5, *(chosen[parent[: d + 1]] for d in range(len(parent)))]
+        logits = model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))]))[0, len(parent)]
+        return torch.softmax(logits, -1).topk(4).values
+
+    for path in chosen:
+        probs = children_probs(path[:-1])
+        rank = path[-1]
+        assert float(probs[:rank].sum()) < 0.6 and float(probs[rank]) >= 0.3 * float(probs[0]) - 1e-6
+    plain = dynamic_selection(StepDrafts(model.heads, hidden, 5), DynamicTree(nodes=12, depth=3, top_k=4), 3)
+    assert len(plain) == 12 >= len(chosen)
+    assert node_budget(torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log(), 0.75, 0.2).tolist() == [[True, True, False, False]]
+    assert node_budget(torch.tensor([[0.9, 0.05]]).log(), 0.5, 0.0).tolist() == [[True, False]]
+
+
 def test_static_draft_of_a_parallel_drafter_is_its_top_guesses():
     """For heads that ignore drafted tokens, node (r0, .., rd) is simply head d's rank-rd guess."""
     model = fresh_model("llama", "medusa", randomize=True, seed=1, num_heads=3)
@@ -189,6 +218,12 @@ def test_dynamic_tree_settings_are_validated():
         fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 0, "depth": 2})
     with pytest.raises(ValueError, match="unknown keys"):
         fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 4, "depth": 2, "width": 3})
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 4, "depth": 2, "top_p": 0.0})
+    with pytest.raises(ValueError, match=r"min_ratio must be in \[0, 1\]"):
+        fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 4, "depth": 2, "min_ratio": 1.5})
+    budgeted = fresh_model("llama", "hydra", num_heads=3, dynamic_tree={"nodes": 4, "depth": 2, "top_p": 0.9})
+    assert budgeted.config.dynamic_tree == {"nodes": 4, "depth": 2, "top_k": 4, "top_p": 0.9, "min_ratio": 0.0}
     model = fresh_model("llama", "hydra", randomize=True, num_heads=3, dynamic_tree={"nodes": 4, "depth": 2})
     assert model.config.dynamic_tree == {"nodes": 4, "depth": 2, "top_k": 4}
     # the configured dynamic tree is the default: 4 nodes every drafting step (4 children of the root at

@@ -32,6 +32,10 @@ def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
     assert "Calibrated for `cpu/bfloat16/X` (used by default on the closest hardware): rescored tree of 6 nodes chosen " \
            "among 4 guesses per depth with n-gram weight 0.5 (also fitted: static tree of 1 nodes `[[0]]`), no gate" in card
     assert card.startswith("---\nbase_model:") and "library_name: cerberus-hf" in card and "datasets:" in card
+    budgeted = {"cpu/float32/X": {"tree_kind": "dynamic", "dynamic_tree": {"nodes": 8, "depth": 2, "top_k": 4,
+                                                                           "top_p": 0.95, "min_ratio": 0.25}}}
+    assert "dynamic tree of 8 nodes, 2 deep, top-4 per level, each node's children within probability 0.95 and at " \
+           "least 0.25 times the most probable one" in render_card(model.config, None, None, "c", budgeted)
     tree = evaluation["runs"][1]
     assert f"| tree, gate off | {tree['tau']:.2f} | 100% | {tree['speedup']:.2f}x | 100% |" in card
     assert "Measured by `cerberus-hf bench`" in card and "prompts.jsonl" in card

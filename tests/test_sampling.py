@@ -82,6 +82,8 @@ TREES = {
     "chain": dict(draft_tree=None, dynamic_tree=None),
     "tree": dict(draft_tree=[[0], [1], [2], [3]], dynamic_tree=None),
     "dynamic": dict(dynamic_tree={"nodes": 4, "depth": 1, "top_k": 4}),
+    # Clover's per-node budget: how many of the 4 guesses are verified follows the drafter's confidence
+    "budgeted": dict(dynamic_tree={"nodes": 4, "depth": 1, "top_k": 4, "top_p": 0.7, "min_ratio": 0.2}),
     # an n-gram model that favours other tokens than the heads: it decides which 4 of 6 guesses are verified
     "rescored": dict(rescoring={"nodes": 4, "depth": 1, "top_k": 4, "candidates": 6, "weight": 1.0}),
     # a random small LM (Kangaroo drafter) in place of the n-gram decides which 4 of 6 guesses are verified

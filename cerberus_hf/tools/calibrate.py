@@ -8,6 +8,11 @@ Three measurements, then two choices:
    among head ``k``'s guesses at every position ``t``, and the candidate gate signals there.
 3. The time the heads take to draft one step.
 
+The dynamic tree is also tried with Clover's per-node budgets (``DYNAMIC_BUDGETS``: a node's children
+within a cumulative draft probability, and not far below its most probable child), which make the tree's
+size vary from step to step: each is drafted for real at every position and its expected tokens per
+second is total tokens over total time, ``sum(1 + accepted) / sum(cost(size + 1) + draft time)``.
+
 With an n-gram model (`cerberus-hf ngram`) or a small LM (`--rescorer`, a Kangaroo checkpoint) beside
 the heads, a third tree kind is fitted: the dynamic tree over a wider lattice of the heads' guesses,
 rescored by them (`decoding.rescoring`), drafted for real at every position for each pair of candidate
@@ -58,12 +63,13 @@ from ..decoding.profiling import synchronize
 class PositionRecord:
     """What calibration keeps of one position: true-token ranks per head (-1 beyond ``top_k``), gate signals,
     where the true path's nodes come in a dynamic tree's order of choice (-1: not drafted), the same per pair
-    of rescoring weights (n-gram, LM), and whether the top-1 block repeats a token (the heads' own; per pair,
-    rescored)."""
+    of rescoring weights (n-gram, LM) and, with how many nodes it drafted, per per-node budget (top_p,
+    min_ratio), and whether the top-1 block repeats a token (the heads' own; per pair, rescored)."""
 
     ranks: list[int]
     signals: dict[str, float]
     dynamic_order: list[int] | None = None
+    budgeted: dict[tuple[float, float], tuple[list[int], int]] = field(default_factory=dict)
     rescored_order: dict[tuple[float, float], list[int]] = field(default_factory=dict)
     top_block_repeats: bool = False
     rescored_block_repeats: dict[tuple[float, float], bool] = field(default_factory=dict)
@@ -153,12 +159,14 @@ def rescorer_state(model, ids: torch.LongTensor) -> Iterator:
 
 @torch.no_grad()
 def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int = 10,
-                      dynamic: DynamicTree | None = None, rescorings: list[Rescoring] = ()) -> list[PositionRecord]:
+                      dynamic: DynamicTree | None = None, rescorings: list[Rescoring] = (),
+                      budgets: list[DynamicTree] = ()) -> list[PositionRecord]:
     """Ranks of the true future tokens among the heads' guesses, and gate signals, at every position of
     every ``(tokens, start)`` sequence from ``start`` on (e.g. the prompt length) that has all heads'
     targets. With ``dynamic``, also the order in which a dynamic tree of those settings (its ``nodes``
     the most considered) picks the true path's nodes, drafted for real at each position; likewise for each
-    of ``rescorings`` (one per pair of weights) with ``model.ngram`` and ``model.rescorer``."""
+    of ``rescorings`` (one per pair of weights) with ``model.ngram`` and ``model.rescorer``, and for each
+    of ``budgets`` (dynamic trees with a per-node budget), with the number of nodes it drafted."""
     uses_lm = any(settings.lm_weight > 0 for settings in rescorings)
     index_of = model.rescorer.draft_index() if uses_lm else None
     fed = 1 + max((s.top_k * (s.depth - 1) for s in rescorings), default=0)  # nodes an LM scorer may feed
@@ -182,13 +190,13 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
         with ExitStack() as stack:
             lm_state = stack.enter_context(rescorer_state(model, ids)) if uses_lm else None
             records.extend(_position_records(model, ids, skip, top, hidden, signals, dynamic, rescorings, lm_state,
-                                             index_of))
+                                             index_of, budgets))
     return records
 
 
 def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor, hidden: torch.Tensor,
                       signals: dict, dynamic: DynamicTree | None, rescorings: list[Rescoring], lm_state,
-                      index_of: torch.Tensor | None) -> list[PositionRecord]:
+                      index_of: torch.Tensor | None, budgets: list[DynamicTree] = ()) -> list[PositionRecord]:
     """`collect_positions`' records for one sequence ``ids`` ``[1, n]`` (``lm_state``: the neural rescorer's over
     all of it; ``index_of``: its `Drafter.draft_index`)."""
     records, num_heads, seq = [], model.config.num_heads, ids[0].tolist()
@@ -204,6 +212,9 @@ def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor
             order = _true_path_order(chosen, truth)
         record = PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order,
                                 top_block_repeats=repeats_a_token([seq[t + 1], *top[t, :, 0].tolist()]))
+        for settings in budgets:
+            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), settings, num_heads)
+            record.budgeted[(settings.top_p, settings.min_ratio)] = (_true_path_order(chosen, truth), len(chosen))
         history = ids[0, : t + 2]
         scorer = model.rescorer.path_scorer(lm_state, ids[:, : t + 2], visible=t + 1) if lm_state else None
         for settings in rescorings:  # the scorer keeps what it computed for one setting for the next
@@ -298,13 +309,21 @@ def static_accepted(records: list[PositionRecord], tree: list[list[int]]) -> lis
     return [accepted_length(r.ranks, tree_set) for r in records]
 
 
-def dynamic_accepted(records: list[PositionRecord], nodes: int, weights: tuple[float, float] | None = None) -> list[int]:
-    """Drafts a dynamic tree of ``nodes`` nodes (rescored with ``weights`` when given) would get accepted
-    at each position (its nodes are the first ``nodes`` chosen, so one drafting per position serves every size)."""
+def _order(record: PositionRecord, weights: tuple[float, float] | None, budget: tuple[float, float] | None):
+    if weights is not None:
+        return record.rescored_order[weights]
+    return record.dynamic_order if budget is None else record.budgeted[budget][0]
+
+
+def dynamic_accepted(records: list[PositionRecord], nodes: int, weights: tuple[float, float] | None = None,
+                     budget: tuple[float, float] | None = None) -> list[int]:
+    """Drafts a dynamic tree of at most ``nodes`` nodes (rescored with ``weights``, or with the per-node
+    ``budget`` (top_p, min_ratio), when given) would get accepted at each position (its nodes are the first
+    ``nodes`` chosen, so one drafting per position serves every size)."""
     accepted = []
     for record in records:
         count = 0
-        for place in record.dynamic_order if weights is None else record.rescored_order[weights]:
+        for place in _order(record, weights, budget):
             if place < 0 or place >= nodes:
                 break
             count += 1
@@ -313,16 +332,20 @@ def dynamic_accepted(records: list[PositionRecord], nodes: int, weights: tuple[f
 
 
 def fit_dynamic_tree(records: list[PositionRecord], cost: dict[int, float], draft_time: float, max_nodes: int,
-                     weights: tuple[float, float] | None = None):
-    """The dynamic tree size (rescored with ``weights`` when given) maximising expected tokens per second,
-    and the table of every size considered."""
+                     weights: tuple[float, float] | None = None, budget: tuple[float, float] | None = None):
+    """The dynamic tree size (rescored with ``weights``, or with the per-node ``budget``, when given)
+    maximising expected tokens per second, and the table of every size considered. With a budget the tree
+    at a position has at most ``nodes`` nodes, fewer where the budget drafted fewer: its step time is the
+    mean over positions, and ``mean_nodes`` says how many were verified on average."""
     table = []
     for n in range(1, max_nodes + 1):
         if n + 1 not in cost:
             break
-        expected = 1.0 + sum(dynamic_accepted(records, n, weights)) / len(records)
-        step = cost[n + 1] + draft_time
-        table.append({"nodes": n, "expected_tau": expected, "step_seconds": step, "tokens_per_s": expected / step})
+        expected = 1.0 + sum(dynamic_accepted(records, n, weights, budget)) / len(records)
+        sizes = [n] if budget is None else [min(n, r.budgeted[budget][1]) for r in records]
+        step = statistics.fmean(cost[size + 1] for size in sizes) + draft_time
+        table.append({"nodes": n, "mean_nodes": statistics.fmean(sizes), "expected_tau": expected,
+                      "step_seconds": step, "tokens_per_s": expected / step})
     return max(table, key=lambda row: row["tokens_per_s"]), table
 
 
@@ -389,6 +412,8 @@ def _auc(score: torch.Tensor, positive: torch.Tensor) -> float:
 
 RESCORING_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 RESCORING_LM_WEIGHTS = (0.25, 0.5, 1.0)
+# Clover's per-node budget as (top_p, min_ratio): its own (top-p 0.95, a quarter of the top-1) and two neighbours
+DYNAMIC_BUDGETS = ((0.95, 0.25), (0.8, 0.25), (0.95, 0.1))
 
 
 def _uses(settings: Rescoring) -> tuple[bool, bool]:
@@ -399,14 +424,16 @@ def _uses(settings: Rescoring) -> tuple[bool, bool]:
 def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, max_nodes: int = 63,
               repeats: int = 5, dynamic_top_k: int = 4, dynamic_max_nodes: int = 32,
               rescoring_weights: tuple[float, ...] = RESCORING_WEIGHTS, rescoring_candidates: int = 8,
-              rescoring_lm_weights: tuple[float, ...] = RESCORING_LM_WEIGHTS) -> dict:
+              rescoring_lm_weights: tuple[float, ...] = RESCORING_LM_WEIGHTS,
+              dynamic_budgets: tuple[tuple[float, float], ...] = DYNAMIC_BUDGETS) -> dict:
     """Run all measurements and choices; store the result for this device, dtype and processor in the
     model's generation config (``cerberus_calibration``, keyed as `hardware.HardwareKey`) and return the
     full report.
 
     Both tree kinds are fitted: the static tree from how often each rank path is right, the dynamic tree's
-    size by drafting it for real at every position; with ``model.ngram`` or ``model.rescorer``, the rescored
-    tree's weights and size too (each pair of an n-gram weight of ``rescoring_weights`` and an LM weight of
+    size, without and with each per-node budget of ``dynamic_budgets`` ((top_p, min_ratio) pairs), by
+    drafting it for real at every position (the budget is kept only if it does best); with ``model.ngram``
+    or ``model.rescorer``, the rescored tree's weights and size too (each pair of an n-gram weight of ``rescoring_weights`` and an LM weight of
     0 and ``rescoring_lm_weights``, drafted for real over ``rescoring_candidates`` guesses per depth; both 0
     is the plain dynamic tree over that wider lattice). The kind with the highest expected tokens per second
     is the default (``tree_kind``); the gate is fitted to that kind; the others stay stored for the bench, as
@@ -428,10 +455,18 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         uses = _uses(settings)
         if uses not in rescored_times:
             rescored_times[uses] = measure_draft_time(model, dynamic=settings)
-    records = collect_positions(model, sequences, top_k=top_k, dynamic=probe, rescorings=probes)
+    budgets = [replace(probe, top_p=top_p, min_ratio=min_ratio) for top_p, min_ratio in dynamic_budgets]
+    records = collect_positions(model, sequences, top_k=top_k, dynamic=probe, rescorings=probes, budgets=budgets)
     paths, best, table = build_tree(records, cost, draft_time, max_nodes=max_nodes)
-    dynamic_best, dynamic_table = fit_dynamic_tree(records, cost, dynamic_time, dynamic_max_nodes)
-    dynamic = DynamicTree(nodes=dynamic_best["nodes"], depth=probe.depth, top_k=probe.top_k)
+    # a budgeted tree drafts no more than the probe, so the probe's drafting time bounds its own
+    dynamic_fits = {None: fit_dynamic_tree(records, cost, dynamic_time, dynamic_max_nodes)}
+    for settings in budgets:
+        key = (settings.top_p, settings.min_ratio)
+        dynamic_fits[key] = fit_dynamic_tree(records, cost, dynamic_time, dynamic_max_nodes, budget=key)
+    budget = max(dynamic_fits, key=lambda key: dynamic_fits[key][0]["tokens_per_s"])
+    dynamic_best, dynamic_table = dynamic_fits[budget]
+    top_p, min_ratio = budget or (1.0, 0.0)
+    dynamic = replace(probe, nodes=dynamic_best["nodes"], top_p=top_p, min_ratio=min_ratio)
     expected = {"static": best["tokens_per_s"], "dynamic": dynamic_best["tokens_per_s"]}
     rescoring, rescoring_report = None, None
     options = {}
@@ -476,7 +511,8 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         gate = fit_gate(records, dynamic_accepted(records, rescoring.nodes, (rescoring.weight, rescoring.lm_weight)),
                         rescored_best["step_seconds"], cost[1])
     elif kind == "dynamic":
-        gate = fit_gate(records, dynamic_accepted(records, dynamic.nodes), dynamic_best["step_seconds"], cost[1])
+        gate = fit_gate(records, dynamic_accepted(records, dynamic.nodes, budget=budget), dynamic_best["step_seconds"],
+                        cost[1])
     else:
         gate = fit_gate(records, static_accepted(records, paths), cost[len(paths) + 1] + draft_time, cost[1])
     settings = {"draft_tree": paths, "dynamic_tree": dynamic.to_dict(), "tree_kind": kind, **_chosen_gate(gate)}
@@ -498,6 +534,8 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         "dynamic_expected": dynamic_best,
         "dynamic_tree_sizes": dynamic_table,
         "dynamic_draft_seconds": dynamic_time,
+        "dynamic_budgets": [{"top_p": (key or (1.0, 0.0))[0], "min_ratio": (key or (1.0, 0.0))[1], "best": fit[0],
+                             "sizes": fit[1]} for key, fit in dynamic_fits.items()],  # the first: no budget
         "rescoring": rescoring_report,
         "gate": gate,
         "cost_curve_seconds": cost,
@@ -683,6 +721,9 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--dynamic-max-nodes", type=int, default=32, help="largest dynamic tree considered")
     parser.add_argument("--dynamic-top-k", type=int, default=4,
                         help="children expanded per node and nodes kept per level of the dynamic tree")
+    parser.add_argument("--dynamic-budgets", nargs="*", default=[f"{p}:{r}" for p, r in DYNAMIC_BUDGETS],
+                        metavar="TOP_P:MIN_RATIO",
+                        help="Clover per-node budgets tried for the dynamic tree (none: the plain tree only)")
     parser.add_argument("--rescoring-weights", type=float, nargs="+", default=list(RESCORING_WEIGHTS),
                         help="n-gram weights tried for the rescored tree (needs HEADS/ngram.safetensors or --ngram)")
     parser.add_argument("--rescoring-lm-weights", type=float, nargs="+", default=list(RESCORING_LM_WEIGHTS),
@@ -703,8 +744,8 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--report", default=None, help="write the full report (JSON) here")
     parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
     # the options only trees read: a drafter that drafts chains refuses them rather than ignore them
-    tree_options = ("max_nodes", "top_k", "dynamic_max_nodes", "dynamic_top_k", "rescoring_weights",
-                    "rescoring_lm_weights", "rescoring_candidates", "ngram", "rescorer")
+    tree_options = ("max_nodes", "top_k", "dynamic_max_nodes", "dynamic_top_k", "dynamic_budgets",
+                    "rescoring_weights", "rescoring_lm_weights", "rescoring_candidates", "ngram", "rescorer")
     parser.set_defaults(func=run_cli, tree_defaults={name: parser.get_default(name) for name in tree_options})
 
 
@@ -732,7 +773,8 @@ def run_cli(args: argparse.Namespace) -> int:
                            dynamic_top_k=args.dynamic_top_k, dynamic_max_nodes=args.dynamic_max_nodes,
                            rescoring_weights=tuple(args.rescoring_weights),
                            rescoring_candidates=args.rescoring_candidates,
-                           rescoring_lm_weights=tuple(args.rescoring_lm_weights))
+                           rescoring_lm_weights=tuple(args.rescoring_lm_weights),
+                           dynamic_budgets=parse_budgets(args.dynamic_budgets))
         print(format_report(report))
     if args.report:
         with open(args.report, "w") as handle:
@@ -742,6 +784,21 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['key']!r}]"
               + (f", a {args.draft_vocab}-token draft vocabulary with the heads" if args.draft_vocab else ""))
     return 0
+
+
+def parse_budgets(values: list[str]) -> tuple[tuple[float, float], ...]:
+    """``["0.95:0.25", ...]`` as (top_p, min_ratio) pairs, each checked as `DynamicTree` checks it."""
+    budgets = []
+    for value in values:
+        top_p, colon, min_ratio = value.partition(":")
+        try:
+            budget = (float(top_p), float(min_ratio))
+            DynamicTree(nodes=1, depth=1, top_p=budget[0], min_ratio=budget[1])
+        except ValueError as error:
+            raise SystemExit(f"cerberus-hf calibrate: --dynamic-budgets {value!r}: expected TOP_P:MIN_RATIO with "
+                             f"0 < TOP_P <= 1 and 0 <= MIN_RATIO <= 1 ({error})") from None
+        budgets.append(budget)
+    return tuple(budgets)
 
 
 def format_report(report: dict) -> str:
@@ -756,9 +813,25 @@ def format_report(report: dict) -> str:
              f"{report['dynamic_expected']['expected_tau']:.2f}, {report['dynamic_expected']['tokens_per_s']:.1f} "
              f"tokens/s (model); drafting {report['draft_seconds'] * 1e3:.1f} ms (chain) / "
              f"{report['dynamic_draft_seconds'] * 1e3:.1f} ms (dynamic); default: {report['settings']['tree_kind']}",
+             *_format_budgets(report),
              *_format_rescoring(report.get("rescoring")),
              *_format_gate(report)]
     return "\n".join(lines)
+
+
+def _format_budgets(report: dict) -> list[str]:
+    """The dynamic tree without and with each per-node budget, at its best size."""
+    rows = report.get("dynamic_budgets", [])
+    if len(rows) < 2:
+        return []
+    lines = ["| dynamic tree budget (top_p, min_ratio) | at most nodes | mean nodes | expected tau "
+             "| tokens/s (model) |", "|---|---|---|---|---|"]
+    for row in rows:
+        best, budget = row["best"], ("none" if (row["top_p"], row["min_ratio"]) == (1.0, 0.0)
+                                     else f"{row['top_p']}, {row['min_ratio']}")
+        lines.append(f"| {budget} | {best['nodes']} | {best['mean_nodes']:.1f} | {best['expected_tau']:.3f} | "
+                     f"{best['tokens_per_s']:.1f} |")
+    return lines
 
 
 def _format_cost(report: dict) -> list[str]:

@@ -178,6 +178,9 @@ def render_card(
                            f"{settings.get('exit_confidence', config.exit_confidence)}")
         dynamic_text = (f"dynamic tree of {dynamic['nodes']} nodes, {dynamic['depth']} deep, top-{dynamic['top_k']} "
                         "per level" if dynamic else None)
+        if dynamic and "top_p" in dynamic:  # Clover's per-node budget
+            dynamic_text += (f", each node's children within probability {dynamic['top_p']} and at least "
+                             f"{dynamic['min_ratio']} times the most probable one")
         rescoring = settings.get("rescoring")
         rescored_text = (f"rescored tree of {rescoring['nodes']} nodes chosen among {rescoring['candidates']} guesses "
                          f"per depth with n-gram weight {rescoring['weight']}" if rescoring else None)
