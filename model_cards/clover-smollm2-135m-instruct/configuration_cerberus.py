@@ -48,7 +48,8 @@ class CerberusConfig(PreTrainedConfig):
             (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
             ``generate(draft_tree=...)`` overrides it per call.
         dynamic_tree: ``{"nodes": N, "depth": D, "top_k": k}`` grows each step's tree from the drafter's
-            own confidence (EAGLE-2; see `decoding.drafting`) instead of drafting ``draft_tree``; ``None``
+            own confidence (EAGLE-2; see `decoding.drafting`) instead of drafting ``draft_tree``, with
+            ``"top_p"`` and ``"min_ratio"`` a per-node budget (Clover; `decoding.tree.DynamicTree`); ``None``
             drafts the static tree. ``generate(dynamic_tree=...)`` overrides it per call.
         prompt_lookup_num_tokens: tokens copied from the context (prompt lookup) and grafted into each
             draft; ``None`` copies nothing. ``generate(prompt_lookup_num_tokens=...)`` overrides it per call.

@@ -81,7 +81,8 @@ class HydraDrafter(Drafter):
             self.prefix = PrefixLayer(config.hidden_size, config.adapter_heads, config.adapter_head_dim)
 
     def read_window(self, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        return self.prefix(rows, valid)
+        # without the prefix layer the heads read h_t alone (what calibration's drafting time measures too)
+        return self.prefix(rows, valid) if self.context_window > 0 else super().read_window(rows, valid)
 
     def make_block(self, k: int, layer: int) -> nn.Module:
         if layer == 0:

@@ -309,7 +309,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         context into each draft of the heads (default: the config's). ``gate_threshold`` overrides the config's
         entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never); ``draft_tree``
         overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
-        chain of every head's top-1); ``dynamic_tree`` (``{"nodes", "depth", "top_k"}`` or a `DynamicTree`;
+        chain of every head's top-1); ``dynamic_tree`` (``{"nodes", "depth", "top_k"}``, optionally with
+        Clover's per-node budget ``"top_p"`` and ``"min_ratio"``, or a `DynamicTree`;
         ``None``: off) grows each step's tree from the drafter's confidence instead, and a call that names
         only ``draft_tree`` drafts that static tree. ``rescoring`` (``{"nodes", "depth", "top_k",
         "candidates", "weight", "lm_weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads'

@@ -12,6 +12,9 @@ one call per depth serves every node.
   node are scored by their cumulative draft log-probability, the ``top_k`` best of them form the next
   frontier, and at the end the ``nodes`` best of everything drafted (a path's score never exceeds its
   parent's, so the set is a tree) are verified. ``nodes`` and ``depth`` are fitted by ``calibrate``.
+  With Clover's per-node budget (`tree.DynamicTree`'s ``top_p`` and ``min_ratio``) a node's unlikely
+  children are never candidates, so the tree's size follows the drafter's confidence; ``calibrate``
+  keeps it only where it beats the plain tree on the device's cost curve.
   With an n-gram model the same search rescores a wider lattice of guesses (`rescoring`).
 """
 
@@ -101,6 +104,7 @@ def dynamic_selection(
     if depth < 1:
         return {}
     width = getattr(settings, "candidates", settings.top_k)
+    budgeted = isinstance(settings, DynamicTree) and settings.budgeted
     frontier: list[tuple[float, tuple[int, ...], _Node]] = [(0.0, (), step.root)]
     drafted: list[tuple[float, tuple[int, ...], int]] = []  # (score, path of ranks, token)
     for level in range(depth):
@@ -108,6 +112,7 @@ def dynamic_selection(
         top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
         candidates = step.drafter.token_ids(top.indices)
         values = top.values
+        kept = node_budget(values, settings.top_p, settings.min_ratio).tolist() if budgeted else None
         if rescore is not None:
             values = values + rescore([node.tokens for _, _, node in frontier], candidates)
         scores = (values + torch.tensor([s for s, _, _ in frontier], device=values.device)[:, None]).tolist()
@@ -116,6 +121,7 @@ def dynamic_selection(
             (scores[r][j], (*frontier[r][1], j), token_ids[r][j], r)
             for r in range(len(frontier))
             for j in range(len(token_ids[r]))
+            if kept is None or kept[r][j]
         ]
         drafted.extend(child[:3] for child in children)
         best = sorted(children, key=lambda c: -c[0])[: settings.top_k]
@@ -127,6 +133,15 @@ def dynamic_selection(
         if len(path) == 1 or path[:-1] in chosen:
             chosen[path] = token
     return chosen
+
+
+def node_budget(log_probs: torch.Tensor, top_p: float, min_ratio: float) -> torch.Tensor:
+    """Clover's per-node budget: which of each row's children (``log_probs`` ``[nodes, k]``, best first) may
+    be drafted: those whose better siblings hold less than ``top_p`` of the probability and that are at
+    least ``min_ratio`` times as probable as the first (so the first always may)."""
+    probs = log_probs.exp()
+    before = probs.cumsum(dim=-1) - probs
+    return (before < top_p) & (probs >= min_ratio * probs[:, :1])
 
 
 def dynamic_draft(

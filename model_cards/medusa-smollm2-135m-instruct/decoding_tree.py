@@ -140,18 +140,42 @@ def tree_attention_ok(model, length: int) -> bool:
 @dataclass(frozen=True)
 class DynamicTree:
     """EAGLE-2-style tree settings: verify the ``nodes`` most probable of the paths grown ``depth`` deep,
-    expanding the ``top_k`` best children of the ``top_k`` best nodes per level."""
+    expanding the ``top_k`` best children of the ``top_k`` best nodes per level.
+
+    ``top_p`` and ``min_ratio`` add Clover's per-node budget: of each node's children only those within a
+    cumulative draft probability of ``top_p`` (the most probable always) and at least ``min_ratio`` times
+    as probable as the most probable are drafted. A confident step then verifies fewer than ``nodes``
+    nodes, where a cost curve that rises with every node pays for it; an unsure one spends the budget on
+    its alternatives. The defaults (1.0, 0.0) draft every child."""
 
     nodes: int
     depth: int
     top_k: int = 4
+    top_p: float = 1.0
+    min_ratio: float = 0.0
+
+    def __post_init__(self):
+        # non-numbers are left to tree_settings_from_dict's messages
+        if isinstance(self.top_p, (int, float)) and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"dynamic_tree top_p must be in (0, 1], got {self.top_p!r}.")
+        if isinstance(self.min_ratio, (int, float)) and not 0.0 <= self.min_ratio <= 1.0:
+            raise ValueError(f"dynamic_tree min_ratio must be in [0, 1], got {self.min_ratio!r}.")
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether the per-node budget removes any child."""
+        return self.top_p < 1.0 or self.min_ratio > 0.0
 
     @classmethod
     def from_dict(cls, value: dict, num_heads: int | None = None) -> "DynamicTree":
         return tree_settings_from_dict(cls, "dynamic_tree", value, num_heads)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings; the budget's fields only where set, so a tree without one is stored as before."""
+        values = asdict(self)
+        if not self.budgeted:
+            del values["top_p"], values["min_ratio"]
+        return values
 
 
 def tree_settings_from_dict(cls: type, label: str, value: dict, num_heads: int | None = None):
