@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from cerberus_hf.decoding.hardware import HardwareKey, has_amx
+from cerberus_hf.decoding.hardware import HardwareKey, bf16_matmul
 from cerberus_hf.tools.calibrate import (
     ChainPosition, PositionRecord, accepted_length, build_tree, calibrate, calibrate_chain, collect_chain_positions,
     dynamic_accepted, fit_dynamic_tree, fit_gate, format_chain_report, format_report, parse_budgets,
@@ -135,7 +135,8 @@ def test_calibrate_stores_settings_that_generate_uses(tmp_path, head_type):
     key = report["key"]
     assert key == str(HardwareKey.of("cpu", torch.float32)) and key.startswith("cpu/float32/")
     assert list(model.generation_config.cerberus_calibration) == [key]
-    assert report["settings"]["amx"] == has_amx("cpu")
+    assert report["settings"]["bf16_matmul"] == bf16_matmul("cpu")
+    assert report["settings"]["amx"] == (bf16_matmul("cpu") == "AMX")
     settings = model.decoding_settings("cpu")
     assert settings["calibration"] == key
     assert settings["draft_tree"] == report["settings"]["draft_tree"] and len(settings["draft_tree"]) >= 1
@@ -220,3 +221,48 @@ def test_calibrate_cli_refuses_tree_options_for_a_chain_drafter(tmp_path):
                               "--held-out-fraction", "0", "--top-k", "5", "--rescoring-weights", "0", "1"])
     with pytest.raises(SystemExit, match=r"--top-k, --rescoring-weights do\(es\) not apply to kangaroo"):
         args.func(args)
+
+
+def test_calibrate_cli_in_bfloat16_writes_its_entry_and_leaves_the_weights_as_stored(tmp_path, monkeypatch):
+    """--write after --dtype bfloat16 adds that dtype's entry beside the others; the folder's heads keep the
+    precision they were saved in (a calibration once wrote them back rounded to bf16)."""
+    import argparse
+    import json
+
+    from safetensors.torch import load_file
+
+    from cerberus_hf import CerberusForCausalLM
+    from cerberus_hf.tools import calibrate as calibrate_tool
+    from helpers import get_base
+
+    base = get_base("llama")
+    base.save_pretrained(tmp_path / "base")
+    model = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=2,
+                                          base_model_name_or_path=str(tmp_path / "base"))
+    for parameter in model.heads.parameters():  # weights that bf16 cannot hold exactly
+        torch.nn.init.normal_(parameter, std=0.1)
+    model.generation_config.cerberus_calibration = {"cpu/float32/Another CPU": {"draft_tree": [[0]]}}
+    model.save_pretrained(tmp_path / "heads")
+    weights = next((tmp_path / "heads").glob("*.safetensors"))
+    before = load_file(weights)
+    sequence = reference("llama")[0].tolist()
+    (tmp_path / "data.jsonl").write_text(json.dumps({
+        "id": "a", "mode": "greedy", "prompt": "p", "input_ids": sequence[:PROMPT_LEN],
+        "output_ids": sequence[PROMPT_LEN:], "finished": True}) + "\n")
+    def measured(model, sequences, **options):  # what this test is about is what --write keeps, not the fit
+        assert next(model.heads.parameters()).dtype == torch.bfloat16
+        return {"key": str(calibrate_tool._store(model, {"draft_tree": [[0], [1]]}))}
+
+    monkeypatch.setattr(calibrate_tool, "calibrate", measured)
+    monkeypatch.setattr(calibrate_tool, "format_report", lambda report: "")
+    parser = argparse.ArgumentParser()
+    calibrate_tool.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["calibrate", "--heads", str(tmp_path / "heads"), "--data", str(tmp_path / "data.jsonl"),
+                              "--held-out-fraction", "0", "--dtype", "bfloat16", "--write"])
+    assert args.func(args) == 0
+    after = load_file(weights)
+    assert set(after) == set(before) and all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k])
+                                             for k in before)
+    stored = json.loads((tmp_path / "heads" / "generation_config.json").read_text())["cerberus_calibration"]
+    assert set(stored) == {"cpu/float32/Another CPU", str(HardwareKey.of("cpu", torch.bfloat16))}
+    assert stored[str(HardwareKey.of("cpu", torch.bfloat16))]["draft_tree"] == [[0], [1]]

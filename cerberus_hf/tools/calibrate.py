@@ -51,7 +51,7 @@ from transformers import DynamicCache
 from ..drafters.base import capture_lm_head_input
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
-from ..decoding.hardware import HardwareKey, describe_device, has_amx
+from ..decoding.hardware import HardwareKey, bf16_matmul, describe_device
 from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
 from ..training.data import Record, read_records
@@ -681,10 +681,11 @@ def _chosen_gate(gate: dict) -> dict:
 
 def _store(model, settings: dict) -> HardwareKey:
     """Store ``settings`` in the model's generation config under this device, dtype and processor (with
-    whether a CPU has AMX), beside the entries for other hardware; returns the key."""
+    a CPU's bf16 instructions), beside the entries for other hardware; returns the key."""
     key = HardwareKey.of(model.device, model.base.dtype)
     if model.device.type == "cpu":
-        settings["amx"] = has_amx(model.device)
+        settings["bf16_matmul"] = bf16_matmul(model.device)
+        settings["amx"] = settings["bf16_matmul"] == "AMX"  # what folders' code from before bf16_matmul reads
     calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
     calibrated[str(key)] = settings
     model.generation_config.cerberus_calibration = calibrated
@@ -750,16 +751,8 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ..modeling_cerberus import CerberusForCausalLM
-
     records = read_records(args.data)  # before the model: a bad data file fails fast
-    model = CerberusForCausalLM.from_pretrained(args.heads).to(args.device, getattr(torch, args.dtype))
-    if args.ngram:
-        model.load_ngram(args.ngram)
-    if args.rescorer:
-        model.load_rescorer(args.rescorer)
-    if args.draft_vocab:
-        model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
+    model = _load_for_calibration(args, records)
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
     if model.heads.drafts_chains:
         given = [name for name, default in args.tree_defaults.items() if getattr(args, name) != default]
@@ -780,10 +773,31 @@ def run_cli(args: argparse.Namespace) -> int:
         with open(args.report, "w") as handle:
             json.dump(report, handle, indent=1)
     if args.write:
-        model.save_pretrained(args.heads)
+        # The folder's weights keep the precision they were stored in: a calibration in another dtype is
+        # written through a fresh copy of the folder, not through the model cast to that dtype.
+        stored = _load_for_calibration(args, records, cast=False)
+        stored.generation_config.cerberus_calibration = model.generation_config.cerberus_calibration
+        stored.save_pretrained(args.heads)
         print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['key']!r}]"
               + (f", a {args.draft_vocab}-token draft vocabulary with the heads" if args.draft_vocab else ""))
     return 0
+
+
+def _load_for_calibration(args: argparse.Namespace, records: list[Record], cast: bool = True):
+    """The checkpoint of ``--heads`` with the n-gram, rescorer and draft vocabulary the options ask for; on
+    ``--device`` in ``--dtype`` when ``cast``, else as stored."""
+    from ..modeling_cerberus import CerberusForCausalLM
+
+    model = CerberusForCausalLM.from_pretrained(args.heads)
+    if cast:
+        model = model.to(args.device, getattr(torch, args.dtype))
+    if args.ngram:
+        model.load_ngram(args.ngram)
+    if args.rescorer:
+        model.load_rescorer(args.rescorer)
+    if args.draft_vocab:
+        model.set_draft_vocab(frequent_tokens(records, args.draft_vocab))
+    return model
 
 
 def parse_budgets(values: list[str]) -> tuple[tuple[float, float], ...]:
