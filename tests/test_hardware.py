@@ -10,7 +10,8 @@ from transformers.utils import logging
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding import hardware
-from cerberus_hf.decoding.hardware import HardwareKey, describe_device, has_amx, processor_name, select_calibration
+from cerberus_hf.decoding.hardware import (HardwareKey, bf16_matmul, describe_device, processor_name, select_calibration,
+                                          stored_bf16_matmul)
 from helpers import NEW_TOKENS, fresh_model, get_prompt, reference
 from tiny_models import tiny_model
 
@@ -25,32 +26,47 @@ def test_keys_round_trip_and_legacy_keys_parse():
     assert here.dtype == "float32" and here.processor == processor_name("cpu") and here.processor
 
 
-def test_this_cpu_is_described_with_its_amx(monkeypatch):
-    assert ("with AMX" if has_amx("cpu") else "no AMX") in describe_device(torch.device("cpu"))
-    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset({"avx2", "amx_tile", "amx_bf16"})))
-    assert has_amx("cpu") and not has_amx("meta") and "Some CPU (with AMX)" in describe_device("cpu")
-
-
-def _entry(tree, amx=None):
-    return {"draft_tree": tree} | ({} if amx is None else {"amx": amx})
-
-
-@pytest.mark.parametrize("wanted, amx, expected", [
-    (HardwareKey("cpu", "bfloat16", "Xeon A"), True, "cpu/bfloat16/Xeon A"),  # exact
-    (HardwareKey("cpu", "bfloat16", "Xeon B"), True, "cpu/bfloat16/Xeon A"),  # same dtype, same AMX: beats the name
-    (HardwareKey("cpu", "bfloat16", "EPYC"), False, "cpu/bfloat16/EPYC 2"),  # same dtype, no AMX like this one
-    (HardwareKey("cpu", "float16", "Xeon A"), True, "cpu/bfloat16/Xeon A"),  # no float16: same AMX and name first
-    (HardwareKey("cpu", "float16", "Other"), None, "cpu/float32/EPYC"),  # nothing alike: float32, the general curve
-    (HardwareKey("cuda", "bfloat16", "H100"), False, None),  # only other devices stored
+@pytest.mark.parametrize("flags, bf16, words", [
+    ({"avx2", "amx_tile", "amx_bf16", "avx512_bf16"}, "AMX", "Some CPU (with AMX)"),
+    ({"avx2", "avx512f", "avx512_bf16"}, "AVX512-BF16", "Some CPU (no AMX, with AVX512-BF16)"),
+    ({"avx2"}, None, "Some CPU (no AMX)"),
 ])
-def test_the_closest_entry_is_chosen(wanted, amx, expected):
+def test_a_cpu_is_described_with_its_bf16_instructions(monkeypatch, flags, bf16, words):
+    assert ("with AMX" if bf16_matmul("cpu") == "AMX" else "no AMX") in describe_device(torch.device("cpu"))
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset(flags)))
+    assert bf16_matmul("cpu") == bf16 and bf16_matmul("meta") is None and words in describe_device("cpu")
+
+
+def _entry(tree, amx=None, bf16="unset"):
+    return {"draft_tree": tree} | ({} if amx is None else {"amx": amx}) | ({} if bf16 == "unset" else
+                                                                          {"bf16_matmul": bf16})
+
+
+def test_entries_from_before_bf16_matmul_say_only_amx():
+    assert stored_bf16_matmul(_entry([[0]], amx=True)) == "AMX"
+    assert stored_bf16_matmul(_entry([[0]], amx=False)) is None and stored_bf16_matmul(_entry([[0]])) is None
+    assert stored_bf16_matmul(_entry([[0]], amx=False, bf16="AVX512-BF16")) == "AVX512-BF16"
+
+
+@pytest.mark.parametrize("wanted, bf16, expected", [
+    (HardwareKey("cpu", "bfloat16", "Xeon A"), "AMX", "cpu/bfloat16/Xeon A"),  # exact
+    (HardwareKey("cpu", "bfloat16", "Xeon B"), "AMX", "cpu/bfloat16/Xeon A"),  # same dtype, same AMX: beats the name
+    (HardwareKey("cpu", "bfloat16", "EPYC"), None, "cpu/bfloat16/EPYC 2"),  # same dtype, no fast bf16 like this one
+    # one model name over two kinds of processor: the bf16 instructions decide
+    (HardwareKey("cpu", "bfloat16", "EPYC"), "AVX512-BF16", "cpu/bfloat16/EPYC"),
+    (HardwareKey("cpu", "float16", "Xeon A"), "AMX", "cpu/bfloat16/Xeon A"),  # no float16: same AMX and name first
+    (HardwareKey("cpu", "float16", "Other"), None, "cpu/float32/EPYC"),  # nothing alike: float32, the general curve
+    (HardwareKey("cuda", "bfloat16", "H100"), None, None),  # only other devices stored
+])
+def test_the_closest_entry_is_chosen(wanted, bf16, expected):
     calibrated = {
         "cpu/bfloat16/Xeon A": _entry([[0], [1]], amx=True),
         "cpu/bfloat16/EPYC 2": _entry([[0]], amx=False),
+        "cpu/bfloat16/EPYC": _entry([[0], [0, 0]], amx=False, bf16="AVX512-BF16"),
         "cpu/float32/EPYC": _entry([[1]], amx=False),
         "cpu": _entry([[2]]),
     }
-    key, settings = select_calibration(calibrated, wanted, amx=bool(amx))
+    key, settings = select_calibration(calibrated, wanted, bf16=bf16)
     assert key == expected and settings == (calibrated[expected] if expected else {})
 
 

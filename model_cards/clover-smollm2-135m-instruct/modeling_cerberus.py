@@ -33,7 +33,7 @@ from .configuration_cerberus import CerberusConfig
 from .decoding_lookup import DEFAULT_MAX_NGRAM
 from .decoding_loop import speculative_generate
 from .decoding_gate import EntropyGate
-from .decoding_hardware import HardwareKey, has_amx, select_calibration
+from .decoding_hardware import HardwareKey, bf16_matmul, select_calibration
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .decoding_profiling import StepProfiler, phase_timer
 from .real_models import describe_source
@@ -450,7 +450,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         device = torch.device(device) if device is not None else self.device
         wanted = HardwareKey.of(device, dtype or self.base.dtype)
         key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted,
-                                         amx=has_amx(device))
+                                         bf16=bf16_matmul(device))
         return {
             "calibration": key,
             "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),

@@ -2,7 +2,8 @@
 
 The trees and the gate are fitted to the cost of verifying n tokens in one forward, and that cost curve
 belongs to all three at once: on a CPU with AMX, 16 bf16 tokens cost about what one does while 16 fp32
-tokens cost two; on a CPU without AMX bf16 is no cheaper than fp32; a GPU is flat far further. So
+tokens cost two; on an AMD EPYC with AVX512-BF16 but no AMX, 8 bf16 tokens cost 1.16 times one and one bf16
+token 0.69 times an fp32 one; on a CPU with neither bf16 is no cheaper than fp32; a GPU is flat far further. So
 `calibrate` stores its settings under ``"<device>/<dtype>/<processor>"`` (``"cpu/float32/AMD EPYC"``,
 ``"cuda/bfloat16/NVIDIA H100 80GB HBM3"``) and `generate()` takes the closest stored entry
 (`select_calibration`), saying which when it is not an exact match. Folders calibrated before this keying
@@ -49,18 +50,33 @@ def processor_name(device: torch.device | str) -> str | None:
     return _cpuinfo()[0] if device.type == "cpu" else None
 
 
-def has_amx(device: torch.device | str) -> bool:
-    """Whether the CPU has AMX tiles (fast bf16 matrix products); False for other devices."""
-    return torch.device(device).type == "cpu" and "amx_tile" in _cpuinfo()[1]
+def bf16_matmul(device: torch.device | str) -> str | None:
+    """The CPU's bf16 matrix instructions, which decide the shape of a bf16 cost curve more than its model
+    name does: ``"AMX"`` (tiles), ``"AVX512-BF16"`` (dot products; 2.3x fp32's matrix products on a
+    2-core AMD EPYC), or None (bf16 computed through fp32); None for other devices. Virtual machines may
+    show one model name over processors of either kind ("AMD EPYC" has been both)."""
+    if torch.device(device).type != "cpu":
+        return None
+    flags = _cpuinfo()[1]
+    return "AMX" if "amx_tile" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
 
 
 def describe_device(device: torch.device | str) -> str:
-    """The processor in words for a record of a timing: CPU model, AMX or not, cores and torch threads."""
+    """The processor in words for a record of a timing: CPU model, its bf16 instructions, cores and threads."""
     device = torch.device(device)
     if device.type != "cpu":
         return f"{device.type}: {processor_name(device)}"
-    return (f"cpu: {processor_name(device)} ({'with' if has_amx(device) else 'no'} AMX), {os.cpu_count()} cores, "
-            f"{torch.get_num_threads()} torch threads")
+    bf16 = bf16_matmul(device)
+    return (f"cpu: {processor_name(device)} ({'with AMX' if bf16 == 'AMX' else f'no AMX, with {bf16}' if bf16 else 'no AMX'}"
+            f"), {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
+
+
+def stored_bf16_matmul(settings: dict) -> str | None:
+    """The bf16 instructions a stored CPU entry was measured with; entries written before this was stored
+    say only whether the CPU had AMX (without AMX is read as neither kind)."""
+    if "bf16_matmul" in settings:
+        return settings["bf16_matmul"]
+    return "AMX" if settings.get("amx") else None
 
 
 @dataclass(frozen=True)
@@ -87,12 +103,13 @@ class HardwareKey:
         return "/".join(part for part in (self.device, self.dtype, self.processor) if part)
 
 
-def select_calibration(calibrated: dict | None, wanted: HardwareKey, amx: bool = False) -> tuple[str | None, dict]:
+def select_calibration(calibrated: dict | None, wanted: HardwareKey,
+                       bf16: str | None = None) -> tuple[str | None, dict]:
     """(stored key, settings) of the entry of ``calibrated`` closest to ``wanted``, or ``(None, {})``.
 
     Only entries of the same device type qualify. Closest means, in this order: the same dtype, the same
-    AMX capability (stored as ``"amx"`` in CPU entries; it decides the shape of the curve more than the
-    model name), the same processor, then float32 (the curve every device has). A choice other than an
+    bf16 instructions (``bf16``, as `bf16_matmul` names them; stored in CPU entries, see
+    `stored_bf16_matmul`), the same processor, then float32 (the curve every device has). A choice other than an
     exact match is logged once, with the key used, so that a user knows to calibrate on this machine.
     """
     candidates = [key for key in (calibrated or {}) if HardwareKey.parse(key).device == wanted.device]
@@ -106,7 +123,7 @@ def select_calibration(calibrated: dict | None, wanted: HardwareKey, amx: bool =
 
     def closeness(key: str) -> tuple:
         stored = HardwareKey.parse(key)
-        return (stored.dtype == wanted.dtype, calibrated[key].get("amx", None) == amx,
+        return (stored.dtype == wanted.dtype, stored_bf16_matmul(calibrated[key]) == bf16,
                 stored.processor == wanted.processor, stored.dtype == "float32", key)
 
     key = max(candidates, key=closeness)
