@@ -265,13 +265,20 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
         window.start, window.end = widest, widest + width
 
     def keep_only_live() -> None:
-        """Drop the free slots once the queue is empty, so the last answers do not pay for a full batch (one
-        copy of the buffers each time half the slots have emptied)."""
+        """Drop the free slots once the queue is empty, so the last answers do not pay for a full batch: one
+        copy of the window's columns each time an eighth of the slots has emptied (a short run is mostly
+        this tail)."""
         nonlocal mask, slots
         live = torch.tensor([i for i, row in enumerate(slots) if row is not None], device=device)
         for layer in cache.layers:
-            layer.buffer_keys, layer.buffer_values = layer.buffer_keys[live], layer.buffer_values[live]
-        mask = mask[live]
+            for name in ("buffer_keys", "buffer_values"):
+                old = getattr(layer, name)
+                new = old.new_zeros((len(live), *old.shape[1:]))
+                new[:, :, window.start: window.end] = old[live, :, window.start: window.end]
+                setattr(layer, name, new)
+        kept = mask.new_zeros((len(live), capacity))
+        kept[:, window.start: window.end] = mask[live, window.start: window.end]
+        mask = kept
         slots = [row for row in slots if row is not None]
 
     while queue or any(slots):
@@ -307,7 +314,8 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
             for slot, t, token in zip(free, new, chosen):
                 slots[slot] = _Row(t, t[1] == "sample", len(t[3]), window.end - len(t[3]))
                 finished += _advance(slots, slot, token, eos, max_new_tokens)
-        if not queue and 0 < sum(row is not None for row in slots) <= len(slots) // 2:
+        empty = sum(row is None for row in slots)
+        if not queue and max(1, len(slots) // 8) <= empty < len(slots):
             keep_only_live()
         if any(slots):  # one decoding step for every slot (a free slot's row is computed and ignored)
             if window.end == capacity:
