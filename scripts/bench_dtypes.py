@@ -10,9 +10,7 @@ writes the JSON and the plot.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -20,7 +18,7 @@ from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.tools.bench import (DEFAULT_PROMPTS, Method, encode_prompts, load_bench_prompts, markdown_profile,
-                                     markdown_table, run_methods, save_plot)
+                                     markdown_table, run_methods, save_result)
 
 FAMILIES = ("medusa", "cerberus", "hydra", "clover")
 
@@ -100,8 +98,7 @@ def main() -> None:
               f"{same_dtype.get(row['method'], 1.0):.0%} |")
     print("\nmilliseconds per decoding step, by phase:")
     print(markdown_profile(result))
-    Path(args.json).write_text(json.dumps(result, indent=1))
-    save_plot(result, args.plot)
+    save_result(result, args.json, args.plot)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,7 @@ table and per-phase profile; writes the JSON and the plot.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -19,7 +17,7 @@ from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.tools.bench import (DEFAULT_PROMPTS, Method, build_methods, encode_prompts, load_bench_prompts,
-                                     markdown_profile, markdown_table, run_methods, save_plot)
+                                     markdown_profile, markdown_table, run_methods, save_result)
 
 
 def main() -> None:
@@ -57,8 +55,7 @@ def main() -> None:
     print(markdown_table(result))
     print("\nmilliseconds per decoding step, by phase:")
     print(markdown_profile(result))
-    Path(args.json).write_text(json.dumps(result, indent=1))
-    save_plot(result, args.plot)
+    save_result(result, args.json, args.plot)
 
 
 if __name__ == "__main__":

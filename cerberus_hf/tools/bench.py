@@ -301,6 +301,14 @@ def markdown_categories(result: dict, categories: list[str | None], measure: str
     return "\n".join(lines)
 
 
+def save_result(result: dict, json_path: str | Path | None, plot_path: str | Path | None) -> None:
+    """Write a run's figures (every per-prompt record) as JSON and its plot, each where a path is given."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1))
+    if plot_path:
+        save_plot(result, plot_path)
+
+
 def save_plot(result: dict, path: str | Path) -> None:
     import matplotlib
 
@@ -387,8 +395,5 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.profile:
         print("\nmilliseconds per decoding step, by phase (see cerberus_hf/decoding/profiling.py):")
         print(markdown_profile(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.plot:
-        save_plot(result, args.plot)
+    save_result(result, args.json, args.plot)
     return 0
