@@ -34,7 +34,8 @@ def main() -> None:
     parser.add_argument("--plot", default="benchmarks/mt_bench_dtypes_cpu.png")
     args = parser.parse_args()
 
-    bases = {dtype: load_named_model("smollm2-135m-instruct", getattr(torch, dtype)) for dtype in ("float32", "bfloat16")}
+    bases = {dtype: load_named_model("smollm2-135m-instruct", getattr(torch, dtype))
+             for dtype in ("float32", "bfloat16")}
     tokenizer = bases["float32"][1]
     call = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     lookup = {} if args.lookup else {"prompt_lookup_num_tokens": 0}
@@ -75,15 +76,11 @@ def main() -> None:
         calibrations[method.name] = f"{key} ({kind} tree)"
     result = run_methods(methods, encoded, torch.device("cpu"))
 
-    same_dtype = {}
+    same_dtype = {}  # every method after plain fp32 names its dtype last
     for method in methods[1:]:
-        dtype = method.name.split()[-1]
-        if dtype not in ("float32", "bfloat16"):
-            continue
-        pairs = [(outputs[(method.name, i)], outputs[(f"plain generate() {dtype}" if dtype != "float32" else
-                                                      "plain generate() float32", i)])
-                 for i in range(len(encoded)) if (method.name, i) in outputs]
-        same_dtype[method.name] = sum(torch.equal(a, b) for a, b in pairs) / max(len(pairs), 1)
+        plain_output = f"plain generate() {method.name.split()[-1]}"
+        pairs = [(outputs[(method.name, i)], outputs[(plain_output, i)]) for i in range(len(encoded))]
+        same_dtype[method.name] = sum(torch.equal(a, b) for a, b in pairs) / len(pairs)
     plain_bf16 = next(r for r in result["methods"] if r["method"] == "plain generate() bfloat16")
     result.update(machine=describe_device("cpu"), n_prompts=len(prompts), max_new_tokens=args.max_new_tokens,
                   lookup=args.lookup, calibrations=calibrations, identical_to_plain_same_dtype=same_dtype,

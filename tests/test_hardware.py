@@ -10,8 +10,8 @@ from transformers.utils import logging
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding import hardware
-from cerberus_hf.decoding.hardware import (HardwareKey, bf16_matmul, describe_device, processor_name, select_calibration,
-                                          stored_bf16_matmul)
+from cerberus_hf.decoding.hardware import (HardwareKey, bf16_matmul, describe_device, processor_name,
+                                          select_calibration, stored_bf16_matmul)
 from helpers import NEW_TOKENS, fresh_model, get_prompt, reference
 from tiny_models import tiny_model
 

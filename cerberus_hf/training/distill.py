@@ -41,8 +41,9 @@ and the next queued prompts (of similar length, so little padding) are prefilled
 spent waiting on a batch's longest answer, as a static batch would. The keys and values live in one
 preallocated buffer per layer that each step appends a column to in place (the per-step copy of a
 concatenating cache was half of a step here). It needs plain full-attention layers (e.g. Llama); other
-models fall back to static batches through ``model.generate``. Greedy answers equal one-at-a-time greedy decoding up to floating-point
-rounding; sampled answers depend on ``seed`` and on how the batches were formed (a resumed run samples anew).
+models fall back to static batches through ``model.generate``. Greedy answers equal one-at-a-time greedy
+decoding up to floating-point rounding; sampled answers depend on ``seed`` and on how the batches were formed
+(a resumed run samples anew).
 """
 
 from __future__ import annotations
@@ -308,12 +309,13 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
                 layer.buffer_values[index, :, begin: window.end] = new_layer.values
             mask[index] = 0
             mask[index, begin: window.end] = new_mask.to(device)
-            window.start = min(window.start, begin)
             sample = torch.tensor([t[1] == "sample" for t in new], device=device)
             chosen = _choose(out.logits[:, -1, :], sample, temperature, top_p, generator).tolist()
             for slot, t, token in zip(free, new, chosen):
                 slots[slot] = _Row(t, t[1] == "sample", len(t[3]), window.end - len(t[3]))
                 finished += _advance(slots, slot, token, eos, max_new_tokens)
+        # The window begins at the first column of the oldest live row (rows are left padded to `end`).
+        window.start = min((row.first_column for row in slots if row is not None), default=window.end)
         empty = sum(row is None for row in slots)
         if not queue and max(1, len(slots) // 8) <= empty < len(slots):
             keep_only_live()
@@ -335,8 +337,6 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
             for i in live:
                 finished += _advance(slots, i, chosen[i], eos, max_new_tokens)
         if finished:
-            starts = [row.first_column for row in slots if row is not None]
-            window.start = min(starts) if starts else window.end
             yield finished
 
 

@@ -67,8 +67,9 @@ def describe_device(device: torch.device | str) -> str:
     if device.type != "cpu":
         return f"{device.type}: {processor_name(device)}"
     bf16 = bf16_matmul(device)
-    return (f"cpu: {processor_name(device)} ({'with AMX' if bf16 == 'AMX' else f'no AMX, with {bf16}' if bf16 else 'no AMX'}"
-            f"), {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
+    instructions = "no AMX" if bf16 is None else "with AMX" if bf16 == "AMX" else f"no AMX, with {bf16}"
+    return (f"cpu: {processor_name(device)} ({instructions}), {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads")
 
 
 def stored_bf16_matmul(settings: dict) -> str | None:
@@ -109,8 +110,8 @@ def select_calibration(calibrated: dict | None, wanted: HardwareKey,
 
     Only entries of the same device type qualify. Closest means, in this order: the same dtype, the same
     bf16 instructions (``bf16``, as `bf16_matmul` names them; stored in CPU entries, see
-    `stored_bf16_matmul`), the same processor, then float32 (the curve every device has). A choice other than an
-    exact match is logged once, with the key used, so that a user knows to calibrate on this machine.
+    `stored_bf16_matmul`), the same processor, then float32 (the curve every device has). A choice other
+    than an exact match is logged once, with the key used, so that a user knows to calibrate on this machine.
     """
     candidates = [key for key in (calibrated or {}) if HardwareKey.parse(key).device == wanted.device]
     if not candidates:
