@@ -54,7 +54,7 @@ from ..decoding.gate import GATE_SIGNALS, gate_signal
 from ..decoding.hardware import HardwareKey, bf16_matmul, describe_device
 from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
-from ..training.data import Record, read_records
+from ..training.data import Record, frequent_tokens, read_records
 from ..training.hidden_cache import split_record_ids
 from ..decoding.profiling import synchronize
 
@@ -702,12 +702,6 @@ def load_sequences(records: list[Record], limit: int | None = None, held_out_fra
         records = [r for r in records if r.id in held_out]
     sequences = [(list(r.input_ids + r.output_ids), len(r.input_ids) - 1) for r in records]
     return sequences[:limit] if limit else sequences
-
-
-def frequent_tokens(records: list[Record], size: int) -> torch.Tensor:
-    """The ``size`` most frequent answer tokens of self-distillation records, most frequent first."""
-    counts = Counter(token for record in records for token in record.output_ids)
-    return torch.tensor([token for token, _ in counts.most_common(size)], dtype=torch.long)
 
 
 def add_cli(subparsers) -> None:

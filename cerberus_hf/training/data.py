@@ -18,9 +18,12 @@ import json
 import logging
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +293,12 @@ class Record:
     def content_hash(self) -> str:
         payload = json.dumps([self.id, self.mode, list(self.input_ids), list(self.output_ids)], separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def frequent_tokens(records: Sequence[Record], size: int) -> torch.Tensor:
+    """The ``size`` most frequent answer tokens of self-distillation records, most frequent first."""
+    counts = Counter(token for record in records for token in record.output_ids)
+    return torch.tensor([token for token, _ in counts.most_common(size)], dtype=torch.long)
 
 
 def read_records(path: str | os.PathLike, *, repair: bool = False, allow_empty: bool = False) -> list[Record]:
