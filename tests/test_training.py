@@ -153,6 +153,45 @@ def test_chunked_projection_loss_matches_autograd(trainable_projection):
         torch.testing.assert_close(bias.grad, ref_bias.grad)
 
 
+@pytest.mark.parametrize("trainable_projection", [False, True])
+def test_restricted_projection_loss_is_the_softmax_over_the_vocab_and_the_targets(trainable_projection):
+    """With ``vocab`` the loss, its gradients and the top-1 are those of the softmax over ``vocab`` plus every
+    target id, as if the other rows of the projection did not exist."""
+    torch.manual_seed(0)
+    rows, hidden, size = 29, 16, 60
+    states = torch.randn(rows, hidden, requires_grad=True)
+    weight = torch.randn(size, hidden).requires_grad_(trainable_projection)
+    bias = torch.randn(size).requires_grad_(trainable_projection)
+    vocab = torch.tensor([7, 3, 41, 12, 30])
+    ids = torch.randint(0, size, (rows, 3))
+    probs = torch.softmax(torch.randn(rows, 3), -1)
+    upstream = torch.randn(rows)
+
+    losses, top1 = projection_loss(states, weight, ids, probs, ids[:, 0], bias=bias, chunk_rows=8, vocab=vocab)
+    (losses * upstream).sum().backward()
+    kept = sorted(set(vocab.tolist()) | set(ids.flatten().tolist()))
+    assert len(kept) < size  # some rows really are left out
+    ref_states = states.detach().clone().requires_grad_()
+    ref_weight = weight.detach().clone().requires_grad_(trainable_projection)
+    ref_bias = bias.detach().clone().requires_grad_(trainable_projection)
+    logits = torch.nn.functional.linear(ref_states, ref_weight, ref_bias)
+    masked = torch.full_like(logits, float("-inf"))
+    masked[:, kept] = logits[:, kept]
+    logp = masked.log_softmax(-1)
+    ref = -(probs * logp.gather(1, ids)).sum(-1)
+    (ref * upstream).sum().backward()
+
+    torch.testing.assert_close(losses, ref)
+    torch.testing.assert_close(states.grad, ref_states.grad)
+    assert torch.equal(top1, logp.argmax(-1) == ids[:, 0])
+    full, _ = projection_loss(states.detach(), weight.detach(), ids, probs, ids[:, 0], bias=bias.detach())
+    assert bool((losses.detach() < full).all())  # fewer rows in the partition function
+    if trainable_projection:
+        torch.testing.assert_close(weight.grad, ref_weight.grad)
+        torch.testing.assert_close(bias.grad, ref_bias.grad)
+        assert not bool(weight.grad[[i for i in range(size) if i not in kept]].any())
+
+
 # ------------------------------------------------------------------------------------------------ training
 
 
@@ -320,6 +359,34 @@ def test_own_projection_heads_train(base, data_path, cache_dir, tmp_path):
     metrics = train_heads(model, data_path, tmp_path, max_steps=15, cache_dir=cache_dir, **FAST)
     assert metrics["history"][-1]["loss"] < metrics["history"][0]["loss"]
     assert not torch.equal(model.heads.lm_heads[0].weight, base.get_output_embeddings().weight)
+
+
+@pytest.mark.parametrize("head_type", ["cerberus", "kangaroo"])
+def test_training_over_a_train_vocabulary_learns(base, data_path, cache_dir, tmp_path, head_type):
+    """``train_vocab`` scores each step over the data's most frequent answer tokens and the batch's targets:
+    the heads still learn, the run records the setting, and held-out accuracy is scored on the whole vocabulary
+    (so the same positions are scored as without it)."""
+    from cerberus_hf.training.chain_trainer import train_chain_drafter
+
+    def run(vocab, out):
+        if head_type == "kangaroo":
+            return train_chain_drafter(fresh_kangaroo(base), data_path, out, epochs=20, cache_dir=cache_dir,
+                                       train_vocab=vocab, **KANGAROO_FAST), None
+        model = fresh(base, head_type)
+        return train_heads(model, data_path, out, epochs=12, cache_dir=cache_dir, train_vocab=vocab, **FAST), model
+
+    (full, _), (restricted, model) = run(None, tmp_path / "full"), run(VOCAB // 8, tmp_path / "restricted")
+    losses = [entry["loss"] for entry in restricted["history"]]
+    assert sum(losses[-3:]) / 3 < 0.75 * losses[0]
+    assert restricted["config"]["train_vocab"] == VOCAB // 8 and full["config"]["train_vocab"] is None
+    assert restricted["history"][0]["loss"] < full["history"][0]["loss"]  # a smaller partition function
+    if head_type == "kangaroo":
+        assert restricted["eval"]["positions"] == full["eval"]["positions"] > 0
+    else:
+        assert restricted["data"]["eval_positions"] == full["data"]["eval_positions"]
+        cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False)
+        fitted = evaluate_heads(model, cache, cache.positions())  # over the whole vocabulary
+        assert fitted["top1"][0] > 0.3, fitted
 
 
 def test_cli_trains_from_a_base_folder(base, data_path, tmp_path, capsys, monkeypatch):

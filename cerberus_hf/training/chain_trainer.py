@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from ..decoding.hardware import describe_device
 from ..drafters.kangaroo import capture_exit_states, first_layers
-from .data import Record, read_records
+from .data import Record, frequent_tokens, read_records
 from .hidden_cache import _batches as batches_by_length
 from .hidden_cache import _sequence, base_fingerprint, build_hidden_cache, right_padded, split_record_ids
 from . import trainer as trainer_module  # its _on_step_end is looked up at each step (tests replace it)
@@ -136,12 +136,12 @@ def _batches(members: list[int], lengths: list[int], batch_tokens: int) -> list[
     return groups
 
 
-def _loss(drafter, batch: _Batch, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _loss(drafter, batch: _Batch, chunk_rows: int, vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     picked = batch.adapted(drafter)
     weight = drafter.base_lm_head.weight.detach().float()
     bias = getattr(drafter.base_lm_head, "bias", None)
     return projection_loss(picked, weight, batch.target_ids, batch.target_probs, batch.labels,
-                           bias=None if bias is None else bias.detach().float(), chunk_rows=chunk_rows)
+                           bias=None if bias is None else bias.detach().float(), chunk_rows=chunk_rows, vocab=vocab)
 
 
 @torch.no_grad()
@@ -187,6 +187,7 @@ def train_chain_drafter(
     max_seq_len: int | None = None,
     chunk_rows: int = 512,
     num_threads: int | None = None,
+    train_vocab: int | None = None,
     resume: bool = True,
     show_progress: bool = True,
 ) -> dict:
@@ -253,7 +254,9 @@ def train_chain_drafter(
                   "lr": lr, "batch_tokens": batch_tokens, "warmup_ratio": warmup_ratio,
                   "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
                   "seed": seed, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
-                  "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len}
+                  "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len,
+                  "train_vocab": train_vocab}
+    vocab = frequent_tokens(records, train_vocab).to(device) if train_vocab else None
 
     drafter_dtype = drafter.dtype
     drafter.to(device=device, dtype=torch.float32)
@@ -288,7 +291,7 @@ def train_chain_drafter(
         if epoch_cache[0] != epoch:
             epoch_cache = (epoch, epoch_batches(epoch))
         batch = make(epoch_cache[1][index])
-        losses, correct = _loss(drafter, batch, chunk_rows)
+        losses, correct = _loss(drafter, batch, chunk_rows, vocab)
         loss = losses.mean()
         accelerator.backward(loss)
         if max_grad_norm:
