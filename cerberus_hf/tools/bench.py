@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from ..configuration_cerberus import HEAD_TYPES
 from ..decoding.hardware import describe_device
 from ..decoding.profiling import PHASES, synchronize
+from ..training.data import jsonl_rows
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "mt_bench.jsonl"
 
@@ -39,8 +40,7 @@ def _bench_records(path: str | Path, limit: int | None, every: int) -> list[dict
     most ``limit``."""
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}.")
-    with open(path) as handle:
-        records = [json.loads(line) for line in handle if line.strip()][::every]
+    records = [row for _, row in jsonl_rows(path)][::every]
     return records[:limit] if limit else records
 
 

@@ -165,11 +165,9 @@ class Decontaminator:
     def __init__(self, files: Iterable[str | os.PathLike] = (MT_BENCH_QUESTIONS,), n: int = OVERLAP_WORDS):
         self.n, self.files, self.grams = n, [str(f) for f in files], set()
         for file in self.files:
-            with open(file, encoding="utf-8") as handle:
-                for line in handle:
-                    if line.strip():
-                        for message in _record_chat(json.loads(line), None) or []:
-                            self.grams |= word_ngrams(message["content"], n)
+            for _, row in jsonl_rows(file):
+                for message in _record_chat(row, None) or []:
+                    self.grams |= word_ngrams(message["content"], n)
 
     def shared(self, prompt: dict) -> tuple[str, ...] | None:
         """A run of words the prompt shares with the benchmark, or None."""
@@ -206,7 +204,7 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
     if str(source) == SHAREGPT:
         rows, origin = ((None, r) for r in sharegpt_records()), SHAREGPT
     elif path.is_file():
-        rows, origin = _jsonl_rows(path), str(path)
+        rows, origin = jsonl_rows(path), str(path)
     elif path.suffix in (".jsonl", ".json") or str(source).startswith((".", "/", "~")):
         raise FileNotFoundError(f"prompt file {source} does not exist")
     else:
@@ -260,8 +258,9 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
     return prompts
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    with _open_text(path) as handle:
+def jsonl_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """(0-based line number, object) for each non-blank line of a JSON Lines file, plain or ``.gz``."""
+    with _open_text(Path(path)) as handle:
         for number, line in enumerate(handle):
             if line.strip():
                 yield number, json.loads(line)
