@@ -11,7 +11,7 @@ import torch
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.training import trainer as training
 from cerberus_hf.drafters.base import capture_lm_head_input
-from cerberus_hf.training.data import read_records
+from cerberus_hf.training.data import frequent_tokens, read_records
 from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_ids
 from cerberus_hf.training.trainer import evaluate_heads, projection_loss, train_heads
 
@@ -385,8 +385,28 @@ def test_training_over_a_train_vocabulary_learns(base, data_path, cache_dir, tmp
     else:
         assert restricted["data"]["eval_positions"] == full["data"]["eval_positions"]
         cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False)
-        fitted = evaluate_heads(model, cache, cache.positions())  # over the whole vocabulary
+        fitted = evaluate_heads(model, cache, cache.positions(), vocab=model.heads.draft_vocab)
         assert fitted["top1"][0] > 0.3, fitted
+    # the saved heads draft among the vocabulary they were trained to rank, and stay exact
+    records = read_records(data_path)
+    vocab = frequent_tokens(records, VOCAB // 8)
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "restricted", base_model=base)
+    assert loaded.config.draft_vocab_size == VOCAB // 8 and torch.equal(loaded.heads.draft_vocab, vocab)
+    prompt = torch.tensor([records[0].input_ids])
+    expected = base.generate(prompt, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(loaded.generate(prompt, max_new_tokens=16, eos_token_id=None, pad_token_id=0), expected)
+
+
+def test_accuracy_among_a_draft_vocabulary_ranks_only_its_tokens():
+    """``top_hits`` with a vocabulary: the top-1 is the best token inside it, and a label outside it is a miss."""
+    from cerberus_hf.training.trainer import outside_of, top_hits
+
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 2.0]])
+    labels = torch.tensor([3, 0])
+    assert top_hits(logits, labels)[0].tolist() == [False, True]
+    outside = outside_of(torch.tensor([2, 3]), 4, logits.device)
+    hit1, hit5 = top_hits(logits, labels, outside)
+    assert hit1.tolist() == [True, False] and hit5.tolist() == [True, False]
 
 
 def test_cli_trains_from_a_base_folder(base, data_path, tmp_path, capsys, monkeypatch):

@@ -43,7 +43,8 @@ from .hidden_cache import _batches as batches_by_length
 from .hidden_cache import _sequence, base_fingerprint, build_hidden_cache, right_padded, split_record_ids
 from . import trainer as trainer_module  # its _on_step_end is looked up at each step (tests replace it)
 from .trainer import (
-    METRICS_NAME, _cosine_with_warmup, default_cache_dir, projection_loss, resume_checkpoint, save_checkpoint,
+    METRICS_NAME, _cosine_with_warmup, default_cache_dir, outside_of, projection_loss, resume_checkpoint,
+    save_checkpoint, top_hits,
 )
 
 logger = logging.getLogger(__name__)
@@ -145,20 +146,21 @@ def _loss(drafter, batch: _Batch, chunk_rows: int, vocab: torch.Tensor | None) -
 
 
 @torch.no_grad()
-def evaluate_adapter(drafter, batches: list[_Batch], chunk_rows: int = 512) -> dict:
-    """Top-1 / top-5 accuracy and cross-entropy of the adapter's next-token guess at answer positions."""
+def evaluate_adapter(drafter, batches: list[_Batch], chunk_rows: int = 512, vocab: torch.Tensor | None = None) -> dict:
+    """Top-1 / top-5 accuracy and cross-entropy of the adapter's next-token guess at answer positions (the
+    accuracy among ``vocab``'s tokens when given: `trainer.top_hits`)."""
     counts = torch.zeros(4, dtype=torch.float64)
     was_training = drafter.training
     drafter.eval()
     weight = drafter.base_lm_head.weight.float()
+    outside = outside_of(vocab, weight.shape[0], weight.device)
     for batch in batches:
         picked = batch.adapted(drafter)
         for lo in range(0, picked.shape[0], chunk_rows):
             logits = F.linear(picked[lo : lo + chunk_rows], weight).float()
             labels = batch.labels[lo : lo + chunk_rows]
-            top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-            counts += torch.tensor([labels.shape[0], float((top5[:, 0] == labels).sum()),
-                                    float((top5 == labels[:, None]).any(-1).sum()),
+            hit1, hit5 = top_hits(logits, labels, outside)
+            counts += torch.tensor([labels.shape[0], float(hit1.sum()), float(hit5.sum()),
                                     float(F.cross_entropy(logits, labels, reduction="sum"))], dtype=torch.float64)
     drafter.train(was_training)
     n = max(float(counts[0]), 1.0)
@@ -281,7 +283,7 @@ def train_chain_drafter(
         nonlocal eval_time
         t0 = time.perf_counter()
         if eval_batches:
-            result = {"step": step, **evaluate_adapter(drafter, eval_batches, chunk_rows)}
+            result = {"step": step, **evaluate_adapter(drafter, eval_batches, chunk_rows, vocab)}
             state["evals"].append(result)
             progress.write(f"step {step}: held-out top-1 {result['top1']:.3f} top-5 {result['top5']:.3f}")
         eval_time += time.perf_counter() - t0
@@ -318,6 +320,8 @@ def train_chain_drafter(
     train_time = time.perf_counter() - train_started - eval_time
     drafter.to(dtype=drafter_dtype)
     drafter.eval()
+    if vocab is not None:  # trained to rank these tokens only: draft among them
+        model.set_draft_vocab(vocab)
     final = state["evals"][-1] if state["evals"] else None
     metrics = {
         "top1": [final["top1"]] if final else None, "top5": [final["top5"]] if final else None,

@@ -268,16 +268,20 @@ def evaluate_heads(
     batch_size: int = 512,
     chunk_rows: int = 512,
     accelerator=None,
+    vocab: torch.Tensor | None = None,
 ) -> dict:
     """Per-head top-1 / top-5 accuracy and cross-entropy against the data's tokens at ``positions``.
 
     Head ``k`` at cache row ``i`` is scored against ``tokens[i + k + 1]`` wherever that token exists.
-    With several processes each scores its share and the counts are summed.
+    With several processes each scores its share and the counts are summed. With ``vocab`` (a draft
+    vocabulary) the top-1 / top-5 are taken among those tokens only, as drafting with it proposes them, and a
+    target outside it is a miss; the cross-entropy stays over the whole vocabulary.
     """
     heads = model.heads
     num_heads = heads.num_heads
     device = next(heads.parameters()).device
     weight, bias = _projection(model)
+    outside = outside_of(vocab, weight.shape[0], device)
     remaining = cache.remaining()
     total_positions = int(positions.shape[0])
     if accelerator is not None and accelerator.num_processes > 1:
@@ -304,9 +308,7 @@ def evaluate_heads(
             logits = logits.float()
             labels = rows.labels[lo:hi]
             loss = F.cross_entropy(logits, labels, reduction="none")
-            top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-            hit5 = (top5 == labels[:, None]).any(-1)
-            hit1 = top5[:, 0] == labels
+            hit1, hit5 = top_hits(logits, labels, outside)
             head_cpu = head.cpu()
             counts[0].index_add_(0, head_cpu, torch.ones(hi - lo, dtype=torch.float64))
             counts[1].index_add_(0, head_cpu, hit1.cpu().double())
@@ -323,6 +325,29 @@ def evaluate_heads(
         "rows": [int(v) for v in counts[0]],
         "positions": total_positions,
     }
+
+
+def outside_of(vocab: torch.Tensor | None, size: int, device: torch.device) -> torch.Tensor | None:
+    """A ``[size]`` mask of the token ids not in ``vocab`` (None without one), for `top_hits`."""
+    if vocab is None:
+        return None
+    outside = torch.ones(size, dtype=torch.bool, device=device)
+    outside[vocab.to(device)] = False
+    return outside
+
+
+def top_hits(logits: torch.Tensor, labels: torch.Tensor,
+             outside: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, whether ``labels`` is the top-1 and among the top-5 of ``logits``, ranking only the tokens not
+    ``outside`` when a mask is given (a draft vocabulary: what drafting with it can propose)."""
+    if outside is not None:
+        logits = logits.masked_fill(outside, float("-inf"))
+    top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+    hit1, hit5 = top5[:, 0] == labels, (top5 == labels[:, None]).any(-1)
+    if outside is not None:  # fewer than five tokens inside: the top five reach masked ones
+        inside = ~outside[labels]
+        hit1, hit5 = hit1 & inside, hit5 & inside
+    return hit1, hit5
 
 
 def _subset(positions: torch.Tensor, limit: int | None, seed: int) -> torch.Tensor:
@@ -501,7 +526,9 @@ def train_heads(
             bf16, with the same accuracy in a trial; the heads themselves always train in float32.
         train_vocab: score the loss over the data's ``train_vocab`` most frequent answer tokens plus each batch's
             targets instead of the whole vocabulary (`projection_loss`); pair it with a draft vocabulary of the
-            same size at calibration. Held-out accuracy is still scored over the whole vocabulary.
+            same size at calibration. The saved heads draft among those tokens (their draft vocabulary), and
+            accuracy is scored among them, as drafting meets it; rows outside it are never trained, so the heads'
+            ranking over the whole vocabulary is worse.
         num_threads: ``torch.set_num_threads`` for the run (default: leave torch's setting).
         resume: continue from the last checkpoint in ``output_dir`` if there is one (its settings must
             match); ``False`` discards existing checkpoints.
@@ -625,12 +652,14 @@ def train_heads(
         if eval_positions.numel() == 0:
             return None
         t0 = time.perf_counter()
-        result = evaluate_heads(model, cache, eval_positions, chunk_rows=chunk_rows, accelerator=accelerator)
+        result = evaluate_heads(model, cache, eval_positions, chunk_rows=chunk_rows, accelerator=accelerator,
+                                vocab=vocab)
         eval_time += time.perf_counter() - t0
         result = {"step": at_step, **result}
         trainer_state["evals"].append(result)
         if is_main:
-            progress.write(f"step {at_step}: held-out top-1 " + " ".join(f"{v:.3f}" for v in result["top1"])
+            among = f" (among the {train_vocab} train-vocabulary tokens)" if vocab is not None else ""
+            progress.write(f"step {at_step}: held-out top-1{among} " + " ".join(f"{v:.3f}" for v in result["top1"])
                            + " | top-5 " + " ".join(f"{v:.3f}" for v in result["top5"]))
         return result
 
@@ -696,10 +725,13 @@ def train_heads(
         if final_eval is not None:  # keep the checkpoint's record complete
             save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints)
     t0 = time.perf_counter()
-    train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=chunk_rows, accelerator=accelerator)
+    train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=chunk_rows, accelerator=accelerator,
+                                vocab=vocab)
     eval_time += time.perf_counter() - t0
     heads.to(dtype=heads_dtype)
     heads.eval()
+    if vocab is not None:  # trained to rank these tokens only: draft among them
+        model.set_draft_vocab(vocab)
     total_train_time = train_time_before + train_time
     metrics = {
         "top1": final_eval["top1"] if final_eval else None,
