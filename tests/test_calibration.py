@@ -223,6 +223,28 @@ def test_calibrate_cli_refuses_tree_options_for_a_chain_drafter(tmp_path):
         args.func(args)
 
 
+def test_calibrate_cli_keeps_the_vocabulary_heads_were_trained_over(tmp_path):
+    """Heads trained with --train-vocab never trained the other rows: calibrate refuses to swap in another
+    draft vocabulary, and without --draft-vocab keeps theirs."""
+    import argparse
+    import json
+
+    from cerberus_hf.tools import calibrate as calibrate_tool
+
+    (tmp_path / "heads").mkdir()
+    (tmp_path / "heads" / "training_metrics.json").write_text(json.dumps({"config": {"train_vocab": 64}}))
+    (tmp_path / "data.jsonl").write_text("")
+    parser = argparse.ArgumentParser()
+    calibrate_tool.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["calibrate", "--heads", str(tmp_path / "heads"), "--data", str(tmp_path / "data.jsonl"),
+                              "--draft-vocab", "32"])
+    with pytest.raises(SystemExit, match="trained over its own 64-token vocabulary"):
+        args.func(args)
+    (tmp_path / "heads" / "training_metrics.json").write_text(json.dumps({"config": {"train_vocab": None}}))
+    with pytest.raises(ValueError, match="holds no records"):  # past the check, to the (empty) data
+        args.func(args)
+
+
 def test_calibrate_cli_in_bfloat16_writes_its_entry_and_leaves_the_weights_as_stored(tmp_path, monkeypatch):
     """--write after --dtype bfloat16 adds that dtype's entry beside the others; the folder's heads keep the
     precision they were saved in (a calibration once wrote them back rounded to bf16)."""

@@ -42,6 +42,7 @@ import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -56,6 +57,7 @@ from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
 from ..training.data import Record, frequent_tokens, read_records
 from ..training.hidden_cache import split_record_ids
+from ..training.trainer import METRICS_NAME
 from ..decoding.profiling import synchronize
 
 
@@ -745,6 +747,11 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    trained_over = _trained_vocab(args.heads)
+    if args.draft_vocab and trained_over:
+        raise SystemExit(f"cerberus-hf calibrate: {args.heads} was trained over its own {trained_over}-token vocabulary "
+                         "(train --train-vocab); rows outside it are untrained, so it keeps drafting among those "
+                         "tokens: leave out --draft-vocab")
     records = read_records(args.data)  # before the model: a bad data file fails fast
     model = _load_for_calibration(args, records)
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
@@ -775,6 +782,14 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['key']!r}]"
               + (f", a {args.draft_vocab}-token draft vocabulary with the heads" if args.draft_vocab else ""))
     return 0
+
+
+def _trained_vocab(folder: str) -> int | None:
+    """The ``--train-vocab`` a folder's heads were trained with (its ``training_metrics.json``), if any."""
+    metrics = Path(folder) / METRICS_NAME
+    if not metrics.is_file():
+        return None
+    return json.loads(metrics.read_text()).get("config", {}).get("train_vocab")
 
 
 def _load_for_calibration(args: argparse.Namespace, records: list[Record], cast: bool = True):
