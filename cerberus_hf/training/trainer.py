@@ -525,10 +525,9 @@ def train_heads(
             loss stay float32). ``torch.bfloat16`` was 1.4-1.7x faster on a 2-core AVX2 CPU without native
             bf16, with the same accuracy in a trial; the heads themselves always train in float32.
         train_vocab: score the loss over the data's ``train_vocab`` most frequent answer tokens plus each batch's
-            targets instead of the whole vocabulary (`projection_loss`); pair it with a draft vocabulary of the
-            same size at calibration. The saved heads draft among those tokens (their draft vocabulary), and
-            accuracy is scored among them, as drafting meets it; rows outside it are never trained, so the heads'
-            ranking over the whole vocabulary is worse.
+            targets instead of the whole vocabulary (`projection_loss`). The saved heads draft among those tokens
+            (their draft vocabulary, which calibrate keeps), and accuracy is scored among them, as drafting meets
+            it; rows outside it are never trained, so the heads' ranking over the whole vocabulary is worse.
         num_threads: ``torch.set_num_threads`` for the run (default: leave torch's setting).
         resume: continue from the last checkpoint in ``output_dir`` if there is one (its settings must
             match); ``False`` discards existing checkpoints.
@@ -828,8 +827,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype of the products with the frozen lm_head in the loss (bfloat16: faster)")
     parser.add_argument("--train-vocab", type=int, default=None, metavar="N",
                         help="score the loss over the data's N most frequent answer tokens and each batch's targets "
-                             "instead of the whole vocabulary (about N/vocab of the projection's cost; calibrate "
-                             "with --draft-vocab N)")
+                             "instead of the whole vocabulary (about N/vocab of the projection's cost); the heads "
+                             "then draft among those N tokens")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="dtype the base is loaded in")
     parser.add_argument("--no-resume", action="store_true", help="discard checkpoints in --output and start over")
