@@ -71,6 +71,10 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
     assert names([]) == ["c", "m"]
     assert names(["chain", "cerberus:tree"]) == ["c (chain, gate off)", "c (tree, gate off)", "m (chain, gate off)"]
     assert names(["medusa:chain+gate", "medusa:chain"]) == ["m (chain, gate off)"]
+    assert names(["default", "cerberus:tree"]) == ["c (calibrated default)", "c (tree, gate off)",
+                                                   "m (calibrated default)"]
+    assert [m.name for m in build_methods(base, models, 4, ["default"], prompt_lookup=False)] == [
+        "plain generate()", "c (calibrated default)", "m (calibrated default)"]
     with pytest.raises(ValueError, match="Unknown variants"):
         build_methods(base, models, 4, ["hydra:beam"])
     with pytest.raises(ValueError, match="Unknown variants"):
@@ -146,3 +150,48 @@ def test_a_phase_inside_another_is_charged_only_to_itself():
     assert profiler.seconds["draft"] + profiler.seconds["rescore"] == pytest.approx(outer, abs=1e-3)
     phases = profiler.close(outer + 0.01)
     assert sum(phases.values()) == pytest.approx(outer + 0.01) and phases["other"] == pytest.approx(0.01, abs=1e-3)
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint_and_refuses_another_runs(tmp_path):
+    from cerberus_hf.tools.bench import Method, run_methods
+
+    prompts = [torch.tensor([[1, 2]]), torch.tensor([[3]]), torch.tensor([[4, 5, 6]])]
+    calls = []
+
+    def method(name, fail_at=None):
+        def run(ids):
+            if fail_at is not None and int(ids[0, 0]) == fail_at:
+                raise KeyboardInterrupt  # the session ends mid-run
+            calls.append((name, int(ids[0, 0])))
+            return torch.cat([ids, ids[:, :1]], dim=1), None
+        return Method(name, run)
+
+    checkpoint = tmp_path / "bench.json.partial"
+    with pytest.raises(KeyboardInterrupt):
+        run_methods([method("plain"), method("other", fail_at=4)], prompts, torch.device("cpu"), warmup=0,
+                    checkpoint=checkpoint, run_identity={"dtype": "float32"})
+    saved = json.loads(checkpoint.read_text())
+    assert [len(saved["records"][name]) for name in ("plain", "other")] == [2, 2]
+
+    with pytest.raises(ValueError, match="another run.*dtype"):
+        run_methods([method("plain"), method("other")], prompts, torch.device("cpu"), warmup=0,
+                    checkpoint=checkpoint, resume=True, run_identity={"dtype": "bfloat16"})
+    with pytest.raises(ValueError, match="another run.*prompts"):
+        run_methods([method("plain"), method("other")], prompts[:2], torch.device("cpu"), warmup=0,
+                    checkpoint=checkpoint, resume=True, run_identity={"dtype": "float32"})
+    with pytest.raises(ValueError, match="another run.*methods"):
+        run_methods([method("plain"), method("third")], prompts, torch.device("cpu"), warmup=0,
+                    checkpoint=checkpoint, resume=True, run_identity={"dtype": "float32"})
+
+    calls.clear()
+    result = run_methods([method("plain"), method("other")], prompts, torch.device("cpu"), warmup=0,
+                         checkpoint=checkpoint, resume=True, run_identity={"dtype": "float32"})
+    assert sorted(calls) == [("other", 4), ("plain", 4)]  # only the prompt left to do
+    for row in result["methods"]:
+        assert [r["prompt"] for r in row["prompts"]] == [0, 1, 2]
+        assert row["identical"] == 1.0
+    assert not checkpoint.exists()
+
+    checkpoint.write_text("{not json")
+    with pytest.raises(ValueError, match="not a bench checkpoint"):
+        run_methods([method("plain")], prompts, torch.device("cpu"), warmup=0, checkpoint=checkpoint, resume=True)

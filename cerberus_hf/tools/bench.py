@@ -8,6 +8,7 @@ method back to back (the order rotating from prompt to prompt) and speedups are 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -63,10 +64,13 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # rows the same lattice and size without either (weights 0): the same verification budget, so rtree against
 # ltree is the rescorers' gain. "rtree-ngram", "rtree-lm" and "rtree-both" rows are the best rescored tree
 # calibration found with the n-gram alone, the LM alone and both.
+# A "default" row runs the checkpoint exactly as `generate()` would for this device and dtype: its
+# calibrated tree kind, gate and lookup, so each family's own best guess sits beside the fixed rows.
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
+    "default": ("calibrated default", {}, ()),
     "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ()),
     "chain+gate": ("chain, gate on", {"draft_tree": None, **_STATIC, **_NO_LOOKUP}, ("gate_threshold",)),
     "tree": ("tree, gate off", {"gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ("draft_tree",)),
@@ -99,19 +103,26 @@ VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
 
 
 def build_methods(
-    base, head_models: dict, max_new_tokens: int, variants: list[str] | None = None, profile: bool = False
+    base,
+    head_models: dict,
+    max_new_tokens: int,
+    variants: list[str] | None = None,
+    profile: bool = False,
+    prompt_lookup: bool = True,
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
     checkpoint once as it is configured. A variant written ``family:key`` (``hydra:dtree``) applies only
     to checkpoints of that head type, so one interleaved run can give each family its own rows without
-    running every family in every configuration. ``profile`` records per-phase step times of the head
-    methods."""
+    running every family in every configuration; ``default`` is the checkpoint as calibrated (a row that
+    only a list names). ``profile`` records per-phase step times of the head methods;
+    ``prompt_lookup=False`` leaves out transformers' prompt lookup row (an hour-long run need not repeat
+    a baseline it already has)."""
     call = {"max_new_tokens": max_new_tokens, "do_sample": False}
-    methods = [
-        Method("plain generate()", lambda ids: (base.generate(ids, **call), None)),
-        Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)),
-    ]
+    methods = [Method("plain generate()", lambda ids: (base.generate(ids, **call), None))]
+    if prompt_lookup:
+        methods.append(
+            Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)))
     unknown = {v for v in variants or () if v.rpartition(":")[2] not in VARIANTS
                or v.rpartition(":")[0] not in ("", *HEAD_TYPES)}
     if unknown:
@@ -132,7 +143,7 @@ def build_methods(
         options = [("", {})] if variants == [] else [
             (suffix, {**overrides, **tree_of.get(key.split("+")[0], {})})
             for key, (suffix, overrides, needs) in VARIANTS.items()
-            if (variants is None or key in wanted) and all(settings[n] is not None for n in needs)
+            if (key != "default" if variants is None else key in wanted) and all(settings[n] is not None for n in needs)
             and (not key.startswith("rtree-") or tree_of[key]["rescoring"] is not None)
         ]
         for suffix, overrides in options:
@@ -161,28 +172,50 @@ def run_bench(
     variants: list[str] | None = None,
     warmup: int = 1,
     profile: bool = False,
+    prompt_lookup: bool = True,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    run_identity: dict | None = None,
 ) -> dict:
     """Decode every prompt (``[1, length]`` input ids) with every method of `build_methods`; returns
-    per-method summaries and per-prompt records."""
-    methods = build_methods(base, head_models, max_new_tokens, variants, profile)
-    return run_methods(methods, encoded, base.device, warmup)
+    per-method summaries and per-prompt records (``checkpoint``, ``resume``: see `run_methods`)."""
+    methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup)
+    return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
+                       {"max_new_tokens": max_new_tokens, **(run_identity or {})})
 
 
-def run_methods(methods: list[Method], encoded: list[torch.Tensor], device: torch.device, warmup: int = 1) -> dict:
+def run_methods(
+    methods: list[Method],
+    encoded: list[torch.Tensor],
+    device: torch.device,
+    warmup: int = 1,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    run_identity: dict | None = None,
+) -> dict:
     """`run_bench` for any methods, the first of which (plain decoding) is the reference for speed and
-    identity: each prompt decoded by every method back to back, the order rotating from prompt to prompt."""
+    identity: each prompt decoded by every method back to back, the order rotating from prompt to prompt.
+
+    A run over 80 prompts and a dozen rows takes hours on a CPU, so with a ``checkpoint`` path every
+    finished prompt's records are written there, and ``resume=True`` continues from that file. Records of
+    another run must not mix into this one: the file is refused unless its methods, prompts (by a hash of
+    their token ids) and ``run_identity`` (the machine, dtype, token budget: whatever makes timings
+    comparable) are this run's. The file is removed once every prompt is done."""
+    identity = {"methods": [m.name for m in methods], "prompts": _fingerprint(encoded), **(run_identity or {})}
+    start = _load_checkpoint(checkpoint, identity, methods) if checkpoint and resume else 0
     for ids in encoded[:warmup]:
         for method in methods:
             method.run(ids)
-    for index, ids in enumerate(tqdm(encoded, desc="bench", unit="prompt")):
+    for index in tqdm(range(start, len(encoded)), desc="bench", unit="prompt", initial=start, total=len(encoded)):
+        ids = encoded[index]
         order = methods[index % len(methods):] + methods[: index % len(methods)]
         outputs = {}
         for method in order:
             synchronize(device)
-            start = time.perf_counter()
+            start_time = time.perf_counter()
             out, stats = method.run(ids)
             synchronize(device)
-            elapsed = time.perf_counter() - start
+            elapsed = time.perf_counter() - start_time
             outputs[method.name] = out
             method.records.append({
                 "prompt": index,
@@ -197,7 +230,49 @@ def run_methods(methods: list[Method], encoded: list[torch.Tensor], device: torc
         reference = outputs[methods[0].name]
         for method in methods:
             method.records[-1]["identical"] = bool(torch.equal(outputs[method.name], reference))
+        if checkpoint:
+            _write_atomically(checkpoint, {"identity": identity, "records": {m.name: m.records for m in methods}})
+    if checkpoint:
+        Path(checkpoint).unlink(missing_ok=True)
     return summarize(methods)
+
+
+def _fingerprint(encoded: list[torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for ids in encoded:
+        digest.update(ids.cpu().numpy().tobytes() + b"|")
+    return digest.hexdigest()[:16]
+
+
+def _load_checkpoint(path: str | Path, identity: dict, methods: list[Method]) -> int:
+    """Fill ``methods``' records from a checkpoint of the same run; returns the first prompt left to do."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    try:
+        saved = json.loads(path.read_text())
+        saved_identity, records = saved["identity"], saved["records"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a bench checkpoint ({error}); delete it to start afresh") from error
+    differs = sorted(key for key in identity.keys() | saved_identity.keys()
+                     if identity.get(key) != saved_identity.get(key))
+    if differs:
+        raise ValueError(f"{path} was written by another run (it differs in: {', '.join(differs)}); its timings "
+                         "cannot be mixed with this run's. Delete it, or resume with the same command on the "
+                         "same machine.")
+    for method in methods:
+        method.records = records[method.name]
+    done = {len(r) for r in records.values()}
+    if len(done) != 1:
+        raise ValueError(f"{path} holds different numbers of prompts per method; delete it to start afresh")
+    return done.pop()
+
+
+def _write_atomically(path: str | Path, payload: dict) -> None:
+    path = Path(path)
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_text(json.dumps(payload))
+    scratch.replace(path)
 
 
 def summarize(methods: list[Method]) -> dict:
@@ -356,6 +431,11 @@ def add_cli(subparsers) -> None:
                         help=f"configurations to run each checkpoint in, from {', '.join(VARIANTS)}; "
                              "FAMILY:VARIANT (hydra:dtree) for checkpoints of one head type only "
                              "(default: all its settings allow; none given: only its default configuration)")
+    parser.add_argument("--no-prompt-lookup", action="store_true",
+                        help="leave out the row of transformers' prompt lookup (plain generate() stays)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run whose finished prompts are in JSON.partial (written after each "
+                             "prompt when --json is given); refused if that file is another run's")
     parser.set_defaults(func=run_cli)
 
 
@@ -363,6 +443,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..modeling_cerberus import CerberusForCausalLM
     from ..real_models import load_named_model
 
+    if args.resume and not args.json:
+        raise SystemExit("--resume continues the run checkpointed beside --json; give the same --json path")
     base, tokenizer = load_named_model(args.base, dtype=getattr(torch, args.dtype))
     base.to(args.device)
     head_models = {}
@@ -372,11 +454,18 @@ def run_cli(args: argparse.Namespace) -> int:
     prompts = load_bench_prompts(args.prompts, args.limit, args.every)
     categories = load_bench_categories(args.prompts, args.limit, args.every)
     encoded = encode_prompts(tokenizer, prompts, base.device)
+    machine = describe_device(base.device)
+    checkpoint = args.json and args.json + ".partial"
+    if checkpoint and Path(checkpoint).exists() and not args.resume:
+        print(f"{checkpoint} holds an unfinished run; starting afresh (--resume continues it)", file=sys.stderr)
     result = run_bench(base, head_models, encoded, args.max_new_tokens, variants=args.variants,
-                       profile=args.profile)
+                       profile=args.profile, prompt_lookup=not args.no_prompt_lookup, checkpoint=checkpoint,
+                       resume=args.resume,
+                       run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
+                                     "heads": args.heads})
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"),
-                  command="cerberus-hf " + " ".join(sys.argv[1:]), machine=describe_device(base.device),
+                  command="cerberus-hf " + " ".join(sys.argv[1:]), machine=machine,
                   calibrations={label: model.decoding_settings(base.device, base.dtype)["calibration"]
                                 for label, model in head_models.items()})
     for row in result["methods"]:
