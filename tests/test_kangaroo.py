@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from cerberus_hf.drafters.kangaroo import capture_exit_states, decoder_layers, first_layers
+from cerberus_hf.drafters.base import decoder_layers
+from cerberus_hf.drafters.kangaroo import capture_exit_states, first_layers
 from helpers import ARCHITECTURES, NEW_TOKENS, check_stats, fresh_model, get_base, get_prompt, install_oracle, reference
 
 

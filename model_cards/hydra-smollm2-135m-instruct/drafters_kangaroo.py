@@ -43,21 +43,9 @@ import torch
 from torch import nn
 
 from .configuration_cerberus import CerberusConfig
-from .drafters_base import Drafter, SequenceState, capture_lm_head_input
+from .drafters_base import Drafter, SequenceState, capture_lm_head_input, decoder_layers
 from .drafters_layers import AttentionAdapter
 from .decoding_tree import tree_attention_ok
-
-
-def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
-    """(the base's decoder, the attribute name of its layer list, the list): the ``ModuleList`` child of
-    ``model.get_decoder()`` with one entry per hidden layer (``layers`` in Llama-style models, ``h`` in GPT-2)."""
-    decoder = model.get_decoder()
-    count = model.config.get_text_config().num_hidden_layers
-    for name, child in decoder.named_children():
-        if isinstance(child, nn.ModuleList) and len(child) == count:
-            return decoder, name, child
-    raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers found; Kangaroo cannot run its "
-                     "first layers on their own.")
 
 
 @contextmanager

@@ -57,6 +57,18 @@ def capture_lm_head_input(model: nn.Module) -> Iterator[dict]:
         handle.remove()
 
 
+def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
+    """(the base's decoder, the attribute name of its layer list, the list): the ``ModuleList`` child of
+    ``model.get_decoder()`` with one entry per hidden layer (``layers`` in Llama-style models, ``h`` in GPT-2)."""
+    decoder = model.get_decoder()
+    count = model.config.get_text_config().num_hidden_layers
+    for name, child in decoder.named_children():
+        if isinstance(child, nn.ModuleList) and len(child) == count:
+            return decoder, name, child
+    raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers found; Kangaroo cannot run its "
+                     "first layers on their own.")
+
+
 class ResidualBlock(nn.Module):
     """``x + SiLU(W [x; extra] + b)``; identity at initialisation."""
 
