@@ -57,6 +57,7 @@ def reference(arch: str, max_new_tokens: int = NEW_TOKENS) -> torch.Tensor:
 # Drafter variants that the family-parametrised tests run beside the head types: a name, its head type and options.
 VARIANTS = {
     "hydra+prefix": dict(head_type="hydra", prefix_layer=True, context_window=4, adapter_heads=2, adapter_head_dim=8),
+    "clover+prenorm": dict(head_type="clover", state_source="final_norm_input"),  # reads the state before the final norm
 }
 
 
@@ -159,20 +160,15 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict
     states, targets, positions = [], [], []
     for ref in references:
         ref = ref.reshape(1, -1)
-        captured = []
-        handle = model.base.get_output_embeddings().register_forward_pre_hook(lambda m, args: captured.append(args[0]))
-        try:
-            with torch.no_grad():
-                model.base(ref)
-        finally:
-            handle.remove()
+        with torch.no_grad(), heads.capture(model.base) as captured:  # the state the heads read
+            model.base(ref)
         length = ref.shape[1]
         tokens = torch.full((length, num_heads), -1, dtype=torch.long)
         for p in range(length):
             for k in range(num_heads):
                 if p + k + 2 < length:
                     tokens[p, k] = ref[0, p + k + 2]
-        states.append(captured[-1][0].float())
+        states.append(captured["hidden"][0].float())
         targets.append(tokens)
         positions.append(torch.arange(length))
     table, targets, positions = torch.cat(states), torch.cat(targets), torch.cat(positions)

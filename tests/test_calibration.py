@@ -231,8 +231,10 @@ def test_calibrate_cli_keeps_the_vocabulary_heads_were_trained_over(tmp_path):
 
     from cerberus_hf.tools import calibrate as calibrate_tool
 
-    (tmp_path / "heads").mkdir()
-    (tmp_path / "heads" / "training_metrics.json").write_text(json.dumps({"config": {"train_vocab": 64}}))
+    from cerberus_hf.configuration_cerberus import CerberusConfig
+
+    CerberusConfig(hidden_size=32, vocab_size=128, draft_vocab_size=64, draft_vocab_trained=True).save_pretrained(
+        tmp_path / "heads")
     (tmp_path / "data.jsonl").write_text("")
     parser = argparse.ArgumentParser()
     calibrate_tool.add_cli(parser.add_subparsers(dest="command"))
@@ -240,7 +242,7 @@ def test_calibrate_cli_keeps_the_vocabulary_heads_were_trained_over(tmp_path):
                               "--draft-vocab", "32"])
     with pytest.raises(SystemExit, match="trained over its own 64-token vocabulary"):
         args.func(args)
-    (tmp_path / "heads" / "training_metrics.json").write_text(json.dumps({"config": {"train_vocab": None}}))
+    CerberusConfig(hidden_size=32, vocab_size=128, draft_vocab_size=64).save_pretrained(tmp_path / "heads")
     with pytest.raises(ValueError, match="holds no records"):  # past the check, to the (empty) data
         args.func(args)
 

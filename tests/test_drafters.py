@@ -14,6 +14,7 @@ from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.drafting import StepDrafts, dynamic_draft, dynamic_selection, node_budget, static_draft
 from cerberus_hf.decoding.tree import DynamicTree, TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
+from cerberus_hf.drafters.base import capture_lm_head_input, capture_states
 from helpers import (
     ARCHITECTURES,
     NEW_TOKENS,
@@ -21,6 +22,7 @@ from helpers import (
     ForwardCounter,
     check_stats,
     fresh_model,
+    get_base,
     get_prompt,
     install_oracle,
     reference,
@@ -59,6 +61,29 @@ def with_tree_kind(model, tree: str, arch: str):
 
 def test_every_config_head_type_has_a_drafter():
     assert tuple(DRAFTER_CLASSES) == HEAD_TYPES
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_state_before_the_final_norm_is_what_the_final_norm_reads(arch):
+    """``state_source="final_norm_input"`` captures the last decoder layer's output: the base's final norm
+    (found here by name, independently of the library) turns it into exactly the lm_head's input."""
+    base = get_base(arch)
+    decoder = base.get_decoder()
+    final_norm = next(getattr(decoder, name) for name in ("norm", "ln_f", "final_layernorm") if hasattr(decoder, name))
+    with torch.no_grad(), capture_states(base, "final_norm_input") as captured:
+        base(get_prompt(arch))
+    before, after = captured["hidden"], captured["lm_head_input"]
+    assert before.shape == after.shape and not torch.allclose(before, after)
+    with torch.no_grad():
+        torch.testing.assert_close(final_norm(before), after)
+    with capture_lm_head_input(base) as default, torch.no_grad():
+        base(get_prompt(arch))
+    assert torch.equal(default["hidden"], after)
+    with pytest.raises(ValueError, match="Unknown state source"):
+        with capture_states(base, "logits"):
+            pass
+    with pytest.raises(ValueError, match="Kangaroo drafts from a shallow layer"):
+        fresh_model(arch, "kangaroo", state_source="final_norm_input")
 
 
 @pytest.mark.parametrize("lookup", [0, 3], ids=["no_lookup", "lookup"])

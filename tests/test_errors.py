@@ -223,6 +223,15 @@ def test_nan_gate_threshold_is_refused_when_configured(base):
         CerberusForCausalLM.from_base(base, gate_threshold=math.nan)
 
 
+def test_config_fields_with_a_fixed_set_of_values_refuse_others():
+    with pytest.raises(ValueError, match="needs the draft vocabulary"):
+        CerberusConfig(hidden_size=32, vocab_size=96, draft_vocab_trained=True)
+    with pytest.raises(ValueError, match="true or false"):
+        CerberusConfig(hidden_size=32, vocab_size=96, draft_vocab_size=8, draft_vocab_trained="yes")
+    with pytest.raises(ValueError, match="Unknown state_source 'logits'"):
+        CerberusConfig(hidden_size=32, vocab_size=96, state_source="logits")
+
+
 def test_nan_gate_threshold_is_refused_per_call(base):
     model = CerberusForCausalLM.from_base(base)
     with pytest.raises(ValueError, match="NaN"):

@@ -100,6 +100,30 @@ def test_cache_holds_lm_head_inputs_tokens_and_teacher(base, data_path, tmp_path
     assert int(cache.remaining()[rows][-1]) == 0 and rows.stop - 1 not in set(cache.positions().tolist())
 
 
+def test_a_cache_of_the_state_before_the_final_norm_is_kept_apart(base, data_path, tmp_path):
+    """``state_source="final_norm_input"`` keeps the last decoder layer's output, in a folder of its own; the
+    teacher still comes from the lm_head's input, and the default cache keeps the key it had before the
+    option existed (caches on disk stay valid)."""
+    import hashlib
+
+    from cerberus_hf.training.hidden_cache import CACHE_FORMAT_VERSION, base_fingerprint
+
+    post = build_hidden_cache(base, data_path, tmp_path, teacher_topk=5, show_progress=False)
+    pre = build_hidden_cache(base, data_path, tmp_path, teacher_topk=5, show_progress=False,
+                             state_source="final_norm_input")
+    assert pre.info["key"] != post.info["key"] and pre.info["state_source"] == "final_norm_input"
+    old_payload = {"format": CACHE_FORMAT_VERSION, "base": base_fingerprint(base), "teacher_topk": 5,
+                   "max_seq_len": post.info["max_seq_len"]}
+    assert post.info["key"] == hashlib.sha256(json.dumps(old_payload, sort_keys=True).encode()).hexdigest()[:16]
+    assert torch.equal(pre.tokens, post.tokens) and torch.equal(pre.teacher_ids, post.teacher_ids)
+    assert torch.equal(pre.teacher_logprobs, post.teacher_logprobs)
+
+    # the final norm turns each kept state into the default cache's (up to float16 storage)
+    assert not torch.allclose(pre.hidden.float(), post.hidden.float(), atol=1e-2)
+    with torch.no_grad():
+        torch.testing.assert_close(base.model.norm(pre.hidden.float()), post.hidden.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_cache_is_resumable_per_shard(base, data_path, tmp_path):
     first = build_hidden_cache(base, data_path, tmp_path, teacher_topk=4, shard_tokens=200, show_progress=False)
     assert first.info["shards"] >= 3 and first.info["shards_computed"] == first.info["shards"]
@@ -195,10 +219,10 @@ def test_restricted_projection_loss_is_the_softmax_over_the_vocab_and_the_target
 # ------------------------------------------------------------------------------------------------ training
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "clover", "hydra+prefix"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "clover", "hydra+prefix", "clover+prenorm"])
 def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_dir, tmp_path, head_type):
     model = fresh(base, head_type)
-    cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False)
+    cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False, state_source=model.config.state_source)
     train_positions = cache.positions()
     before = evaluate_heads(model, cache, train_positions)
     metrics = train_heads(model, data_path, tmp_path, epochs=12, cache_dir=cache_dir, distill_weight=0.2, **FAST)
@@ -218,6 +242,7 @@ def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_
 
     loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base)
     assert loaded.config.head_type == family_options(head_type)["head_type"] and heads_equal(loaded, model)
+    assert loaded.heads.state_source == model.config.state_source
     prompt = prompt_ids(seed=99, length=7)
     expected = base.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(loaded.generate(prompt, max_new_tokens=12, eos_token_id=None, pad_token_id=0), expected)
@@ -392,6 +417,9 @@ def test_training_over_a_train_vocabulary_learns(base, data_path, cache_dir, tmp
     vocab = frequent_tokens(records, VOCAB // 8)
     loaded = CerberusForCausalLM.from_pretrained(tmp_path / "restricted", base_model=base)
     assert loaded.config.draft_vocab_size == VOCAB // 8 and torch.equal(loaded.heads.draft_vocab, vocab)
+    assert loaded.config.draft_vocab_trained  # the rows outside it never learned: no other vocabulary is taken
+    with pytest.raises(ValueError, match="trained over their own"):
+        loaded.set_draft_vocab(vocab[:4])
     prompt = torch.tensor([records[0].input_ids])
     expected = base.generate(prompt, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(loaded.generate(prompt, max_new_tokens=16, eos_token_id=None, pad_token_id=0), expected)

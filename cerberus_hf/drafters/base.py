@@ -38,23 +38,43 @@ from typing import ClassVar, ContextManager, Iterator
 import torch
 from torch import nn
 
-from ..configuration_cerberus import CerberusConfig
+from ..configuration_cerberus import STATE_SOURCES, CerberusConfig
 
 
 @contextmanager
-def capture_lm_head_input(model: nn.Module) -> Iterator[dict]:
-    """Record the input of the base's output projection on every forward: the last hidden state
-    exactly as the base turns it into logits (after the final norm, whatever the architecture)."""
+def capture_states(model: nn.Module, source: str = "lm_head_input") -> Iterator[dict]:
+    """Record the base's last hidden state on every forward: ``captured["hidden"]`` is the state named by
+    ``source`` (`STATE_SOURCES`), ``[batch, positions, hidden]``.
+
+    ``"lm_head_input"`` is the state exactly as the base turns it into logits (after the final norm,
+    whatever the architecture); ``"final_norm_input"`` is the last decoder layer's output, the residual
+    stream before the final norm, which Clover-2 reads (it keeps the state's scale, which the norm divides
+    out). The lm_head's input is always kept as ``captured["lm_head_input"]`` too (the teacher's logits
+    come from it)."""
+    if source not in STATE_SOURCES:
+        raise ValueError(f"Unknown state source {source!r}; expected one of {', '.join(STATE_SOURCES)}.")
     captured: dict = {}
 
-    def hook(module, args):
-        captured["hidden"] = args[0]
+    def store(name: str, value: torch.Tensor) -> None:
+        captured[name] = value
+        if name == source:
+            captured["hidden"] = value
 
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    handles = [model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: store("lm_head_input", args[0]))]
+    if source == "final_norm_input":
+        handles.append(decoder_layers(model)[2][-1].register_forward_hook(
+            lambda module, args, output: store("final_norm_input", output[0] if isinstance(output, tuple) else output)))
     try:
         yield captured
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+
+
+def capture_lm_head_input(model: nn.Module) -> ContextManager[dict]:
+    """`capture_states` of the lm_head's input, the state every family reads by default."""
+    return capture_states(model, "lm_head_input")
 
 
 def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
@@ -66,7 +86,7 @@ def decoder_layers(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
         if isinstance(child, nn.ModuleList) and len(child) == count:
             return decoder, name, child
     raise ValueError(f"{type(model).__name__}: no list of {count} decoder layers found; Kangaroo cannot run its "
-                     "first layers on their own.")
+                     "first layers on their own, and no drafter can read the state before the final norm.")
 
 
 class ResidualBlock(nn.Module):
@@ -184,6 +204,7 @@ class Drafter(nn.Module):
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
         self.num_heads = config.num_heads
+        self.state_source = config.state_source
         self.blocks = self.build_blocks(config)
         self.lm_heads = (
             nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads))
@@ -275,9 +296,9 @@ class Drafter(nn.Module):
 
     def capture(self, model: nn.Module):
         """A context manager during which ``captured["hidden"]`` holds what this drafter reads from the
-        base's latest forward (``[batch, positions, hidden]``): here the input of the base's output
-        projection (`capture_lm_head_input`, which the hidden-state cache records too)."""
-        return capture_lm_head_input(model)
+        base's latest forward (``[batch, positions, hidden]``): the state its config's ``state_source``
+        names (`capture_states`; the hidden-state cache records the same one)."""
+        return capture_states(model, self.state_source)
 
     # ------------------------------------------------------------------------------ drafting
     def start(self, model: nn.Module, cache) -> SequenceState:

@@ -49,7 +49,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..drafters.base import capture_lm_head_input
+from ..configuration_cerberus import CerberusConfig
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
 from ..decoding.hardware import HardwareKey, bf16_matmul, describe_device
@@ -57,7 +57,6 @@ from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
 from ..training.data import Record, frequent_tokens, read_records
 from ..training.hidden_cache import split_record_ids
-from ..training.trainer import METRICS_NAME
 from ..decoding.profiling import synchronize
 
 
@@ -176,7 +175,7 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
     num_heads = model.config.num_heads
     for seq, skip in tqdm(sequences, desc="head ranks", unit="seq"):
         ids = torch.tensor([seq], device=model.device)
-        with capture_lm_head_input(model.base) as captured:
+        with model.heads.capture(model.base) as captured:  # what the heads read: their state_source
             logits = model.base(input_ids=ids).logits[0]
         rows = torch.arange(len(seq), device=ids.device)
         # what the heads read: a windowed drafter's window starts where decoding's would (the prompt's last state)
@@ -747,11 +746,12 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    trained_over = _trained_vocab(args.heads)
-    if args.draft_vocab and trained_over:
-        raise SystemExit(f"cerberus-hf calibrate: {args.heads} was trained over its own {trained_over}-token vocabulary "
-                         "(train --train-vocab); rows outside it are untrained, so it keeps drafting among those "
-                         "tokens: leave out --draft-vocab")
+    if args.draft_vocab:
+        config = CerberusConfig.from_pretrained(args.heads)  # before the model: a refusal needs no weights
+        if config.draft_vocab_trained:
+            raise SystemExit(f"cerberus-hf calibrate: {args.heads} was trained over its own {config.draft_vocab_size}-"
+                             "token vocabulary (train --train-vocab); rows outside it are untrained, so it keeps "
+                             "drafting among those tokens: leave out --draft-vocab")
     records = read_records(args.data)  # before the model: a bad data file fails fast
     model = _load_for_calibration(args, records)
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
@@ -782,14 +782,6 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['key']!r}]"
               + (f", a {args.draft_vocab}-token draft vocabulary with the heads" if args.draft_vocab else ""))
     return 0
-
-
-def _trained_vocab(folder: str) -> int | None:
-    """The ``--train-vocab`` a folder's heads were trained with (its ``training_metrics.json``), if any."""
-    metrics = Path(folder) / METRICS_NAME
-    if not metrics.is_file():
-        return None
-    return json.loads(metrics.read_text()).get("config", {}).get("train_vocab")
 
 
 def _load_for_calibration(args: argparse.Namespace, records: list[Record], cast: bool = True):

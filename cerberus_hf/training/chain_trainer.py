@@ -321,7 +321,7 @@ def train_chain_drafter(
     drafter.to(dtype=drafter_dtype)
     drafter.eval()
     if vocab is not None:  # trained to rank these tokens only: draft among them
-        model.set_draft_vocab(vocab)
+        model.set_draft_vocab(vocab, trained=True)
     final = state["evals"][-1] if state["evals"] else None
     metrics = {
         "top1": [final["top1"]] if final else None, "top5": [final["top5"]] if final else None,

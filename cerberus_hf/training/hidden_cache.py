@@ -11,8 +11,9 @@ For a record with prompt ids ``P`` (length ``p``) and answer ids ``A`` (length `
 sequence ``P + A``. Position ``i`` of the record's cache rows (``0 <= i < n``) holds
 
 * ``hidden[i]``: the base's last hidden state at sequence position ``p - 1 + i`` (float16), the state
-  from which the base predicts ``A[i]``; at inference this is the state the heads read after the base
-  has produced everything before ``A[i]``;
+  from which the base predicts ``A[i]`` (the lm_head's input, or with ``state_source="final_norm_input"``
+  the last decoder layer's output before the final norm, in a cache of its own); at inference this is
+  the state the heads read after the base has produced everything before ``A[i]``;
 * ``tokens[i] = A[i]``;
 * ``teacher_ids[i]`` / ``teacher_logprobs[i]``: the base's top-``k`` next-token log-probabilities at that
   state, i.e. its distribution for ``A[i]`` (for distillation; computed from the float32 state).
@@ -49,7 +50,7 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..drafters.base import capture_lm_head_input
+from ..drafters.base import capture_states
 from .data import Record, read_records
 
 logger = logging.getLogger(__name__)
@@ -123,19 +124,25 @@ def _decoder(base: nn.Module) -> nn.Module | None:
         return None
 
 
-def lm_head_inputs(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_decoder: bool) -> torch.Tensor:
-    """The base's last hidden states ``[batch, seq, hidden]`` exactly as its ``lm_head`` reads them.
+def base_states(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_decoder: bool,
+                state_source: str = "lm_head_input") -> tuple[torch.Tensor, torch.Tensor]:
+    """(the state the drafter reads, named by ``state_source``; the lm_head's input), each
+    ``[batch, seq, hidden]``: for the default source both are the lm_head's input, the base's last hidden
+    state exactly as its ``lm_head`` reads it.
 
     With ``use_decoder`` the backbone alone is run (``base.get_decoder()``, whose ``last_hidden_state`` is
     the lm_head input for Llama-style models: the final norm is applied inside it), which skips the
-    vocabulary projection over every position. Otherwise the full model runs and the lm_head input is
-    recorded with `capture_lm_head_input`.
+    vocabulary projection over every position. Otherwise the full model runs and the states are recorded
+    with `capture_states`.
     """
-    if use_decoder:
-        return _decoder(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    with capture_lm_head_input(base) as captured:
-        base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return captured["hidden"]
+    with capture_states(base, state_source) as captured:
+        if use_decoder:
+            last = _decoder(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            captured.setdefault("hidden", last)  # the lm_head did not run: its input is the decoder's output
+            captured["lm_head_input"] = last
+        else:
+            base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return captured["hidden"], captured["lm_head_input"]
 
 
 @torch.no_grad()
@@ -147,10 +154,10 @@ def decoder_output_is_lm_head_input(base: nn.Module, input_ids: torch.Tensor) ->
     row = input_ids[:1, :64]
     mask = torch.ones_like(row)
     try:
-        fast = lm_head_inputs(base, row, mask, use_decoder=True)
+        fast = base_states(base, row, mask, use_decoder=True)[1]
     except Exception:  # noqa: BLE001 - any failure just means the backbone path is not usable
         return False
-    exact = lm_head_inputs(base, row, mask, use_decoder=False)
+    exact = base_states(base, row, mask, use_decoder=False)[1]
     return fast.shape == exact.shape and torch.allclose(fast, exact, rtol=1e-4, atol=1e-4 * float(exact.abs().max()))
 
 
@@ -250,13 +257,14 @@ def _compute_shard(
     use_decoder: bool,
     pad_token_id: int,
     progress: tqdm | None,
+    state_source: str = "lm_head_input",
 ) -> dict[str, torch.Tensor]:
     device = base.get_output_embeddings().weight.device
     sequences = [_sequence(records[i], max_seq_len) for i in plan.records]
     per_record: list[dict[str, torch.Tensor] | None] = [None] * len(sequences)
     for batch in _batches([len(ids) for ids, _ in sequences], batch_tokens):
         input_ids, mask = right_padded([sequences[i][0] for i in batch], pad_token_id)
-        hidden = lm_head_inputs(base, input_ids.to(device), mask.to(device), use_decoder)
+        hidden, head_input = base_states(base, input_ids.to(device), mask.to(device), use_decoder, state_source)
         for row, i in enumerate(batch):
             ids, answer = sequences[i]
             start = len(ids) - answer - 1  # state at p - 1 predicts the first answer token
@@ -270,7 +278,7 @@ def _compute_shard(
             }
             if teacher_topk:
                 ids_parts, logp_parts = [], []
-                for chunk in states.split(1024):
+                for chunk in head_input[row, start : start + answer].split(1024):
                     logp = torch.log_softmax(_teacher_logits(base, chunk), dim=-1)
                     top = logp.topk(teacher_topk, dim=-1)
                     ids_parts.append(top.indices.to(torch.int32).cpu())
@@ -350,11 +358,13 @@ class HiddenStateCache:
         return float((self.teacher_ids[:, 0].long() == self.tokens).float().mean())
 
 
-def cache_key(fingerprint: dict, teacher_topk: int, max_seq_len: int | None) -> str:
-    payload = json.dumps(
-        {"format": CACHE_FORMAT_VERSION, "base": fingerprint, "teacher_topk": teacher_topk, "max_seq_len": max_seq_len},
-        sort_keys=True,
-    )
+def cache_key(fingerprint: dict, teacher_topk: int, max_seq_len: int | None,
+              state_source: str = "lm_head_input") -> str:
+    settings = {"format": CACHE_FORMAT_VERSION, "base": fingerprint, "teacher_topk": teacher_topk,
+                "max_seq_len": max_seq_len}
+    if state_source != "lm_head_input":  # the default stays out, so caches written before the option keep their key
+        settings["state_source"] = state_source
+    payload = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -369,6 +379,7 @@ def build_hidden_cache(
     shard_tokens: int = 16384,
     accelerator=None,
     show_progress: bool = True,
+    state_source: str = "lm_head_input",
 ) -> HiddenStateCache:
     """Run the frozen ``base`` once over every record (shards already on disk are skipped) and load the cache.
 
@@ -384,6 +395,9 @@ def build_hidden_cache(
         shard_tokens: sequence tokens per shard (the unit of resuming).
         accelerator: an ``accelerate.Accelerator``; with several processes each computes its share of the
             missing shards.
+        state_source: which of the base's last states is kept as ``hidden`` (`STATE_SOURCES`; the
+            drafter's ``state_source``): the lm_head's input, or the last decoder layer's output before the
+            final norm. The teacher's log-probabilities always come from the lm_head's input.
     """
     records = read_records(data) if isinstance(data, (str, os.PathLike)) else list(data)
     if max_seq_len is None:
@@ -391,7 +405,7 @@ def build_hidden_cache(
     vocab = base.get_output_embeddings().weight.shape[0]
     teacher_topk = min(int(teacher_topk), vocab)
     fingerprint = base_fingerprint(base)
-    key = cache_key(fingerprint, teacher_topk, max_seq_len)
+    key = cache_key(fingerprint, teacher_topk, max_seq_len, state_source)
     folder = Path(cache_dir) / key
     plans = plan_shards(records, shard_tokens, max_seq_len)
     missing = [plan for plan in plans if not (folder / plan.filename).is_file()]
@@ -401,18 +415,20 @@ def build_hidden_cache(
         manifest = folder / MANIFEST_NAME
         if is_main and not manifest.is_file():
             _write_json(manifest, {"format": CACHE_FORMAT_VERSION, "base": fingerprint, "teacher_topk": teacher_topk,
-                                   "max_seq_len": max_seq_len, "layout": "see cerberus_hf/hidden_cache.py"})
+                                   "max_seq_len": max_seq_len, "state_source": state_source,
+                                   "layout": "see cerberus_hf/training/hidden_cache.py"})
         if is_main:
             _check_room(base, records, missing, folder, teacher_topk, len(plans))
         if accelerator is not None and accelerator.num_processes > 1:
             missing = missing[accelerator.process_index :: accelerator.num_processes]
         _fill_shards(base, records, missing, folder, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
-                     batch_tokens=batch_tokens, show_progress=show_progress and is_main)
+                     batch_tokens=batch_tokens, show_progress=show_progress and is_main, state_source=state_source)
     if accelerator is not None:
         accelerator.wait_for_everyone()
     cache = load_hidden_cache(folder, plans, records)
     cache.info.update({"key": key, "folder": str(folder), "base": fingerprint, "teacher_topk": teacher_topk,
-                       "max_seq_len": max_seq_len, "shards": len(plans), "shards_computed": len(missing),
+                       "max_seq_len": max_seq_len, "state_source": state_source, "shards": len(plans),
+                       "shards_computed": len(missing),
                        "data_digest": hashlib.sha256("".join(p.digest for p in plans).encode()).hexdigest()})
     return cache
 
@@ -430,7 +446,8 @@ def _check_room(base, records, missing, folder: Path, teacher_topk: int, num_pla
                            "free; pass another --cache-dir")
 
 
-def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_len, batch_tokens, show_progress):
+def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_len, batch_tokens, show_progress,
+                 state_source):
     if not plans:
         return
     was_training = base.training
@@ -449,7 +466,7 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
         for number, plan in enumerate(plans):
             shard = _compute_shard(base, records, plan, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
                                    batch_tokens=batch_tokens, use_decoder=use_decoder, pad_token_id=int(pad),
-                                   progress=progress)
+                                   progress=progress, state_source=state_source)
             metadata = {"format": str(CACHE_FORMAT_VERSION), "digest": plan.digest,
                         "record_ids": json.dumps([records[i].id for i in plan.records])}
             tmp = folder / f".{plan.filename}.tmp-{os.getpid()}"
@@ -513,7 +530,7 @@ __all__ = [
     "cache_bytes_per_token",
     "decoder_output_is_lm_head_input",
     "id_bucket",
-    "lm_head_inputs",
+    "base_states",
     "load_hidden_cache",
     "split_record_ids",
 ]

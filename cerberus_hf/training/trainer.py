@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from .data import frequent_tokens, read_records
 from ..drafters.base import context_windows
 from .hidden_cache import HiddenStateCache, build_hidden_cache, id_bucket, split_record_ids
-from ..configuration_cerberus import HEAD_TYPES
+from ..configuration_cerberus import HEAD_TYPES, STATE_SOURCES
 from ..decoding.hardware import describe_device
 from ..real_models import load_named_model
 
@@ -574,6 +574,7 @@ def train_heads(
         model.base, records, cache_dir if cache_dir is not None else default_cache_dir(),
         teacher_topk=teacher_topk, max_seq_len=max_seq_len,
         batch_tokens=cache_batch_tokens, accelerator=accelerator, show_progress=show_progress,
+        state_source=model.config.state_source,
     )
     cache_time = time.perf_counter() - cache_started
     if not 0.0 < train_fraction <= 1.0:
@@ -730,7 +731,7 @@ def train_heads(
     heads.to(dtype=heads_dtype)
     heads.eval()
     if vocab is not None:  # trained to rank these tokens only: draft among them
-        model.set_draft_vocab(vocab)
+        model.set_draft_vocab(vocab, trained=True)
     total_train_time = train_time_before + train_time
     metrics = {
         "top1": final_eval["top1"] if final_eval else None,
@@ -787,7 +788,7 @@ def add_cli(subparsers):
             "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
             "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo",), "adapter_heads": ("kangaroo", "clover", "hydra"),
             "adapter_head_dim": ("kangaroo", "clover", "hydra"), "context_window": ("clover", "hydra"),
-            "prefix_layer": ("hydra",), "head_dropout": heads}
+            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads}
     parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
     return parser
 
@@ -839,6 +840,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "--num-heads is the longest draft)")
     kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
     kangaroo.add_argument("--batch-tokens", type=int, default=8192, help="padded sequence tokens per step")
+    parser.add_argument("--state-source", default="lm_head_input", choices=STATE_SOURCES,
+                        help="which of the base's last states the heads read: the lm_head's input (after the final "
+                             "norm) or the last decoder layer's output (before it, as Clover-2 reads it); each has "
+                             "a hidden-state cache of its own")
     parser.add_argument("--head-dropout", type=float, default=0.0,
                         help="dropout on what the heads read and project, in training (Hydra++: 0.2)")
     adapter = parser.add_argument_group("adapter", "Kangaroo's adapter, Clover's augmenting block and Hydra++'s prefix "
@@ -865,7 +870,8 @@ def run_cli(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         records = [record for path in args.data for record in read_records(path)]
         cache = build_hidden_cache(base, records, args.cache_dir if args.cache_dir is not None else default_cache_dir(),
-                                   teacher_topk=args.teacher_topk, show_progress=not args.no_progress)
+                                   teacher_topk=args.teacher_topk, show_progress=not args.no_progress,
+                                   state_source=args.state_source)
         print(f"{cache.info['folder']}: {len(cache.record_ids)} records, {cache.num_positions} answer positions, "
               f"{cache.info['shards_computed']} of {cache.info['shards']} shards computed in "
               f"{time.perf_counter() - started:.0f} s; base top-1 = data token at {cache.base_agreement()}")
@@ -874,7 +880,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.head_type == "kangaroo":
         return _run_chain_cli(args, base)
     shape = {name: getattr(args, name) for name in ("num_layers", "adapter_heads", "adapter_head_dim", "context_window",
-                                                    "prefix_layer", "head_dropout")
+                                                    "prefix_layer", "head_dropout", "state_source")
              if args.head_type in args.only_for[name][0]}  # the drafter's shape options that apply to this head type
     model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads, **shape)
     metrics = train_heads(

@@ -277,11 +277,20 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         follow each state, ``tokens`` ``[n, num_heads]`` (read only by drafters that condition on them)."""
         return self.heads(hidden_states, tokens)
 
-    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+    def set_draft_vocab(self, token_ids: torch.Tensor | None, trained: bool = False) -> None:
         """Let the heads draft among ``token_ids`` only (None: the whole vocabulary). Output is unchanged;
-        drafting gets cheaper, and a token outside the set can no longer be drafted."""
+        drafting gets cheaper, and a token outside the set can no longer be drafted. ``trained`` records that
+        the heads were trained over exactly these tokens (the trainer's ``train_vocab``); such heads refuse
+        another vocabulary afterwards, since their other projection rows never learned anything."""
+        if self.config.draft_vocab_trained:
+            raise ValueError(f"These heads were trained over their own {self.config.draft_vocab_size}-token draft "
+                             "vocabulary (train --train-vocab); their rows outside it are untrained, so they keep "
+                             "drafting among those tokens.")
+        if trained and token_ids is None:
+            raise ValueError("trained=True names the vocabulary the heads were trained over: give its token ids.")
         self.heads.set_draft_vocab(token_ids)
         self.config.draft_vocab_size = None if token_ids is None else int(self.heads.draft_vocab.numel())
+        self.config.draft_vocab_trained = trained
 
     # ----------------------------------------------------------------------------------------- generating
     @torch.no_grad()

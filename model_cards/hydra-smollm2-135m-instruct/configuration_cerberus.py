@@ -14,6 +14,9 @@ from .remote_code import auto_map_entry, write_remote_code
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
 HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover")
 HEAD_PROJECTIONS = ("shared", "own")
+# Which of the base's last states a drafter reads: the lm_head's input (after the final norm) or the last
+# decoder layer's output (before it, as Clover-2 reads it); see `drafters.base.capture_states`.
+STATE_SOURCES = ("lm_head_input", "final_norm_input")
 
 
 class CerberusConfig(PreTrainedConfig):
@@ -40,6 +43,9 @@ class CerberusConfig(PreTrainedConfig):
             ``"own"`` gives each head its own vocabulary projection (Medusa-1).
         draft_vocab_size: when set, heads draft only among this many token ids (stored with the heads,
             most frequent first); verification always uses the full vocabulary, so output is unchanged.
+        draft_vocab_trained: the heads were trained over their draft vocabulary only (``train --train-vocab``):
+            their projection rows outside it never learned, so the draft vocabulary is part of the weights
+            and `CerberusForCausalLM.set_draft_vocab` refuses another.
         gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
             ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
         gate_signal: what the gate thresholds: ``"base_entropy"`` (the paper's), ``"head_entropy"`` or
@@ -68,6 +74,10 @@ class CerberusConfig(PreTrainedConfig):
             place of the newest state.
         head_dropout: dropout on what the heads read and on what they project, in training only (Hydra++ uses
             0.2); drafting never drops anything.
+        state_source: which of the base's last states the drafter reads (`STATE_SOURCES`):
+            ``"lm_head_input"`` (after the final norm; every family's default) or ``"final_norm_input"``
+            (the last decoder layer's output, before it, as Clover-2 reads it). The hidden-state cache
+            keeps one per source. Kangaroo reads a shallow layer and takes the default.
         exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
             probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
             longest draft is ``num_heads`` tokens.
@@ -87,6 +97,7 @@ class CerberusConfig(PreTrainedConfig):
     num_layers: int = 1
     head_projection: str = "shared"
     draft_vocab_size: int | None = None
+    draft_vocab_trained: bool = False
     gate_threshold: float | None = None
     gate_signal: str = "base_entropy"
     draft_tree: list | None = None
@@ -99,6 +110,7 @@ class CerberusConfig(PreTrainedConfig):
     context_window: int = 16
     prefix_layer: bool = False
     head_dropout: float = 0.0
+    state_source: str = "lm_head_input"
     exit_confidence: float = 0.6
 
     def __post_init__(self, **kwargs):
@@ -116,6 +128,10 @@ class CerberusConfig(PreTrainedConfig):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if not isinstance(self.draft_vocab_trained, bool):
+            raise ValueError(f"draft_vocab_trained must be true or false, got {self.draft_vocab_trained!r}.")
+        if self.draft_vocab_trained and not self.draft_vocab_size:
+            raise ValueError("draft_vocab_trained needs the draft vocabulary it names: set draft_vocab_size.")
         if not isinstance(self.prefix_layer, bool):
             raise ValueError(f"prefix_layer must be true or false, got {self.prefix_layer!r}.")
         if self.prefix_layer and self.head_type != "hydra":
@@ -127,6 +143,10 @@ class CerberusConfig(PreTrainedConfig):
         self.exit_confidence = float(self.exit_confidence)
         if not 0.0 <= self.exit_confidence <= 1.0:
             raise ValueError(f"exit_confidence must be a probability in [0, 1], got {self.exit_confidence!r}.")
+        if self.state_source not in STATE_SOURCES:
+            raise ValueError(f"Unknown state_source {self.state_source!r}; expected one of {', '.join(STATE_SOURCES)}.")
+        if self.head_type == "kangaroo" and self.state_source != "lm_head_input":
+            raise ValueError("Kangaroo drafts from a shallow layer of the base: state_source must be 'lm_head_input'.")
         if self.head_type == "kangaroo" and self.head_projection != "shared":
             raise ValueError("Kangaroo drafts through the base's own lm_head: head_projection must be 'shared'.")
         if self.gate_signal not in GATE_SIGNALS:
