@@ -425,6 +425,29 @@ def test_training_over_a_train_vocabulary_learns(base, data_path, cache_dir, tmp
     assert torch.equal(loaded.generate(prompt, max_new_tokens=16, eos_token_id=None, pad_token_id=0), expected)
 
 
+def test_a_run_starts_from_saved_heads_and_refuses_other_ones(base, data_path, cache_dir, tmp_path):
+    """``init_from``: the run starts from the saved weights, not fresh ones (with a zero learning rate it ends on
+    them), leaves their draft vocabulary behind, records the folder, and refuses heads of another drafter."""
+    first = fresh(base)
+    train_heads(first, data_path, tmp_path / "first", max_steps=6, cache_dir=cache_dir, train_vocab=VOCAB // 8, **FAST)
+    assert first.config.draft_vocab_trained
+
+    second = fresh(base)
+    assert not heads_equal(second, first)
+    metrics = train_heads(second, data_path, tmp_path / "second", max_steps=1, cache_dir=cache_dir,
+                          init_from=tmp_path / "first", **dict(FAST, lr=0.0))
+    assert metrics["config"]["init_from"] == str(tmp_path / "first")
+    assert second.heads.draft_vocab is None and not second.config.draft_vocab_trained
+    trained = {k: v for k, v in first.heads.state_dict().items() if k != "draft_vocab"}
+    assert trained.keys() == second.heads.state_dict().keys()
+    assert all(torch.equal(v, second.heads.state_dict()[k]) for k, v in trained.items())
+
+    for other in (fresh(base, num_heads=NUM_HEADS - 1), fresh(base, "hydra")):
+        with pytest.raises(ValueError, match="holds other heads than this run trains"):
+            train_heads(other, data_path, tmp_path / "other", max_steps=1, cache_dir=cache_dir,
+                        init_from=tmp_path / "first", **FAST)
+
+
 def test_accuracy_among_a_draft_vocabulary_ranks_only_its_tokens():
     """``top_hits`` with a vocabulary: the top-1 is the best token inside it, and a label outside it is a miss."""
     from cerberus_hf.training.trainer import outside_of, top_hits
@@ -524,7 +547,7 @@ def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
     for head_type, option in (("kangaroo", ["--batch-size", "64"]), ("medusa", ["--exit-layer", "4"]),
                               ("medusa", ["--adapter-heads", "4"]), ("kangaroo", ["--context-window", "8"]),
                               ("clover", ["--num-layers", "2"]), ("cerberus", ["--prefix-layer"]),
-                              ("kangaroo", ["--head-dropout", "0.2"])):
+                              ("kangaroo", ["--head-dropout", "0.2"]), ("kangaroo", ["--init-from", "heads"])):
         args = parser.parse_args(common + ["--head-type", head_type] + option)
         with pytest.raises(SystemExit, match=f"{option[0]} do\\(es\\) not apply to --head-type {head_type}"):
             training._refuse_options_of_other_head_types(args)

@@ -21,7 +21,8 @@ AdamW, the schedule and every RNG state, with the run's settings and history as 
 ``output_dir/checkpoints/step-N`` (`save_checkpoint`); a killed run started again with the same arguments
 continues from the last one and ends with the same weights as a run that was never interrupted. ``accelerate``
 runs the same code on several GPUs (``accelerate launch``): each process takes its slice of every batch and
-gradients are averaged.
+gradients are averaged. A run can start from saved heads instead of fresh ones (``init_from``): a curriculum, one
+data set after another, or shipped heads adapted to one's own data.
 """
 
 from __future__ import annotations
@@ -451,6 +452,35 @@ def _on_step_end(step: int) -> None:
     """Called after every optimizer step (and its checkpoint); a hook for tests that simulate a kill."""
 
 
+# What makes saved heads a valid start for a run: the same drafter over the same kind of base.
+INIT_FIELDS = ("base_model_type", "hidden_size", "vocab_size", "head_type", "num_heads", "num_layers",
+               "head_projection", "adapter_heads", "adapter_head_dim", "context_window", "prefix_layer",
+               "exit_layer", "state_source")
+
+
+def load_initial_heads(model, folder: str | os.PathLike) -> None:
+    """Load the heads saved in ``folder`` into ``model.heads`` as a run's starting point.
+
+    The folder must hold the same drafter (`INIT_FIELDS`) for the same kind of base, or this raises before
+    anything is loaded. Its draft vocabulary, calibration and rescorers are not taken: they describe the earlier
+    run's data, and the new run's heads get their own (a ``train_vocab`` run sets its vocabulary at the end).
+    """
+    from ..configuration_cerberus import CerberusConfig
+    from ..modeling_cerberus import _read_heads
+
+    saved = CerberusConfig.from_pretrained(str(folder))
+    differences = {name: (getattr(saved, name), getattr(model.config, name)) for name in INIT_FIELDS
+                   if getattr(saved, name) != getattr(model.config, name)}
+    if differences:
+        raise ValueError(f"{folder} holds other heads than this run trains ("
+                         + ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in differences.items())
+                         + "); give the same head type and shape options it was trained with.")
+    state = _read_heads(str(folder), saved, {})
+    state.pop("draft_vocab", None)
+    model.heads.load_state_dict(state, strict=False)  # checked above; only the draft vocabulary stays the model's
+    logger.info("starting from the heads in %s", folder)
+
+
 def train_heads(
     model,
     data_path: str | os.PathLike | Sequence[str | os.PathLike],
@@ -480,6 +510,7 @@ def train_heads(
     chunk_rows: int = 512,
     projection_dtype: torch.dtype | str = torch.float32,
     train_vocab: int | None = None,
+    init_from: str | os.PathLike | None = None,
     log_every: int = 10,
     num_threads: int | None = None,
     resume: bool = True,
@@ -528,6 +559,9 @@ def train_heads(
             targets instead of the whole vocabulary (`projection_loss`). The saved heads draft among those tokens
             (their draft vocabulary, which calibrate keeps), and accuracy is scored among them, as drafting meets
             it; rows outside it are never trained, so the heads' ranking over the whole vocabulary is worse.
+        init_from: saved heads (a ``save_pretrained`` folder of the same drafter, `load_initial_heads`) to start
+            from instead of ``model.heads``' current weights; recorded in the run's settings, so a resumed run
+            must name the same folder.
         num_threads: ``torch.set_num_threads`` for the run (default: leave torch's setting).
         resume: continue from the last checkpoint in ``output_dir`` if there is one (its settings must
             match); ``False`` discards existing checkpoints.
@@ -608,7 +642,10 @@ def train_heads(
         "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "train_fraction": train_fraction,
         "data_digest": cache.info["data_digest"],
         "base_cache_key": cache.info["key"],
+        "init_from": str(init_from) if init_from is not None else None,
     }
+    if init_from is not None:
+        load_initial_heads(model, init_from)
 
     # ---- heads, optimizer, schedule (heads train in float32 whatever the base's dtype)
     heads_dtype = next(heads.parameters()).dtype
@@ -788,7 +825,7 @@ def add_cli(subparsers):
             "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
             "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo",), "adapter_heads": ("kangaroo", "clover", "hydra"),
             "adapter_head_dim": ("kangaroo", "clover", "hydra"), "context_window": ("clover", "hydra"),
-            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads}
+            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": heads}
     parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
     return parser
 
@@ -832,6 +869,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "then draft among those N tokens")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="dtype the base is loaded in")
+    parser.add_argument("--init-from", default=None, metavar="FOLDER",
+                        help="start from the heads saved in FOLDER (same head type and shape options) instead of fresh "
+                             "ones: train on one data set, then another, or adapt shipped heads to your data")
     parser.add_argument("--no-resume", action="store_true", help="discard checkpoints in --output and start over")
     parser.add_argument("--cache-only", action="store_true",
                         help="only compute the hidden-state cache (e.g. while distillation data is still being written)")
@@ -892,7 +932,7 @@ def run_cli(args: argparse.Namespace) -> int:
         eval_fraction=args.eval_fraction, train_fraction=args.train_fraction, cache_dir=args.cache_dir,
         num_threads=args.num_threads,
         projection_dtype=args.projection_dtype, teacher_topk=args.teacher_topk, train_vocab=args.train_vocab,
-        resume=not args.no_resume, show_progress=not args.no_progress,
+        init_from=args.init_from, resume=not args.no_resume, show_progress=not args.no_progress,
     )
     cost = metrics["cost"]
     if metrics["eval"] is not None:
