@@ -1,5 +1,5 @@
-"""How head accuracy grows with training data: train on nested fractions of the self-distilled set (the
-recipe of a full-data run, read from its training metrics; same held-out split) and fit held-out top-1
+"""How head accuracy grows with training data: train on nested fractions of a full-data run's training set
+(its recipe and data files, read from its training metrics; same held-out split) and fit held-out top-1
 against log(data).
 
     python scripts/data_scaling.py OUT_DIR [--fractions 0.125 0.25 0.5] [--full model_cards/cerberus-...]
@@ -7,6 +7,7 @@ against log(data).
 Trains each missing fraction with `cerberus-hf train --train-fraction F` into OUT_DIR/cerberus-fF (runs
 resume), reads `training_metrics.json`, and prints a Markdown table plus, per head, the slope of top-1
 per doubling of the data and the data a straight-line extrapolation would need for a target top-1.
+`--data` overrides the files (for a full run whose data files have moved).
 """
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ def recipe(metrics: dict) -> list[str]:
              "warmup-ratio": run["warmup_ratio"], "head-weight-decay": run["head_weight_decay"],
              "distill-weight": run["distill_weight"], "teacher-topk": run["teacher_topk"],
              "projection-dtype": run["projection_dtype"], "eval-fraction": run["eval_fraction"], "seed": run["seed"]}
+    if run.get("train_vocab"):
+        flags["train-vocab"] = run["train_vocab"]
     return [item for name, value in flags.items() for item in (f"--{name}", str(value))] + ["--eval-every", "0"]
 
 
-def train(data: str, fraction: float, out: Path, arguments: list[str]) -> Path:
+def train(data: list[str], fraction: float, out: Path, arguments: list[str]) -> Path:
     folder = out / f"cerberus-f{fraction}"
     if not (folder / "training_metrics.json").exists():
-        subprocess.run(["cerberus-hf", "train", "--data", data, "--output", str(folder), "--train-fraction",
-                        str(fraction), *arguments], check=True)
+        files = [item for path in data for item in ("--data", path)]
+        subprocess.run(["cerberus-hf", "train", *files, "--output", str(folder), "--train-fraction", str(fraction),
+                        *arguments], check=True)
     return folder
 
 
@@ -46,7 +50,7 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--data", default="data/smollm2_selfdistill.jsonl")
+    parser.add_argument("--data", action="append", help="data files (default: the full run's own)")
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5])
     parser.add_argument("--full", type=Path, default=Path("model_cards/cerberus-smollm2-135m-instruct"),
                         help="heads trained on all the data (fraction 1): their recipe is repeated on the fractions")
@@ -54,7 +58,9 @@ def main() -> None:
     args = parser.parse_args()
 
     full = json.loads((args.full / "training_metrics.json").read_text())
-    folders = {f: train(args.data, f, args.out, recipe(full)) for f in args.fractions}
+    paths = full["data"]["path"]
+    data = args.data or ([paths] if isinstance(paths, str) else paths)
+    folders = {f: train(data, f, args.out, recipe(full)) for f in args.fractions}
     folders[1.0] = args.full
     rows = []
     for fraction, folder in sorted(folders.items()):
