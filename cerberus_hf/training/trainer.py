@@ -589,6 +589,8 @@ def train_heads(
         raise ValueError(f"batch_size {batch_size} is smaller than the number of processes.")
     if save_every is None:
         save_every = min(eval_every, 100) if eval_every and eval_every > 0 else 100
+    if init_from is not None:  # before the cache, so that a wrong folder fails at once
+        load_initial_heads(model, init_from)
     heads = model.heads
     num_heads = heads.num_heads
     device = accelerator.device
@@ -644,8 +646,6 @@ def train_heads(
         "base_cache_key": cache.info["key"],
         "init_from": str(init_from) if init_from is not None else None,
     }
-    if init_from is not None:
-        load_initial_heads(model, init_from)
 
     # ---- heads, optimizer, schedule (heads train in float32 whatever the base's dtype)
     heads_dtype = next(heads.parameters()).dtype
