@@ -137,6 +137,26 @@ def test_cache_is_resumable_per_shard(base, data_path, tmp_path):
     assert torch.equal(redone.teacher_logprobs, first.teacher_logprobs)
 
 
+def test_cache_shards_are_shared_between_combinations_of_files(base, data_path, tmp_path):
+    """Shards are cut and named by content: after caching two files apart, caching them together (in either
+    order) computes at most the one shard that straddles the boundary, and holds the same states."""
+    lines = data_path.read_text().splitlines(keepends=True)
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(lines[:7]))
+    second.write_text("".join(lines[7:]))
+    cache_dir = tmp_path / "cache"
+    options = dict(teacher_topk=4, shard_tokens=120, show_progress=False)
+    parts = [build_hidden_cache(base, path, cache_dir, **options) for path in (first, second)]
+    assert all(part.info["shards"] >= 2 for part in parts)
+    for order in ((first, second), (second, first)):
+        records = [r for path in order for r in read_records(path)]
+        both = build_hidden_cache(base, records, cache_dir, **options)
+        assert both.info["shards_computed"] <= 1
+        expected = parts if order[0] == first else parts[::-1]
+        torch.testing.assert_close(both.hidden, torch.cat([part.hidden for part in expected]), atol=2e-3, rtol=0)
+        assert torch.equal(both.tokens, torch.cat([part.tokens for part in expected]))
+
+
 def test_split_depends_on_ids_only():
     ids = [f"prompt-{i}" for i in range(200)]
     held_out = split_record_ids(ids, 0.1)

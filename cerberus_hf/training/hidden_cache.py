@@ -184,7 +184,8 @@ class ShardPlan:
 
     @property
     def filename(self) -> str:
-        return f"shard-{self.index:05d}-{self.digest[:16]}.safetensors"
+        """Named by content alone, so a run over another combination of files finds the shards it shares."""
+        return f"shard-{self.digest[:32]}.safetensors"
 
 
 def _sequence(record: Record, max_seq_len: int | None) -> tuple[list[int], int]:
@@ -197,14 +198,21 @@ def _sequence(record: Record, max_seq_len: int | None) -> tuple[list[int], int]:
 
 
 def plan_shards(records: Sequence[Record], shard_tokens: int, max_seq_len: int | None) -> list[ShardPlan]:
-    """Consecutive records grouped into shards of about ``shard_tokens`` tokens, in file order."""
+    """Consecutive records grouped into shards of about ``shard_tokens`` tokens on average, in file order.
+
+    Whether a record closes its shard depends on that record alone (its content hash, against a threshold
+    of its length over ``shard_tokens``), not on what came before it. So a run of records is cut the same way
+    wherever it appears: training on file A, then on B, then on A and B together (or on B then A) computes
+    only the shards that straddle a file boundary again, not the whole of the second file.
+    """
     plans: list[ShardPlan] = []
     current: list[int] = []
     tokens = 0
     for index, record in enumerate(records):
         current.append(index)
-        tokens += len(_sequence(record, max_seq_len)[0])
-        if tokens >= shard_tokens:
+        length = len(_sequence(record, max_seq_len)[0])
+        tokens += length
+        if int(record.content_hash()[:15], 16) / 16**15 < length / shard_tokens:
             plans.append(_make_plan(len(plans), current, tokens, records))
             current, tokens = [], 0
     if current:
@@ -392,7 +400,7 @@ def build_hidden_cache(
             distillation; 0 keeps none).
         max_seq_len: cut sequences to this many tokens (default: the base's ``max_position_embeddings``).
         batch_tokens: padded tokens per base forward pass.
-        shard_tokens: sequence tokens per shard (the unit of resuming).
+        shard_tokens: sequence tokens per shard on average (the unit of resuming; see `plan_shards`).
         accelerator: an ``accelerate.Accelerator``; with several processes each computes its share of the
             missing shards.
         state_source: which of the base's last states is kept as ``hidden`` (`STATE_SOURCES`; the
