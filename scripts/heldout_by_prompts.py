@@ -3,7 +3,9 @@
 Training on several files scores one mixed held-out set; this says where a gain lands (for example, answers
 to ShareGPT prompts against answers to the project's prompts). Each file's held-out records are the ones
 training held out (same id hash and fraction); the top-1 / top-5 rank each checkpoint's own draft vocabulary
-(or the first file's ``--vocab`` most frequent answer tokens when it has none), as drafting does.
+(or the first file's ``--vocab`` most frequent answer tokens when it has none), as drafting does. Heads are
+scored on ``--positions`` held-out positions of each file (the hidden-state cache); a drafter that drafts
+chains through the base's first layers (Kangaroo) on all of them, from the exit states training wrote.
 
     python scripts/heldout_by_prompts.py --data data/smollm2_selfdistill.jsonl --data /tmp/sharegpt_first4518.jsonl \
         --heads model_cards/cerberus-smollm2-135m-instruct --heads /tmp/big_cerberus
@@ -17,9 +19,26 @@ import torch
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_named_model
+from cerberus_hf.training.chain_trainer import _Batch, _batches, evaluate_adapter, exit_states
 from cerberus_hf.training.data import frequent_tokens, read_records
+from cerberus_hf.training.hidden_cache import _sequence
 from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_ids
 from cerberus_hf.training.trainer import EVAL_SUBSET_SEED, _subset, default_cache_dir, evaluate_heads
+
+
+def chain_heldout(model, base, records, members, held_out: set[str], vocab: torch.Tensor) -> dict:
+    """A chain drafter's next-token accuracy on every held-out answer position among ``records[members]``,
+    teacher-forced as training scores it (`chain_trainer.evaluate_adapter`); ``records`` is the full list
+    training read, so the exit states it wrote are found again."""
+    max_seq_len = getattr(base.config, "max_position_embeddings", None)
+    states = exit_states(base, records, model.heads.exit_layer, default_cache_dir(), max_seq_len)
+    answers = [_sequence(r, max_seq_len)[1] for r in records]
+    lengths = [s.shape[0] for s in states]
+    chosen = sorted((i for i in members if records[i].id in held_out and answers[i] > 0 and records[i].mode != "text"),
+                    key=lengths.__getitem__)
+    batches = [_Batch(group, states, answers, records, None, 0.0, torch.device("cpu"))
+               for group in _batches(chosen, lengths, 4096)]
+    return evaluate_adapter(model.heads, batches, vocab=vocab)
 
 
 def main() -> None:
@@ -34,19 +53,29 @@ def main() -> None:
 
     base = load_named_model(args.base, torch.float32, with_tokenizer=False)[0]
     files = [read_records(path) for path in args.data]
-    cache = build_hidden_cache(base, [r for records in files for r in records], default_cache_dir(), teacher_topk=0)
+    records = [r for part in files for r in part]
+    chains = {folder: CerberusForCausalLM.from_pretrained(folder, base_model=base).float() for folder in args.heads}
+    chains = {folder: model for folder, model in chains.items() if getattr(model.heads, "drafts_chains", False)}
+    if len(chains) < len(args.heads):
+        cache = build_hidden_cache(base, records, default_cache_dir(), teacher_topk=0)
     fallback = frequent_tokens(files[0], args.vocab)
     print("| heads | " + " | ".join(f"{path}: top-1 | {path}: top-5" for path in args.data) + " |")
     print("|---" * (1 + 2 * len(files)) + "|")
     for folder in args.heads:
-        model = CerberusForCausalLM.from_pretrained(folder, base_model=base).float()
+        model = chains.get(folder) or CerberusForCausalLM.from_pretrained(folder, base_model=base).float()
         vocab = model.heads.draft_vocab if model.heads.draft_vocab is not None else fallback
         cells = []
-        for records in files:
-            held_out = split_record_ids([r.id for r in records], args.eval_fraction)
-            positions = _subset(cache.positions(record_ids=held_out), args.positions, EVAL_SUBSET_SEED)
-            result = evaluate_heads(model, cache, positions, vocab=vocab)
-            cells += [" / ".join(f"{v:.3f}" for v in result[key]) for key in ("top1", "top5")]
+        start = 0
+        for part in files:
+            held_out = split_record_ids([r.id for r in part], args.eval_fraction)
+            if folder in chains:
+                result = chain_heldout(model, base, records, range(start, start + len(part)), held_out, vocab)
+            else:
+                positions = _subset(cache.positions(record_ids=held_out), args.positions, EVAL_SUBSET_SEED)
+                result = evaluate_heads(model, cache, positions, vocab=vocab)
+            start += len(part)
+            cells += [" / ".join(f"{v:.3f}" for v in torch.atleast_1d(torch.tensor(result[key])).tolist())
+                      for key in ("top1", "top5")]
         print(f"| {folder} | " + " | ".join(cells) + " |")
 
 
