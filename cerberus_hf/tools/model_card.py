@@ -97,7 +97,7 @@ def _cache_text(config, cost: dict) -> str:
     """What the run spent on the base's states, which earlier runs may have cached."""
     states = (f"the base's layer-{config.exit_layer} states" if config.head_type == "kangaroo"
               else "the base's hidden states")
-    if cost.get("cache_time_s", 0) >= 1:
+    if cost.get("cache_time_s", 0) >= 30:  # below that the run only read states an earlier run had written
         return f"caching {states} {cost['cache_time_s'] / 60:.1f} min."
     if config.head_type == "kangaroo":
         return f"none for {states} (read from the file an earlier run with the same base, layer and data wrote)."
@@ -209,7 +209,7 @@ def render_card(
             "## Training",
             "",
             f"- Data: `{', '.join(Path(p).name for p in _as_list(data.get('path', 'n/a')))}`, the base model's own answers (greedy, and sampled for a "
-            f"share of prompts) to a prompt set written for this project (no benchmark prompts): "
+            f"share of prompts) to those files' prompts, none of them an MT-Bench question: "
             f"{data.get('records', 'n/a')} records, {data.get('held_out_records', 'n/a')} held out; "
             f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
             f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
@@ -264,6 +264,8 @@ def add_cli(subparsers) -> None:
     source.add_argument("--bench", help="take tau and speedups from this `cerberus-hf bench --json` result")
     source.add_argument("--reuse-evaluation", action="store_true",
                         help=f"rewrite the card from the folder's {EVALUATION} instead of measuring again")
+    parser.add_argument("--bench-label", help="the --bench rows to read, when the checkpoint was benched from another "
+                                              "folder (default: 'HEAD_TYPE FOLDER_NAME', as bench names its rows)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None)
     parser.set_defaults(func=run_cli)
@@ -277,7 +279,8 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.reuse_evaluation:
         evaluation = json.loads((folder / EVALUATION).read_text())
     elif args.bench:
-        evaluation = evaluation_from_bench(json.loads(Path(args.bench).read_text()), f"{config.head_type} {folder.name}")
+        label = args.bench_label or f"{config.head_type} {folder.name}"
+        evaluation = evaluation_from_bench(json.loads(Path(args.bench).read_text()), label)
     else:
         from ..modeling_cerberus import CerberusForCausalLM
         from ..real_models import load_named_model
