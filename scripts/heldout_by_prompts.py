@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--eval-fraction", type=float, default=0.05)
     parser.add_argument("--positions", type=int, default=4096, help="held-out positions scored per file")
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--teacher-topk", type=int, default=0,
+                        help="read the hidden-state cache built with this --teacher-topk (the states are the same)")
     args = parser.parse_args()
 
     base = load_named_model(args.base, torch.float32, with_tokenizer=False)[0]
@@ -57,7 +59,7 @@ def main() -> None:
     chains = {folder: CerberusForCausalLM.from_pretrained(folder, base_model=base).float() for folder in args.heads}
     chains = {folder: model for folder, model in chains.items() if getattr(model.heads, "drafts_chains", False)}
     if len(chains) < len(args.heads):
-        cache = build_hidden_cache(base, records, default_cache_dir(), teacher_topk=0)
+        cache = build_hidden_cache(base, records, default_cache_dir(), teacher_topk=args.teacher_topk)
     fallback = frequent_tokens(files[0], args.vocab)
     print("| heads | " + " | ".join(f"{path}: top-1 | {path}: top-5" for path in args.data) + " |")
     print("|---" * (1 + 2 * len(files)) + "|")
