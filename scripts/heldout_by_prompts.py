@@ -19,23 +19,20 @@ import torch
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_named_model
-from cerberus_hf.training.chain_trainer import _Batch, _batches, evaluate_adapter, exit_states
+from cerberus_hf.training.chain_trainer import _Batch, _batches, evaluate_adapter, exit_states, heldout_members
 from cerberus_hf.training.data import frequent_tokens, read_records
 from cerberus_hf.training.hidden_cache import _sequence
 from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_ids
 from cerberus_hf.training.trainer import EVAL_SUBSET_SEED, _subset, default_cache_dir, evaluate_heads
 
 
-def chain_heldout(model, base, records, members, held_out: set[str], vocab: torch.Tensor) -> dict:
+def chain_heldout(model, states: list[torch.Tensor], records, answers: list[int], members, held_out: set[str],
+                  vocab: torch.Tensor) -> dict:
     """A chain drafter's next-token accuracy on every held-out answer position among ``records[members]``,
-    teacher-forced as training scores it (`chain_trainer.evaluate_adapter`); ``records`` is the full list
-    training read, so the exit states it wrote are found again."""
-    max_seq_len = getattr(base.config, "max_position_embeddings", None)
-    states = exit_states(base, records, model.heads.exit_layer, default_cache_dir(), max_seq_len)
-    answers = [_sequence(r, max_seq_len)[1] for r in records]
+    teacher-forced as training scores it (`chain_trainer.evaluate_adapter`) from ``states``, the exit states
+    training wrote for the full list ``records`` it read."""
     lengths = [s.shape[0] for s in states]
-    chosen = sorted((i for i in members if records[i].id in held_out and answers[i] > 0 and records[i].mode != "text"),
-                    key=lengths.__getitem__)
+    chosen = sorted(heldout_members(records, answers, held_out, members), key=lengths.__getitem__)
     batches = [_Batch(group, states, answers, records, None, 0.0, torch.device("cpu"))
                for group in _batches(chosen, lengths, 4096)]
     return evaluate_adapter(model.heads, batches, vocab=vocab)
@@ -56,22 +53,26 @@ def main() -> None:
     base = load_named_model(args.base, torch.float32, with_tokenizer=False)[0]
     files = [read_records(path) for path in args.data]
     records = [r for part in files for r in part]
-    chains = {folder: CerberusForCausalLM.from_pretrained(folder, base_model=base).float() for folder in args.heads}
-    chains = {folder: model for folder, model in chains.items() if getattr(model.heads, "drafts_chains", False)}
-    if len(chains) < len(args.heads):
+    models = {folder: CerberusForCausalLM.from_pretrained(folder, base_model=base).float() for folder in args.heads}
+    max_seq_len = getattr(base.config, "max_position_embeddings", None)
+    answers = [_sequence(r, max_seq_len)[1] for r in records]
+    exit_layers = {m.heads.exit_layer for m in models.values() if getattr(m.heads, "drafts_chains", False)}
+    states = {layer: exit_states(base, records, layer, default_cache_dir(), max_seq_len) for layer in exit_layers}
+    if any(not getattr(m.heads, "drafts_chains", False) for m in models.values()):
         cache = build_hidden_cache(base, records, default_cache_dir(), teacher_topk=args.teacher_topk)
     fallback = frequent_tokens(files[0], args.vocab)
     print("| heads | " + " | ".join(f"{path}: top-1 | {path}: top-5" for path in args.data) + " |")
     print("|---" * (1 + 2 * len(files)) + "|")
-    for folder in args.heads:
-        model = chains.get(folder) or CerberusForCausalLM.from_pretrained(folder, base_model=base).float()
+    for folder, model in models.items():
         vocab = model.heads.draft_vocab if model.heads.draft_vocab is not None else fallback
         cells = []
         start = 0
         for part in files:
             held_out = split_record_ids([r.id for r in part], args.eval_fraction)
-            if folder in chains:
-                result = chain_heldout(model, base, records, range(start, start + len(part)), held_out, vocab)
+            if getattr(model.heads, "drafts_chains", False):
+                members = range(start, start + len(part))
+                result = chain_heldout(model, states[model.heads.exit_layer], records, answers, members, held_out,
+                                       vocab)
             else:
                 positions = _subset(cache.positions(record_ids=held_out), args.positions, EVAL_SUBSET_SEED)
                 result = evaluate_heads(model, cache, positions, vocab=vocab)

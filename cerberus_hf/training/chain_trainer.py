@@ -28,7 +28,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +84,15 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
     save_file({"states": torch.cat(out)}, str(partial))
     os.replace(partial, path)
     return out
+
+
+def heldout_members(records: Sequence[Record], answers: Sequence[int], held_out: set[str],
+                    members: Iterable[int] | None = None) -> list[int]:
+    """The indices (among ``members``, default all) of the records a chain drafter is scored on: held out,
+    with answer tokens left after truncation, and the base's own answers (a text record's tokens are not what
+    decoding meets)."""
+    chosen = range(len(records)) if members is None else members
+    return [i for i in chosen if records[i].id in held_out and answers[i] > 0 and records[i].mode != "text"]
 
 
 class _Batch:
@@ -234,7 +243,7 @@ def train_chain_drafter(
 
     held_out = split_record_ids([r.id for r in records], eval_fraction)
     train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i] > 0]
-    eval_members = [i for i, r in enumerate(records) if r.id in held_out and answers[i] > 0 and r.mode != "text"]
+    eval_members = heldout_members(records, answers, held_out)
     if not train_members:
         raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
     lengths = [s.shape[0] for s in states]

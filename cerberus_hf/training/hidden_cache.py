@@ -207,21 +207,25 @@ def plan_shards(records: Sequence[Record], shard_tokens: int, max_seq_len: int |
     """
     plans: list[ShardPlan] = []
     current: list[int] = []
+    hashes: list[str] = []
     tokens = 0
     for index, record in enumerate(records):
+        digest = record.content_hash()
         current.append(index)
+        hashes.append(digest)
         length = len(_sequence(record, max_seq_len)[0])
         tokens += length
-        if int(record.content_hash()[:15], 16) / 16**15 < length / shard_tokens:
-            plans.append(_make_plan(len(plans), current, tokens, records))
-            current, tokens = [], 0
+        if int(digest[:15], 16) / 16**15 < length / shard_tokens:
+            plans.append(_make_plan(len(plans), current, hashes, tokens))
+            current, hashes, tokens = [], [], 0
     if current:
-        plans.append(_make_plan(len(plans), current, tokens, records))
+        plans.append(_make_plan(len(plans), current, hashes, tokens))
     return plans
 
 
-def _make_plan(index: int, members: list[int], tokens: int, records: Sequence[Record]) -> ShardPlan:
-    digest = hashlib.sha256("".join(records[i].content_hash() for i in members).encode()).hexdigest()
+def _make_plan(index: int, members: list[int], hashes: list[str], tokens: int) -> ShardPlan:
+    """A shard of ``members`` (record indices) named by the digest of their content hashes ``hashes``."""
+    digest = hashlib.sha256("".join(hashes).encode()).hexdigest()
     return ShardPlan(index=index, records=list(members), digest=digest, tokens=tokens)
 
 
