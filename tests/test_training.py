@@ -406,7 +406,7 @@ def test_own_projection_heads_train(base, data_path, cache_dir, tmp_path):
     assert not torch.equal(model.heads.lm_heads[0].weight, base.get_output_embeddings().weight)
 
 
-@pytest.mark.parametrize("head_type", ["cerberus", "kangaroo"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "clover", "kangaroo"])
 def test_training_over_a_train_vocabulary_learns(base, data_path, cache_dir, tmp_path, head_type):
     """``train_vocab`` scores each step over the data's most frequent answer tokens and the batch's targets:
     the heads still learn, the run records the setting, the same held-out positions are scored as without it
