@@ -26,12 +26,11 @@ from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_i
 from cerberus_hf.training.trainer import EVAL_SUBSET_SEED, _subset, default_cache_dir, evaluate_heads
 
 
-def chain_heldout(model, states: list[torch.Tensor], records, answers: list[int], members, held_out: set[str],
-                  vocab: torch.Tensor) -> dict:
+def chain_heldout(model, states: list[torch.Tensor], lengths: list[int], records, answers: list[int], members,
+                  held_out: set[str], vocab: torch.Tensor) -> dict:
     """A chain drafter's next-token accuracy on every held-out answer position among ``records[members]``,
     teacher-forced as training scores it (`chain_trainer.evaluate_adapter`) from ``states``, the exit states
-    training wrote for the full list ``records`` it read."""
-    lengths = [s.shape[0] for s in states]
+    training wrote for the full list ``records`` it read (``lengths``: their lengths, computed once per layer)."""
     chosen = sorted(heldout_members(records, answers, held_out, members), key=lengths.__getitem__)
     batches = [_Batch(group, states, answers, records, None, 0.0, torch.device("cpu"))
                for group in _batches(chosen, lengths, 4096)]
@@ -56,10 +55,13 @@ def main() -> None:
     models = {folder: CerberusForCausalLM.from_pretrained(folder, base_model=base).float() for folder in args.heads}
     max_seq_len = getattr(base.config, "max_position_embeddings", None)
     answers = [_sequence(r, max_seq_len)[1] for r in records]
-    exit_layers = {m.heads.exit_layer for m in models.values() if getattr(m.heads, "drafts_chains", False)}
-    states = {layer: exit_states(base, records, layer, default_cache_dir(), max_seq_len) for layer in exit_layers}
-    if any(not getattr(m.heads, "drafts_chains", False) for m in models.values()):
+    chains = {folder for folder, m in models.items() if getattr(m.heads, "drafts_chains", False)}
+    states = {layer: exit_states(base, records, layer, default_cache_dir(), max_seq_len)
+              for layer in {models[folder].heads.exit_layer for folder in chains}}
+    lengths = {layer: [s.shape[0] for s in layer_states] for layer, layer_states in states.items()}
+    if len(chains) < len(models):
         cache = build_hidden_cache(base, records, default_cache_dir(), teacher_topk=args.teacher_topk)
+    held_outs = [split_record_ids([r.id for r in part], args.eval_fraction) for part in files]
     fallback = frequent_tokens(files[0], args.vocab)
     print("| heads | " + " | ".join(f"{path}: top-1 | {path}: top-5" for path in args.data) + " |")
     print("|---" * (1 + 2 * len(files)) + "|")
@@ -67,11 +69,11 @@ def main() -> None:
         vocab = model.heads.draft_vocab if model.heads.draft_vocab is not None else fallback
         cells = []
         start = 0
-        for part in files:
-            held_out = split_record_ids([r.id for r in part], args.eval_fraction)
-            if getattr(model.heads, "drafts_chains", False):
+        for part, held_out in zip(files, held_outs):
+            if folder in chains:
+                layer = model.heads.exit_layer
                 members = range(start, start + len(part))
-                result = chain_heldout(model, states[model.heads.exit_layer], records, answers, members, held_out,
+                result = chain_heldout(model, states[layer], lengths[layer], records, answers, members, held_out,
                                        vocab)
             else:
                 positions = _subset(cache.positions(record_ids=held_out), args.positions, EVAL_SUBSET_SEED)
