@@ -75,3 +75,17 @@ def test_hydra_card_says_whether_a_prefix_layer_reads_the_sequence():
     assert "attention 2 heads of 8" in with_prefix and "newest 6 verified states" in with_prefix
     plain = render_card(fresh_model("llama", "hydra", num_heads=2).config, training, None, "cerberus-hf card", None)
     assert "prefix layer" not in plain
+
+
+def test_card_states_a_resumed_runs_training_time_not_its_last_process():
+    """A run resumed from a checkpoint records the last process's wall time and the training time of all of them:
+    the card states the total, not the last process's minutes as the run's cost."""
+    model = fresh_model("llama", "cerberus", num_heads=2)
+    resumed = {"wall_time_s": 677.0, "train_time_s": 596.0, "train_time_s_total": 2846.0, "device": "cpu: X"}
+    card = render_card(model.config, {"top1": [0.3, 0.2], "top5": [0.5, 0.4], "config": {}, "data": {}, "cost": resumed},
+                       None, "cerberus-hf card", None)
+    assert "training 47.4 min on cpu: X, over several processes" in card and "the last ran 11.3 minutes" in card
+    whole = dict(resumed, wall_time_s=3000.0, train_time_s=2846.0)
+    card = render_card(model.config, {"top1": [0.3, 0.2], "top5": [0.5, 0.4], "config": {}, "data": {}, "cost": whole},
+                       None, "cerberus-hf card", None)
+    assert "- Cost: 50.0 minutes on cpu: X, of which training 47.4 min and " in card

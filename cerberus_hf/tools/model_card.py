@@ -93,6 +93,17 @@ def _gate_text(settings: dict) -> str:
     return f", gate drafts while {settings.get('gate_signal')} < {threshold:.3f}"
 
 
+def _cost_text(cost: dict) -> str:
+    """The run's cost. A run resumed from a checkpoint reports the last process's wall time, which is not the run's:
+    then the training time summed over its processes is what the card states."""
+    device, wall = cost.get("device", "n/a"), cost.get("wall_time_s", 0)
+    last, total = cost.get("train_time_s", 0), cost.get("train_time_s_total", cost.get("train_time_s", 0))
+    if total > last + 1:
+        return (f"- Cost: training {total / 60:.1f} min on {device}, over several processes (resumed from checkpoints; "
+                f"the last ran {wall / 60:.1f} minutes), and ")
+    return f"- Cost: {wall / 60:.1f} minutes on {device}, of which training {total / 60:.1f} min and "
+
+
 def _cache_text(config, cost: dict) -> str:
     """What the run spent on the base's states, which earlier runs may have cached."""
     states = (f"the base's layer-{config.exit_layer} states" if config.head_type == "kangaroo"
@@ -216,9 +227,7 @@ def render_card(
             + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "batch_tokens", "warmup_ratio",
                                                       "head_weight_decay", "distill_weight", "projection_dtype",
                                                       "seed") if k in run),
-            f"- Cost: {cost.get('wall_time_s', 0) / 60:.1f} minutes on {cost.get('device', 'n/a')}, of which "
-            f"training {cost.get('train_time_s_total', cost.get('train_time_s', 0)) / 60:.1f} min and "
-            + _cache_text(config, cost),
+            _cost_text(cost) + _cache_text(config, cost),
             "",
         ]
         if training.get("top1"):
