@@ -16,6 +16,7 @@ RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored 
 KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
 CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
 KANGAROO_FULL=${KANGAROO_FULL:-benchmarks/mt_bench_kangaroo_full_data_cpu}  # the Kangaroo adapter retrained on 2.05M tokens, 10 prompts
+HEADS_FULL=${HEADS_FULL:-benchmarks/mt_bench_heads_full_data_cpu}  # Medusa and Cerberus retrained on 2.05M tokens, 10 prompts
 LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
 LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
 EPOCHS=${EPOCHS:-2}
@@ -31,8 +32,8 @@ for step in $STEPS; do
       # stopped at 8,752 of the 10,058 records this writes, so running it continues the file
       cerberus-hf distill --prompts sharegpt --english-only --max-prompt-tokens 256 --output "$SHAREGPT" \
         --batch-size 64 --max-new-tokens 256 --sample-fraction 0.25 --seed 0 --engine continuous --threads 2 ;;
-    cache)    # the base's last hidden states over the data, shared by both head types
-      cerberus-hf train --cache-only --data "$DATA" --teacher-topk 0 ;;
+    cache)    # the base's last hidden states over both files (2.37 GB; shards are shared with runs on one file)
+      cerberus-hf train --cache-only $FULL --teacher-topk 0 ;;
     train)
       for type in $TYPES; do
         if [ "$type" = kangaroo ]; then  # the adapter on the first 2 layers, on whole sequences of both files (2026-11-25)
@@ -41,30 +42,42 @@ for step in $STEPS; do
             --warmup-ratio 0.05 --distill-weight 0 --eval-every 1050 --seed 0 --train-vocab 4096 --num-threads 1
           continue
         fi
-        # Medusa and Cerberus were trained (2026-11-21) where a bf16 projection was fast; Hydra (2026-11-22) on an
-        # AMD EPYC where torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s), so in fp32.
-        # Clover (2026-11-23) likewise, on the same kind of machine.
-        proj=bfloat16; [ "$type" = hydra ] || [ "$type" = clover ] && proj=float32
+        if [ "$type" = medusa ] || [ "$type" = cerberus ]; then  # on both files, over 4,096 tokens, in fp32 (2026-11-25)
+          cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 $FULL \
+            --output "$OUT/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
+            --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
+            --projection-dtype float32 --train-vocab 4096 --eval-every 2000 --seed 0 --num-threads 2
+          # graft up to 5 copied prompt tokens into each draft by default, as the heads shipped before them did
+          sed -i 's/"prompt_lookup_num_tokens": null/"prompt_lookup_num_tokens": 5/' "$OUT/$type-smollm2-135m-instruct/config.json"
+          continue
+        fi
+        # Hydra (2026-11-22) and Clover (2026-11-23), on the project's answers only: in fp32 on an AMD EPYC where
+        # torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s)
         cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 --data "$DATA" \
           --output "$OUT/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
           --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
-          --projection-dtype "$proj" --eval-every 200 --seed 0
+          --projection-dtype float32 --eval-every 200 --seed 0
       done ;;
     ngram)    # the n-gram model that rescores the parallel heads' lattice (Medusa, Cerberus), beside the heads
       for type in $TYPES; do
         [ "$type" = hydra ] || [ "$type" = kangaroo ] || [ "$type" = clover ] && continue
-        cerberus-hf ngram --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA"
+        cerberus-hf ngram --heads "$OUT/$type-smollm2-135m-instruct" $FULL
       done ;;
     calibrate)  # the device's cost curve, the trees (static, dynamic, rescored) and the gate; 4096-token draft vocabulary
       for type in $TYPES; do
-        # Medusa and Cerberus were recalibrated on 2026-11-23 with their n-gram models (--limit 100); Hydra on 2026-11-22.
+        # Medusa and Cerberus on 2026-11-25 on the ShareGPT answers' held-out split, with their n-gram models and the
+        # 4,096 tokens they were trained on (--limit 40, n-gram weights 0 0.5 1: drafting every candidate tree for real
+        # at each position took 14-18 s per sequence on a 2-core AMD EPYC of family 25, so 100 sequences and six
+        # weights would take about an hour each); Hydra on 2026-11-22.
         # Stored under "cpu/float32/<processor>": add --dtype bfloat16 for that dtype's own entry.
         # Clover on 2026-11-23 (--limit 100, no n-gram model).
         # Kangaroo on 2026-11-25 on the ShareGPT answers' held-out split (--limit 100); it drafts among the 4,096 tokens
         # it was trained on (--train-vocab), which calibrate leaves as they are.
         limit=200; [ "$type" != hydra ] && limit=100
         trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; [ "$type" = kangaroo ] || [ "$type" = clover ] && trees=""   # Kangaroo drafts chains
-        data="--data $DATA --draft-vocab 4096"; [ "$type" = kangaroo ] && data="--data $SHAREGPT"
+        [ "$type" = medusa ] || [ "$type" = cerberus ] && limit=40 && trees="--rescoring-weights 0 0.5 1"
+        data="--data $DATA --draft-vocab 4096"
+        [ "$type" = kangaroo ] || [ "$type" = medusa ] || [ "$type" = cerberus ] && data="--data $SHAREGPT"
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $data \
           --limit "$limit" $trees \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
@@ -88,7 +101,14 @@ for step in $STEPS; do
       # run's rows for the retrained adapter are labelled "kangaroo full_kangaroo", its folder before it was moved here)
       cerberus-hf bench --heads "$OUT/kangaroo-smollm2-135m-instruct" --prompts "$PROMPTS_EVAL" --every 8 --max-new-tokens 128 \
         --profile --no-prompt-lookup --variants tree default \
-        --json "$KANGAROO_FULL.json" --plot "$KANGAROO_FULL.png" > "$KANGAROO_FULL.md" ;;
+        --json "$KANGAROO_FULL.json" --plot "$KANGAROO_FULL.png" > "$KANGAROO_FULL.md"
+      # 2026-11-25 Medusa and Cerberus before and after their retraining, the shipped Hydra's default beside them (this runs
+      # the shipped ones; the recorded run's rows for the retrained heads are labelled "medusa full_medusa" and
+      # "cerberus full_cerberus", their training folders, and the heads they replaced ran from model_cards/)
+      cerberus-hf bench --heads "$OUT/medusa-smollm2-135m-instruct" --heads "$OUT/cerberus-smollm2-135m-instruct" \
+        --heads "$OUT/hydra-smollm2-135m-instruct" --prompts "$PROMPTS_EVAL" --every 8 --max-new-tokens 128 --profile \
+        --variants default medusa:tree cerberus:tree \
+        --json "$HEADS_FULL.json" --plot "$HEADS_FULL.png" > "$HEADS_FULL.md" ;;
     lmrescore)  # not part of the defaults (2026-11-23): the Kangaroo drafter as Medusa's neural lattice rescorer, in a copy
       rm -rf "$LMHEADS" && cp -r "$OUT/medusa-smollm2-135m-instruct" "$LMHEADS"
       cerberus-hf calibrate --heads "$LMHEADS" --rescorer "$OUT/kangaroo-smollm2-135m-instruct" --data "$DATA" \
@@ -102,6 +122,10 @@ for step in $STEPS; do
         bench=$RESCORING; [ "$type" = hydra ] && bench=$FAMILIES   # Hydra has no n-gram model: its trees are the default
         [ "$type" = clover ] && bench=$CLOVER
         label=()
+        if [ "$type" = medusa ] || [ "$type" = cerberus ]; then
+          bench=$HEADS_FULL
+          grep -q "\"$type full_$type" "$bench.json" && label=(--bench-label "$type full_$type")
+        fi
         if [ "$type" = kangaroo ]; then
           bench=$KANGAROO_FULL
           # the recorded run benched the retrained adapter from its training folder, before and beside the old one
