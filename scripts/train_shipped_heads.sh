@@ -36,27 +36,26 @@ for step in $STEPS; do
       cerberus-hf train --cache-only $FULL --teacher-topk 0 ;;
     train)
       for type in $TYPES; do
-        if [ "$type" = kangaroo ]; then  # the adapter on the first 2 layers, on whole sequences of both files (2026-11-25)
-          cerberus-hf train --head-type kangaroo --num-heads 6 --exit-layer 2 --adapter-heads 2 --adapter-head-dim 32 \
-            $FULL --output "$OUT/kangaroo-smollm2-135m-instruct" --epochs 3 --batch-tokens 4096 --lr 1e-2 \
-            --warmup-ratio 0.05 --distill-weight 0 --eval-every 1050 --seed 0 --train-vocab 4096 --num-threads 1
-          continue
-        fi
-        if [ "$type" = medusa ] || [ "$type" = cerberus ]; then  # on both files, over 4,096 tokens, in fp32 (2026-11-25)
-          cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 $FULL \
-            --output "$OUT/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
-            --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
-            --projection-dtype float32 --train-vocab 4096 --eval-every 2000 --seed 0 --num-threads 2
-          # graft up to 5 copied prompt tokens into each draft by default, as the heads shipped before them did
-          sed -i 's/"prompt_lookup_num_tokens": null/"prompt_lookup_num_tokens": 5/' "$OUT/$type-smollm2-135m-instruct/config.json"
-          continue
-        fi
-        # Hydra (2026-11-22) and Clover (2026-11-23), on the project's answers only: in fp32 on an AMD EPYC where
-        # torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s)
-        cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 --data "$DATA" \
-          --output "$OUT/$type-smollm2-135m-instruct" --epochs "$EPOCHS" --batch-size 256 --lr 1e-3 \
-          --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
-          --projection-dtype float32 --eval-every 200 --seed 0
+        folder="$OUT/$type-smollm2-135m-instruct"
+        case $type in
+          kangaroo)  # the adapter on the first 2 layers, on whole sequences of both files (2026-11-25)
+            cerberus-hf train --head-type kangaroo --num-heads 6 --exit-layer 2 --adapter-heads 2 --adapter-head-dim 32 \
+              $FULL --output "$folder" --epochs 3 --batch-tokens 4096 --lr 1e-2 \
+              --warmup-ratio 0.05 --distill-weight 0 --eval-every 1050 --seed 0 --train-vocab 4096 --num-threads 1
+            continue ;;
+          medusa|cerberus)  # on both files, over 4,096 tokens (2026-11-25)
+            data=$FULL; extra="--train-vocab 4096 --eval-every 2000 --num-threads 2" ;;
+          *)  # Hydra (2026-11-22) and Clover (2026-11-23), on the project's answers only
+            data="--data $DATA"; extra="--eval-every 200" ;;
+        esac
+        # fp32: on an AMD EPYC torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s)
+        cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 $data --output "$folder" --epochs "$EPOCHS" \
+          --batch-size 256 --lr 1e-3 --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
+          --projection-dtype float32 --seed 0 $extra
+        case $type in medusa|cerberus)  # graft up to 5 copied prompt tokens into each draft, as the heads before them did
+          python -c 'import sys; from cerberus_hf import CerberusConfig; c = CerberusConfig.from_pretrained(sys.argv[1])
+c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
+        esac
       done ;;
     ngram)    # the n-gram model that rescores the parallel heads' lattice (Medusa, Cerberus), beside the heads
       for type in $TYPES; do
@@ -73,11 +72,12 @@ for step in $STEPS; do
         # Clover on 2026-11-23 (--limit 100, no n-gram model).
         # Kangaroo on 2026-11-25 on the ShareGPT answers' held-out split (--limit 100); it drafts among the 4,096 tokens
         # it was trained on (--train-vocab), which calibrate leaves as they are.
-        limit=200; [ "$type" != hydra ] && limit=100
-        trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; [ "$type" = kangaroo ] || [ "$type" = clover ] && trees=""   # Kangaroo drafts chains
-        [ "$type" = medusa ] || [ "$type" = cerberus ] && limit=40 && trees="--rescoring-weights 0 0.5 1"
-        data="--data $DATA --draft-vocab 4096"
-        [ "$type" = kangaroo ] || [ "$type" = medusa ] || [ "$type" = cerberus ] && data="--data $SHAREGPT"
+        case $type in
+          medusa|cerberus) limit=40; trees="--rescoring-weights 0 0.5 1"; data="--data $SHAREGPT" ;;
+          kangaroo) limit=100; trees=""; data="--data $SHAREGPT" ;;   # Kangaroo drafts chains
+          clover) limit=100; trees=""; data="--data $DATA --draft-vocab 4096" ;;
+          *) limit=200; trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; data="--data $DATA --draft-vocab 4096" ;;
+        esac
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $data \
           --limit "$limit" $trees \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
