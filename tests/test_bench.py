@@ -75,6 +75,8 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
                                                    "m (calibrated default)"]
     assert [m.name for m in build_methods(base, models, 4, ["default"], prompt_lookup=False)] == [
         "plain generate()", "c (calibrated default)", "m (calibrated default)"]
+    assert names(["default", "tree+gate+strict", "medusa:chain+strict"]) == [
+        "c (calibrated default)", "c (tree, gate on, strict)", "m (calibrated default)", "m (chain, gate off, strict)"]
     with pytest.raises(ValueError, match="Unknown variants"):
         build_methods(base, models, 4, ["hydra:beam"])
     with pytest.raises(ValueError, match="Unknown variants"):

@@ -120,6 +120,38 @@ def test_shipped_medusa_with_the_kangaroo_lm_rescoring_its_lattice(smollm2):
             assert model.generation_stats.phase_seconds["rescore"] > 0
 
 
+@pytest.mark.parametrize("name", ["hydra-smollm2-135m-instruct", "medusa-smollm2-135m-instruct"])
+def test_strict_bfloat16_equals_plain_bfloat16_generate(smollm2, name):
+    """In bf16, where verifying several tokens in one forward can flip a near tie, strict verification gives plain
+    bf16 generate()'s output token for token, with the shipped heads' drafts accepted (oracle drafts, some
+    corrupted, for many accepted rows per step)."""
+    from pathlib import Path
+
+    from cerberus_hf.real_models import load_packaged_model
+
+    _, _, prompts = smollm2
+    base, _ = load_packaged_model(dtype=torch.bfloat16)
+    folder = Path(__file__).resolve().parents[1] / "model_cards" / name
+    model = CerberusForCausalLM.from_pretrained(folder, base_model=base)
+    new_tokens = steps = 0
+    for prompt, _ in prompts:
+        expected = base.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+        for overrides in ({}, {"gate_threshold": None, "prompt_lookup_num_tokens": 0}):
+            out = model.generate(prompt, max_new_tokens=NEW_TOKENS, strict=True, **overrides)
+            assert torch.equal(out, expected)
+            new_tokens += model.generation_stats.new_tokens
+            steps += model.generation_stats.steps
+    assert model.generation_stats.strict_rows > 1 and new_tokens / steps > 1.1
+    prompt, _ = prompts[1]
+    longer = base.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
+    oracle = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=4,
+                                           draft_tree=[[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]])
+    install_oracle(oracle.to(torch.bfloat16), [longer], corrupt=lambda p, k: p % 5 == 0 and k == 1, tolerance=5e-2)
+    out = oracle.generate(prompt, max_new_tokens=NEW_TOKENS, strict=True)
+    assert torch.equal(out, longer[:, : prompt.shape[1] + NEW_TOKENS])
+    assert oracle.generation_stats.tau > 1.5
+
+
 SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hydra-smollm2-135m-instruct",
            "kangaroo-smollm2-135m-instruct", "clover-smollm2-135m-instruct")
 

@@ -66,6 +66,10 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # calibration found with the n-gram alone, the LM alone and both.
 # A "default" row runs the checkpoint exactly as `generate()` would for this device and dtype: its
 # calibrated tree kind, gate and lookup, so each family's own best guess sits beside the fixed rows.
+# Any variant with "+strict" appended ("default+strict") runs it with strict verification (generate(strict=True):
+# output bit-identical to plain generate() in reduced precision too; "default+strict" takes the checkpoint's
+# strict calibration where it has one).
+STRICT = "+strict"
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
@@ -115,15 +119,15 @@ def build_methods(
     checkpoint once as it is configured. A variant written ``family:key`` (``hydra:dtree``) applies only
     to checkpoints of that head type, so one interleaved run can give each family its own rows without
     running every family in every configuration; ``default`` is the checkpoint as calibrated (a row that
-    only a list names). ``profile`` records per-phase step times of the head methods;
-    ``prompt_lookup=False`` leaves out transformers' prompt lookup row (an hour-long run need not repeat
+    only a list names); a variant ending in ``+strict`` runs with ``strict=True``. ``profile`` records
+    per-phase step times of the head methods; ``prompt_lookup=False`` leaves out transformers' prompt lookup row (an hour-long run need not repeat
     a baseline it already has)."""
     call = {"max_new_tokens": max_new_tokens, "do_sample": False}
     methods = [Method("plain generate()", lambda ids: (base.generate(ids, **call), None))]
     if prompt_lookup:
         methods.append(
             Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)))
-    unknown = {v for v in variants or () if v.rpartition(":")[2] not in VARIANTS
+    unknown = {v for v in variants or () if v.rpartition(":")[2].removesuffix(STRICT) not in VARIANTS
                or v.rpartition(":")[0] not in ("", *HEAD_TYPES)}
     if unknown:
         raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}, "
@@ -141,9 +145,11 @@ def build_methods(
             option = settings["rescoring_options"].get("ngram+lm" if name == "both" else name)
             tree_of[f"rtree-{name}"] = {"rescoring": option if model.has_rescorers(option) else None}
         options = [("", {})] if variants == [] else [
-            (suffix, {**overrides, **tree_of.get(key.split("+")[0], {})})
-            for key, (suffix, overrides, needs) in VARIANTS.items()
-            if (key != "default" if variants is None else key in wanted) and all(settings[n] is not None for n in needs)
+            (suffix + (", strict" if strict else ""),
+             {**overrides, **tree_of.get(key.split("+")[0], {}), **({"strict": True} if strict else {})})
+            for key, (suffix, overrides, needs) in VARIANTS.items() for strict in (False, True)
+            if ((key != "default" and not strict) if variants is None else key + STRICT * strict in wanted)
+            and all(settings[n] is not None for n in needs)
             and (not key.startswith("rtree-") or tree_of[key]["rescoring"] is not None)
         ]
         for suffix, overrides in options:
@@ -428,7 +434,8 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also time each phase of a decoding step (synchronises CUDA at phase edges)")
     parser.add_argument("--variants", nargs="*", default=None, metavar="[FAMILY:]VARIANT",
-                        help=f"configurations to run each checkpoint in, from {', '.join(VARIANTS)}; "
+                        help=f"configurations to run each checkpoint in, from {', '.join(VARIANTS)}, each "
+                             f"optionally with {STRICT} (strict verification); "
                              "FAMILY:VARIANT (hydra:dtree) for checkpoints of one head type only "
                              "(default: all its settings allow; none given: only its default configuration)")
     parser.add_argument("--no-prompt-lookup", action="store_true",

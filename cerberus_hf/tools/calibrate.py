@@ -40,7 +40,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
@@ -54,6 +54,7 @@ from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
 from ..decoding.hardware import HardwareKey, bf16_matmul, describe_device
 from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
+from ..decoding.strict import check_strict_support, row_invariant_rows, strict_attention
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
 from ..training.data import Record, frequent_tokens, read_records
 from ..training.hidden_cache import split_record_ids
@@ -77,9 +78,12 @@ class PositionRecord:
 
 
 @torch.no_grad()
-def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: int = 5) -> dict[int, float]:
+def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: int = 5,
+                       strict: bool = False) -> dict[int, float]:
     """Median seconds of one cached forward with ``n`` new tokens for ``n = 1..max_tokens`` after a
-    ``context``-token prefix. Sizes are interleaved across repeats so drifting load hits all alike."""
+    ``context``-token prefix. Sizes are interleaved across repeats so drifting load hits all alike.
+    ``strict``: the forwards verify as strict verification does (`decoding.strict`), one attention call per
+    position."""
     device = base.device
     vocab = base.get_output_embeddings().weight.shape[0]
     limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
@@ -96,7 +100,8 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
             positions = torch.arange(context, context + n, device=device)[None]
             synchronize(device)
             start = time.perf_counter()
-            base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+            with strict_attention(base) if strict else nullcontext():
+                base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
             synchronize(device)
             times[n].append(time.perf_counter() - start)
             cache.crop(-n)
@@ -426,7 +431,7 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
               repeats: int = 5, dynamic_top_k: int = 4, dynamic_max_nodes: int = 32,
               rescoring_weights: tuple[float, ...] = RESCORING_WEIGHTS, rescoring_candidates: int = 8,
               rescoring_lm_weights: tuple[float, ...] = RESCORING_LM_WEIGHTS,
-              dynamic_budgets: tuple[tuple[float, float], ...] = DYNAMIC_BUDGETS) -> dict:
+              dynamic_budgets: tuple[tuple[float, float], ...] = DYNAMIC_BUDGETS, strict: bool = False) -> dict:
     """Run all measurements and choices; store the result for this device, dtype and processor in the
     model's generation config (``cerberus_calibration``, keyed as `hardware.HardwareKey`) and return the
     full report.
@@ -438,8 +443,20 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     0 and ``rescoring_lm_weights``, drafted for real over ``rescoring_candidates`` guesses per depth; both 0
     is the plain dynamic tree over that wider lattice). The kind with the highest expected tokens per second
     is the default (``tree_kind``); the gate is fitted to that kind; the others stay stored for the bench, as
-    does the best rescored tree of each combination of rescorers (``rescoring_options``)."""
-    cost = measure_cost_curve(model.base, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats)
+    does the best rescored tree of each combination of rescorers (``rescoring_options``).
+
+    ``strict`` fits everything for ``generate(strict=True)``: the cost curve of strict verification, trees no
+    larger than it can verify here (`strict.row_invariant_rows`), stored beside the entry's own settings
+    (under its ``"strict"`` key)."""
+    if strict:
+        check_strict_support(model.base)
+        rows = row_invariant_rows(model.base)
+        if rows < 2:
+            raise ValueError(f"Strict verification can verify no draft here: the base's linear layers in "
+                             f"{model.base.dtype} give a row computed in a batch other bits than alone.")
+        max_nodes, dynamic_max_nodes = min(max_nodes, rows - 1), min(dynamic_max_nodes, rows - 1)
+    cost = measure_cost_curve(model.base, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats,
+                              strict=strict)
     draft_time = measure_draft_time(model)
     probe = DynamicTree(nodes=dynamic_max_nodes, depth=model.config.num_heads, top_k=dynamic_top_k)
     dynamic_time = measure_draft_time(model, dynamic=probe)
@@ -524,8 +541,11 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     if stored["calibration"] is not None and stored["prompt_lookup_num_tokens"] is not None:
         # not fitted here: keep what was chosen for the closest device
         settings["prompt_lookup_num_tokens"] = stored["prompt_lookup_num_tokens"]
-    key = _store(model, settings)
+    if strict:
+        settings["strict_rows"] = rows
+    key = _store(model, settings, strict=strict)
     return {
+        "strict": strict,
         "device": model.device.type,
         "key": str(key),
         "machine": describe_device(model.device),
@@ -680,14 +700,17 @@ def _chosen_gate(gate: dict) -> dict:
     return {"gate_signal": signal, "gate_threshold": None if threshold == float("inf") else threshold}
 
 
-def _store(model, settings: dict) -> HardwareKey:
+def _store(model, settings: dict, strict: bool = False) -> HardwareKey:
     """Store ``settings`` in the model's generation config under this device, dtype and processor (with
-    a CPU's bf16 instructions), beside the entries for other hardware; returns the key."""
+    a CPU's bf16 instructions), beside the entries for other hardware; returns the key. ``strict`` settings
+    go under the entry's ``"strict"`` key, beside (not instead of) its own."""
     key = HardwareKey.of(model.device, model.base.dtype)
+    calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
+    if strict:
+        settings = {**calibrated.get(str(key), {}), "strict": settings}
     if model.device.type == "cpu":
         settings["bf16_matmul"] = bf16_matmul(model.device)
         settings["amx"] = settings["bf16_matmul"] == "AMX"  # what folders' code from before bf16_matmul reads
-    calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
     calibrated[str(key)] = settings
     model.generation_config.cerberus_calibration = calibrated
     return key
@@ -739,6 +762,9 @@ def add_cli(subparsers) -> None:
                         help="the dtype the base and heads compute in: each dtype has its own cost curve and entry")
     parser.add_argument("--report", default=None, help="write the full report (JSON) here")
     parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
+    parser.add_argument("--strict", action="store_true",
+                        help="fit the settings generate(strict=True) uses: strict verification's cost curve and trees "
+                             "no larger than it can verify on this machine (stored beside the entry's own)")
     # the options only trees read: a drafter that drafts chains refuses them rather than ignore them
     tree_options = ("max_nodes", "top_k", "dynamic_max_nodes", "dynamic_top_k", "dynamic_budgets",
                     "rescoring_weights", "rescoring_lm_weights", "rescoring_candidates", "ngram", "rescorer")
@@ -760,6 +786,9 @@ def run_cli(args: argparse.Namespace) -> int:
         if given:
             raise SystemExit(f"cerberus-hf calibrate: {', '.join('--' + n.replace('_', '-') for n in given)} do(es) "
                              f"not apply to {model.config.head_type}, which drafts chains (no trees, no rescoring)")
+        if args.strict:
+            raise SystemExit(f"cerberus-hf calibrate: --strict fits trees; {model.config.head_type} drafts chains, "
+                             "which generate(strict=True) verifies with the entry's own settings")
         report = calibrate_chain(model, sequences, repeats=args.repeats)
         print(format_chain_report(report))
     else:
@@ -768,7 +797,7 @@ def run_cli(args: argparse.Namespace) -> int:
                            rescoring_weights=tuple(args.rescoring_weights),
                            rescoring_candidates=args.rescoring_candidates,
                            rescoring_lm_weights=tuple(args.rescoring_lm_weights),
-                           dynamic_budgets=parse_budgets(args.dynamic_budgets))
+                           dynamic_budgets=parse_budgets(args.dynamic_budgets), strict=args.strict)
         print(format_report(report))
     if args.report:
         with open(args.report, "w") as handle:
@@ -818,7 +847,9 @@ def parse_budgets(values: list[str]) -> tuple[tuple[float, float], ...]:
 
 def format_report(report: dict) -> str:
     """The numbers a person needs: cost curve, both tree kinds, gate comparison."""
-    lines = [f"{report.get('machine', report['device'])}, stored as {report.get('key', report['device'])!r}; "
+    strict = (f" (strict verification: at most {report['settings']['strict_rows']} positions a forward)"
+              if report.get("strict") else "")
+    lines = [f"{report.get('machine', report['device'])}, stored as {report.get('key', report['device'])!r}{strict}; "
              f"{report['positions']} calibration positions",
              *_format_cost(report),
              f"static tree: {len(report['settings']['draft_tree'])} nodes, expected tau "

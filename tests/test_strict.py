@@ -1,0 +1,212 @@
+"""strict=True: every verified position is computed as a one-token forward computes it, so the output equals
+plain generate()'s in bf16 too, where batched verification can flip a near tie (`cerberus_hf.decoding.strict`)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from contextlib import nullcontext
+
+import pytest
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+import cerberus_hf.modeling_cerberus as modeling
+from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.configuration_cerberus import HEAD_TYPES
+from cerberus_hf.decoding.candidate_generator import Draft
+from cerberus_hf.decoding.strict import row_invariant_rows, strict_attention
+from cerberus_hf.decoding.tree import TreeSpec
+from cerberus_hf.drafters import DRAFTER_CLASSES
+from helpers import NEW_TOKENS, PROMPT_LEN, check_stats, get_base, get_prompt, install_oracle, randomize_heads
+
+STRICT_ARCHITECTURES = ("llama", "qwen2", "phi3", "gpt2")  # sdpa attention, no sliding window
+REFUSED = {"mistral": "sliding-window", "gemma2": "'sdpa'"}  # a sliding window; gemma2's tiny base runs eager
+STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+
+
+@functools.lru_cache(maxsize=None)
+def base_in(arch: str, dtype: torch.dtype) -> nn.Module:
+    """A copy of the session's tiny base in ``dtype`` (the shared one stays float32)."""
+    return copy.deepcopy(get_base(arch)).to(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def plain_output(arch: str, dtype: torch.dtype, new_tokens: int = NEW_TOKENS) -> torch.Tensor:
+    return base_in(arch, dtype).generate(get_prompt(arch), max_new_tokens=new_tokens, do_sample=False)
+
+
+def drafting_model(arch: str, dtype: torch.dtype, head_type: str, randomize: bool = False) -> CerberusForCausalLM:
+    kwargs = {"exit_layer": 1} if head_type == "kangaroo" else {}
+    model = CerberusForCausalLM.from_base(base_in(arch, dtype), head_type=head_type, num_heads=4,
+                                          gate_threshold=None, **kwargs)
+    if randomize:
+        randomize_heads(model, seed=7)
+    return model.to(dtype)
+
+
+def tree_of(head_type: str) -> dict:
+    return {} if DRAFTER_CLASSES[head_type].drafts_chains else {"draft_tree": STATIC_TREE}
+
+
+@pytest.mark.parametrize("heads", ["untrained", "random"])
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("arch", STRICT_ARCHITECTURES)
+def test_strict_output_equals_plain_generate_in_its_dtype(arch, dtype, head_type, heads):
+    model = drafting_model(arch, dtype, head_type, randomize=heads == "random")
+    out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, strict=True, **tree_of(head_type))
+    assert torch.equal(out, plain_output(arch, dtype))
+    check_stats(model, NEW_TOKENS)
+    stats = model.generation_stats
+    assert 1 <= stats.strict_rows <= 64
+    if stats.strict_rows > 1:  # a draft was verified at every step with room for one
+        assert stats.draft_steps >= stats.gate_decisions - 1 > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("arch", STRICT_ARCHITECTURES)
+def test_strict_accepts_oracle_drafts_and_stays_exact(arch, dtype):
+    """Right drafts are accepted several per step (verification really runs many rows strictly)."""
+    model = drafting_model(arch, dtype, "medusa")
+    longer = plain_output(arch, dtype, NEW_TOKENS + 8)
+    # bf16 rounds a full-sequence forward's states differently from decoding's: match states more loosely
+    oracle = install_oracle(model, [longer], tolerance=5e-2 if dtype != torch.float32 else 1e-3)
+    out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, strict=True)
+    assert torch.equal(out, plain_output(arch, dtype))
+    stats = model.generation_stats
+    if stats.strict_rows >= 5:
+        assert oracle["hits"] > 0 and stats.tau > 1.5 and max(stats.tokens_per_step) == 5
+    else:  # drafts are cut to strict_rows - 1 nodes
+        assert max(stats.tokens_per_step) <= stats.strict_rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("arch", STRICT_ARCHITECTURES)
+def test_strict_verification_logits_are_bitwise_those_of_one_token_forwards(arch, dtype):
+    """The property the mode rests on, checked directly: the continuation fed in chunks under strict attention
+    (chunks no taller than the row-invariant height) gives every position the logits that one-token
+    forwards give it, bit for bit."""
+    base = base_in(arch, dtype)
+    full = plain_output(arch, dtype)
+    prompt, continuation = full[:, :PROMPT_LEN], full[:, PROMPT_LEN:]
+    chunk = min(row_invariant_rows(base), 8)
+
+    def logits(size: int, strict: bool) -> torch.Tensor:
+        cache, rows = DynamicCache(config=base.config), []
+        with torch.no_grad():
+            base(prompt, past_key_values=cache, use_cache=True)
+            for start in range(0, continuation.shape[1], size):
+                with strict_attention(base) if strict else nullcontext():
+                    piece = continuation[:, start : start + size]
+                    rows.append(base(piece, past_key_values=cache, use_cache=True).logits[0])
+        return torch.cat(rows)
+
+    assert torch.equal(logits(chunk, strict=True), logits(1, strict=False))
+    assert base.config._attn_implementation == "sdpa"  # restored after the block
+
+
+def test_strict_attention_follows_a_tree_mask():
+    """Under a tree mask each node sees the cache, its ancestors and itself: its logits equal those of one-token
+    forwards along its own path."""
+    arch, dtype = "llama", torch.bfloat16
+    base = base_in(arch, dtype)
+    prompt = get_prompt(arch)
+    tree = TreeSpec.from_paths([[0], [1], [0, 0], [1, 0]])
+    tokens = torch.tensor([[5, 7, 9, 11, 13]])  # root, then nodes (0,), (1,), (0, 0), (1, 0)
+    with torch.no_grad():
+        cache = DynamicCache(config=base.config)
+        base(prompt, past_key_values=cache, use_cache=True)
+        mask = tree.attention_mask(prompt.shape[1], dtype, prompt.device)
+        positions = (prompt.shape[1] + tree.position_offsets)[None]
+        with strict_attention(base):
+            tree_logits = base(tokens, past_key_values=cache, position_ids=positions, attention_mask=mask).logits[0]
+        for path in ([0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]):
+            chain = DynamicCache(config=base.config)
+            base(prompt, past_key_values=chain, use_cache=True)
+            for index in path:
+                last = base(tokens[:, index : index + 1], past_key_values=chain, use_cache=True).logits[0, -1]
+            assert torch.equal(tree_logits[path[-1]], last)
+
+
+def test_drafts_are_cut_to_the_row_invariant_height(monkeypatch):
+    """Where the linear layers are row-invariant only up to 3 rows, each verification feeds at most 3 positions
+    (the root and the chain's first 2 nodes) and the output is still exact."""
+    monkeypatch.setattr(modeling, "row_invariant_rows", lambda base: 3)
+    model = drafting_model("llama", torch.bfloat16, "medusa")
+    install_oracle(model, [plain_output("llama", torch.bfloat16, NEW_TOKENS + 8)], tolerance=5e-2)
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)  # a chain of 4 heads
+    assert torch.equal(out, plain_output("llama", torch.bfloat16))
+    stats = model.generation_stats
+    assert stats.strict_rows == 3 and max(stats.tokens_per_step) == 3 > stats.tau > 1.5
+    assert stats.drafted_tokens <= 2 * stats.draft_steps
+
+
+def test_no_row_invariance_means_plain_decoding(monkeypatch):
+    monkeypatch.setattr(modeling, "row_invariant_rows", lambda base: 1)
+    model = drafting_model("llama", torch.bfloat16, "medusa")
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True, prompt_lookup_num_tokens=3)
+    assert torch.equal(out, plain_output("llama", torch.bfloat16))
+    assert model.generation_stats.tau == 1.0 and model.generation_stats.drafted_tokens == 0
+
+
+class RowByRow(nn.Linear):
+    """A linear layer computed one row at a time: row-invariant by construction, on any machine."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([super(RowByRow, self).forward(row[None]) for row in x])
+
+
+class RowDependent(RowByRow):
+    """A linear layer whose result depends on how many rows it computes (from 4 rows on)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + (1e-3 if x.shape[0] >= 4 else 0.0)
+
+
+def test_row_invariant_rows_finds_the_first_height_that_differs():
+    assert row_invariant_rows(nn.Sequential(RowByRow(8, 8), RowDependent(8, 16))) == 3
+    assert row_invariant_rows(nn.Sequential(RowByRow(8, 8)), limit=16) == 16
+
+
+def test_first_nodes_keeps_every_kept_node_s_ancestors():
+    tree = TreeSpec.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]])
+    draft = Draft(tree, torch.tensor([10, 11, 12, 13, 14]))
+    cut = draft.first_nodes(3)
+    assert cut.tree.paths == ((0,), (1,), (0, 0)) and cut.tokens.tolist() == [10, 11, 12]
+    assert draft.first_nodes(9) is draft and draft.first_nodes(0) is None
+
+
+@pytest.mark.parametrize("arch", list(REFUSED))
+def test_strict_refuses_bases_whose_one_token_forward_it_cannot_reproduce(arch):
+    model = CerberusForCausalLM.from_base(get_base(arch), head_type="medusa")
+    with pytest.raises(ValueError, match=REFUSED[arch]):
+        model.generate(get_prompt(arch), max_new_tokens=4, strict=True)
+
+
+def test_strict_calibration_is_stored_beside_the_entry_and_used_by_strict_generate(monkeypatch):
+    """`calibrate(strict=True)` fits trees no larger than strict verification can verify, stores them under the
+    entry's "strict" key without touching the entry's own settings, and only generate(strict=True) reads them."""
+    from cerberus_hf.tools import calibrate as calibrate_tool
+
+    monkeypatch.setattr(calibrate_tool, "row_invariant_rows", lambda base: 4)
+    model = drafting_model("llama", torch.bfloat16, "medusa")
+    sequence = plain_output("llama", torch.bfloat16, NEW_TOKENS + 8)
+    install_oracle(model, [sequence], tolerance=5e-2)  # heads that are right, so that some tree pays
+    own = {"draft_tree": [[0], [1]], "gate_threshold": None}
+    key = str(calibrate_tool.HardwareKey.of("cpu", torch.bfloat16))
+    model.generation_config.cerberus_calibration = {key: dict(own)}
+    report = calibrate_tool.calibrate(model, [(sequence[0].tolist(), PROMPT_LEN - 1)], max_nodes=8,
+                                      repeats=1, dynamic_budgets=(), strict=True)
+    assert "strict verification: at most 4 positions a forward" in calibrate_tool.format_report(report)
+    entry = model.generation_config.cerberus_calibration[key]
+    assert {k: entry[k] for k in own} == own and entry["strict"]["strict_rows"] == 4
+    assert len(entry["strict"]["draft_tree"]) <= 3 and entry["strict"]["dynamic_tree"]["nodes"] <= 3
+    assert model.decoding_settings()["draft_tree"] == own["draft_tree"]
+    strict = model.decoding_settings(strict=True)
+    assert strict["calibration"] == f"{key} (strict)" and strict["draft_tree"] == entry["strict"]["draft_tree"]
+    monkeypatch.setattr(modeling, "row_invariant_rows", lambda base: 4)
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)
+    assert torch.equal(out, plain_output("llama", torch.bfloat16))
+    assert model.generation_stats.calibration == f"{key} (strict)"
