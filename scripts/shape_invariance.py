@@ -11,7 +11,10 @@ way, and where they do not, the argmax can flip at a near tie. Per dtype, on thi
    continuation in that dtype: the logits at every position when the continuation is fed in chunks of n
    tokens (each chunk one cached forward, as verification feeds a draft), against feeding it one token per
    forward (as plain generate() does): positions whose logits differ bitwise, the largest difference, and
-   positions whose argmax differs.
+   positions whose argmax differs;
+3. the same with strict verification (`cerberus_hf.decoding.strict`: each position's attention computed as a
+   one-token forward computes it), in chunks no taller than the base's row-invariant height on this machine
+   (`row_invariant_rows`, printed per dtype; a height of 1 leaves nothing to compare).
 
     python scripts/shape_invariance.py [--prompts 8] [--tokens 32] [--json benchmarks/shape_invariance_cpu.json]
 """
@@ -23,9 +26,13 @@ import json
 import time
 from pathlib import Path
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+
+from cerberus_hf.decoding.strict import row_invariant_rows, strict_attention
 
 from cerberus_hf.decoding.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
@@ -54,35 +61,41 @@ def linear_rows(dtype: torch.dtype, shapes: dict[str, tuple[int, int]]) -> list[
 
 
 @torch.no_grad()
-def chunked_logits(model, prompt: torch.Tensor, continuation: torch.Tensor, chunk: int) -> torch.Tensor:
+def chunked_logits(model, prompt: torch.Tensor, continuation: torch.Tensor, chunk: int,
+                   strict: bool = False) -> torch.Tensor:
     """The logits at the continuation's positions but its last (``[len - 1, vocab]``, float32: each predicts the
     next continuation token) when the continuation is fed after the prompt's prefill in cached forwards of
-    ``chunk`` tokens."""
+    ``chunk`` tokens (with strict verification's attention when ``strict``)."""
     cache = DynamicCache(config=model.config)
     model(prompt, past_key_values=cache, use_cache=True)
     rows = []
     for start in range(0, continuation.shape[1] - 1, chunk):
         piece = continuation[:, start : min(start + chunk, continuation.shape[1] - 1)]
-        out = model(piece, past_key_values=cache, use_cache=True)
+        with strict_attention(model) if strict else nullcontext():
+            out = model(piece, past_key_values=cache, use_cache=True)
         rows.append(out.logits[0])
     return torch.cat(rows).float()
 
 
 def model_positions(model, tokenizer, prompts: list[str], tokens: int) -> list[dict]:
-    """Per chunk size: continuation positions whose logits differ from one-token forwards'."""
-    totals = {chunk: {"positions": 0, "differing": 0, "argmax_flips": 0, "max_abs_diff": 0.0} for chunk in CHUNKS}
+    """Per verification (batched, strict) and chunk size: continuation positions whose logits differ from
+    one-token forwards'."""
+    rows = row_invariant_rows(model)
+    runs = [(strict, chunk) for strict in (False, True) for chunk in CHUNKS if not strict or chunk <= rows]
+    totals = {run: {"positions": 0, "differing": 0, "argmax_flips": 0, "max_abs_diff": 0.0} for run in runs}
     for prompt in encode_prompts(tokenizer, prompts):
         generated = model.generate(prompt, max_new_tokens=tokens, do_sample=False)
         continuation = generated[:, prompt.shape[1] :]
         one_by_one = chunked_logits(model, prompt, continuation, 1)
-        for chunk in CHUNKS:
-            logits = chunked_logits(model, prompt, continuation, chunk)
-            row = totals[chunk]
+        for strict, chunk in runs:
+            logits = chunked_logits(model, prompt, continuation, chunk, strict)
+            row = totals[(strict, chunk)]
             row["positions"] += logits.shape[0]
             row["differing"] += int((logits != one_by_one).any(-1).sum())
             row["argmax_flips"] += int((logits.argmax(-1) != one_by_one.argmax(-1)).sum())
             row["max_abs_diff"] = max(row["max_abs_diff"], float((logits - one_by_one).abs().max()))
-    return [{"chunk": chunk, **row} for chunk, row in totals.items()]
+    return [{"verification": "strict" if strict else "batched", "chunk": chunk, "row_invariant_rows": rows, **row}
+            for (strict, chunk), row in totals.items()]
 
 
 def main() -> None:
@@ -119,12 +132,14 @@ def main() -> None:
                   + f" | {max(r['max_abs_diff'] for r in rows):.3g} |")
     print(f"\nSmolLM2-135M-Instruct, {len(prompts)} MT-Bench prompts x {args.tokens} greedy tokens: logits fed in chunks "
           "of n tokens against one token per forward:\n")
-    print("| dtype | n | positions | logits differ bitwise | argmax differs | largest logit difference |")
-    print("|---|---|---|---|---|---|")
+    print("| dtype | verification | n | positions | logits differ bitwise | argmax differs | largest logit difference |")
+    print("|---|---|---|---|---|---|---|")
     for name in DTYPES:
         for row in result["model"][name]:
-            print(f"| {name} | {row['chunk']} | {row['positions']} | {row['differing']} | {row['argmax_flips']} | "
-                  f"{row['max_abs_diff']:.3g} |")
+            print(f"| {name} | {row['verification']} | {row['chunk']} | {row['positions']} | {row['differing']} | "
+                  f"{row['argmax_flips']} | {row['max_abs_diff']:.3g} |")
+        print(f"| {name} | (row-invariant height of the base's linear layers: {result['model'][name][0]['row_invariant_rows']}) "
+              "| | | | | |")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

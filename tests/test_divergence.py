@@ -8,6 +8,7 @@ import torch
 from cerberus_hf.tools.divergence import (
     BATCHED, DRAFTING_OFF, PLAIN, batched_continuation, first_difference, markdown_table, run_divergence, summarize,
 )
+from cerberus_hf import CerberusForCausalLM
 from helpers import fresh_model, get_base, install_oracle, reference
 from tiny_models import PAD, prompt_ids
 
@@ -54,3 +55,17 @@ def test_every_row_is_identical_in_float32():
     assert rows[DRAFTING_OFF]["tau"] is None and rows["untrained"]["tau"] >= 1
     result.update(dtype="float32", reference_dtype="float32")
     assert f"| oracle | {rows['oracle']['tau']:.2f} | 100% |  | 100% | 16.0 |" in markdown_table(result)
+
+
+def test_strict_rows_are_identical_in_bfloat16():
+    """--strict adds a strict row per checkpoint; in bf16 it is identical to plain bf16 generate() (the drafted row
+    may or may not be: this is what the command measures)."""
+    import copy
+
+    base = copy.deepcopy(get_base("llama")).to(torch.bfloat16)
+    model = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=3, gate_threshold=None).to(torch.bfloat16)
+    encoded = [reference("llama", 16)[:, :8], prompt_ids(5, length=7)]
+    result = run_divergence(base, {"m": model}, encoded, 16, PAD, strict=True)
+    rows = {row["method"]: row for row in result["methods"]}
+    assert list(rows) == [PLAIN, BATCHED, "m", "m, strict", DRAFTING_OFF]
+    assert rows["m, strict"]["identical"] == 1.0 and rows["m, strict"]["tau"] >= 1

@@ -37,6 +37,19 @@ def test_a_cpu_is_described_with_its_bf16_instructions(monkeypatch, flags, bf16,
     assert bf16_matmul("cpu") == bf16 and bf16_matmul("meta") is None and words in describe_device("cpu")
 
 
+@pytest.mark.parametrize("flags, words", [
+    ({"avx2", "amx_tile", "avx512_bf16"}, None),
+    ({"avx2", "avx512_bf16"}, "no AMX, only AVX512-BF16"),
+    ({"avx2"}, "neither AMX nor AVX512-BF16"),
+])
+def test_reduced_precision_on_a_cpu_without_amx_comes_with_a_note(monkeypatch, flags, words):
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset(flags)))
+    note = hardware.reduced_precision_note("cpu", torch.bfloat16)
+    assert note is None if words is None else words in note and "float32" in note
+    assert hardware.reduced_precision_note("cpu", torch.float32) is None
+    assert hardware.reduced_precision_note("meta", torch.bfloat16) is None
+
+
 def _entry(tree, amx=None, bf16="unset"):
     return {"draft_tree": tree} | ({} if amx is None else {"amx": amx}) | ({} if bf16 == "unset" else
                                                                           {"bf16_matmul": bf16})

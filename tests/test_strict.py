@@ -210,3 +210,5 @@ def test_strict_calibration_is_stored_beside_the_entry_and_used_by_strict_genera
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)
     assert torch.equal(out, plain_output("llama", torch.bfloat16))
     assert model.generation_stats.calibration == f"{key} (strict)"
+    calibrate_tool._store(model, {"draft_tree": [[0]]})  # calibrating again without --strict keeps the strict half
+    assert model.generation_config.cerberus_calibration[key]["strict"] == entry["strict"]

@@ -44,40 +44,52 @@ MAX_STRICT_ROWS = 64  # the tallest verification whose row invariance is measure
 _invariant_rows: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, int]]" = weakref.WeakKeyDictionary()
 
 
-def _visible(attention_mask: torch.Tensor | None, queries: int) -> list[list[int]] | None:
-    """Per query row, the fed positions (0 = the first of the ``queries`` fed) it attends to, ascending; None for
-    a causal block (row i sees fed positions 0..i). ``attention_mask`` is the tree mask `_verify` passes
-    (additive float, 0 where visible, or bool), of which only the fed columns are read: the cache before
-    them is visible to every row."""
-    if attention_mask is None:
-        return None
+_last_plan: tuple[weakref.ref, list[tuple[int, int]]] | None = None  # the plan of the mask of the forward running
+
+
+def _tree_plan(attention_mask: torch.Tensor, queries: int) -> list[tuple[int, int]]:
+    """``(row, path length)`` for each query row of a tree block, in depth-first order. ``attention_mask`` is the
+    tree mask `_verify` passes (additive float, 0 where visible, or bool), of which only the fed columns are read
+    (the cache before them is visible to every row). A row sees the root, its ancestors and itself, which come
+    in that order among the fed positions (a tree lists parents before children), so its parent is the last
+    position it sees before itself. One plan serves every layer of a forward: it is kept for its mask."""
+    global _last_plan
+    if _last_plan is not None and _last_plan[0]() is attention_mask:
+        return _last_plan[1]
     fed = attention_mask[0, 0, :, -queries:]
-    visible = fed if fed.dtype == torch.bool else fed == 0
-    return [row.nonzero()[:, 0].tolist() for row in visible]
+    visible = [row.nonzero()[:, 0].tolist() for row in (fed if fed.dtype == torch.bool else fed == 0)]
+    children: list[list[int]] = [[] for _ in visible]
+    for row, seen in enumerate(visible):
+        if len(seen) > 1:
+            children[seen[-2]].append(row)
+    plan, stack = [], [row for row, seen in enumerate(visible) if len(seen) == 1][::-1]
+    while stack:
+        row = stack.pop()
+        plan.append((row, len(visible[row])))
+        stack.extend(reversed(children[row]))
+    _last_plan = (weakref.ref(attention_mask), plan)
+    return plan
 
 
-def _row_keys(key: torch.Tensor, value: torch.Tensor, visible: list[list[int]] | None,
-              past: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Per query row, the keys and values a one-token forward at that position attends to: the cache before the
-    fed block, then the fed positions the row sees, in order. A causal block's rows are prefixes of the cache
-    (views). A tree's rows are laid out one after another in a buffer that holds the cache once: each row
-    rewrites only the positions where its path leaves the previous row's."""
-    if visible is None:
-        for i in range(key.shape[2] - past):
-            yield key[:, :, : past + i + 1], value[:, :, : past + i + 1]
+def _row_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+              queries: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """``(row, keys, values)`` per query row: what a one-token forward at that position attends to, the cache
+    before the fed block, then the fed positions the row sees, in order. A causal block's rows (no mask) are
+    prefixes of the cache (views). A tree's rows come depth first and share one buffer holding the cache once:
+    each row's path is its parent's, laid out already, plus itself, so a row writes one position."""
+    past = key.shape[2] - queries
+    if attention_mask is None:
+        for row in range(queries):
+            yield row, key[:, :, : past + row + 1], value[:, :, : past + row + 1]
         return
-    longest = past + max(len(fed) for fed in visible)
-    keys, values = key.new_empty(*key.shape[:2], longest, key.shape[3]), value.new_empty(*value.shape[:2], longest,
-                                                                                          value.shape[3])
+    plan = _tree_plan(attention_mask, queries)
+    longest = past + max(length for _, length in plan)
+    keys = key.new_empty(*key.shape[:2], longest, key.shape[3])
+    values = value.new_empty(*value.shape[:2], longest, value.shape[3])
     keys[:, :, :past], values[:, :, :past] = key[:, :, :past], value[:, :, :past]
-    laid: list[int] = []
-    for fed in visible:
-        shared = next((j for j, (a, b) in enumerate(zip(laid, fed)) if a != b), min(len(laid), len(fed)))
-        index = torch.tensor(fed[shared:], device=key.device) + past
-        keys[:, :, past + shared : past + len(fed)] = key.index_select(2, index)
-        values[:, :, past + shared : past + len(fed)] = value.index_select(2, index)
-        laid = fed
-        yield keys[:, :, : past + len(fed)], values[:, :, : past + len(fed)]
+    for row, length in plan:
+        keys[:, :, past + length - 1], values[:, :, past + length - 1] = key[:, :, past + row], value[:, :, past + row]
+        yield row, keys[:, :, : past + length], values[:, :, : past + length]
 
 
 def strict_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -89,11 +101,9 @@ def strict_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     queries = query.shape[2]
     if queries == 1:
         return sdpa(module, query, key, value, None, **kwargs)
-    rows = []
-    row_keys = _row_keys(key, value, _visible(attention_mask, queries), key.shape[2] - queries)
-    for i, (keys, values) in enumerate(row_keys):
-        out, _ = sdpa(module, query[:, :, i : i + 1], keys, values, None, **kwargs)
-        rows.append(out)
+    rows: list[torch.Tensor | None] = [None] * queries
+    for row, keys, values in _row_keys(key, value, attention_mask, queries):
+        rows[row], _ = sdpa(module, query[:, :, row : row + 1], keys, values, None, **kwargs)
     return torch.cat(rows, dim=1), None
 
 

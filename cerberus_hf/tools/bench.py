@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..configuration_cerberus import HEAD_TYPES
-from ..decoding.hardware import describe_device
+from ..decoding.hardware import describe_device, reduced_precision_note
 from ..decoding.profiling import PHASES, synchronize
 from ..training.data import jsonl_rows
 
@@ -478,6 +478,9 @@ def run_cli(args: argparse.Namespace) -> int:
     for row in result["methods"]:
         for record in row["prompts"]:
             record["category"] = categories[record["prompt"]]
+    note = reduced_precision_note(base.device, base.dtype)
+    if note:
+        print(f"note: {note}")
     print(f"{result['machine']}, {args.dtype}; calibration used: "
           + (", ".join(f"{label}: {key or 'none (config defaults)'}" for label, key in result["calibrations"].items())
              or "no heads") + "\n")

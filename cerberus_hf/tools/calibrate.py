@@ -703,11 +703,14 @@ def _chosen_gate(gate: dict) -> dict:
 def _store(model, settings: dict, strict: bool = False) -> HardwareKey:
     """Store ``settings`` in the model's generation config under this device, dtype and processor (with
     a CPU's bf16 instructions), beside the entries for other hardware; returns the key. ``strict`` settings
-    go under the entry's ``"strict"`` key, beside (not instead of) its own."""
+    go under the entry's ``"strict"`` key, beside (not instead of) its own; either kind keeps the other."""
     key = HardwareKey.of(model.device, model.base.dtype)
     calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
+    previous = calibrated.get(str(key), {})
     if strict:
-        settings = {**calibrated.get(str(key), {}), "strict": settings}
+        settings = {**previous, "strict": settings}
+    elif "strict" in previous:
+        settings["strict"] = previous["strict"]
     if model.device.type == "cpu":
         settings["bf16_matmul"] = bf16_matmul(model.device)
         settings["amx"] = settings["bf16_matmul"] == "AMX"  # what folders' code from before bf16_matmul reads

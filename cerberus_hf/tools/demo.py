@@ -30,7 +30,10 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS), help="how many demo prompts to run")
     parser.add_argument("--gate-threshold", type=float, default=None, help="override the heads' entropy gate")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                        help="compute dtype of base and heads; identity is promised in float32 only (README: precision)")
+                        help="compute dtype of base and heads; without --strict, identity is promised in float32 only "
+                             "(README: precision)")
+    parser.add_argument("--strict", action="store_true",
+                        help="strict verification: identical to plain generate() in any dtype (README: precision)")
     parser.set_defaults(func=run_cli)
 
 
@@ -42,7 +45,7 @@ def _timed(fn):
 
 def run_cli(args: argparse.Namespace) -> int:
     from .bench import encode_prompts
-    from ..decoding.hardware import describe_device
+    from ..decoding.hardware import describe_device, reduced_precision_note
     from ..modeling_cerberus import CerberusForCausalLM
     from ..real_models import load_packaged_model
 
@@ -58,6 +61,7 @@ def run_cli(args: argparse.Namespace) -> int:
               "train heads with `cerberus-hf train` for a speedup)")
     call = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     gate = {} if args.gate_threshold is None else {"gate_threshold": args.gate_threshold}
+    gate["strict"] = args.strict
 
     # Warm-up so neither side pays first-call costs in the timings.
     (warm,) = encode_prompts(tokenizer, ["Hi"])
@@ -85,8 +89,12 @@ def run_cli(args: argparse.Namespace) -> int:
               f"{speedup:.2f}x | {'yes' if same else 'NO'} |")
     print(f"\nidentical to plain generate(): {identical}/{len(rows)}; "
           f"overall speedup: {plain_time / fast_time:.2f}x (wall time, {describe_device(base.device)}, {args.dtype}, "
-          f"interleaved; calibration used: {model.generation_stats.calibration or 'none, config defaults'})")
-    if args.dtype != "float32":
+          f"interleaved; calibration used: {model.generation_stats.calibration or 'none, config defaults'}"
+          + (f"; strict, at most {model.generation_stats.strict_rows} positions a forward)" if args.strict else ")"))
+    note = reduced_precision_note(base.device, base.dtype)
+    if note:
+        print(f"note: {note}")
+    if args.dtype != "float32" and not args.strict:
         print(f"({args.dtype}: verifying several tokens at once rounds differently from one at a time, so identity "
               "is measured here, not promised; see the README's section on precision)")
         return 0

@@ -13,7 +13,9 @@ side, per prompt and greedy:
   instability under a change of shape, the yardstick for the rows above;
 * with ``--reference-dtype float32``, every output against plain float32 `generate()`: whether quality
   moves (identical share, and mean new tokens before the first departure);
-* "drafting off" (the loop with the gate closed): the loop itself, without any verification of drafts.
+* "drafting off" (the loop with the gate closed): the loop itself, without any verification of drafts;
+* with ``--strict``, each checkpoint again with strict verification (`decoding.strict`), which is built to be
+  identical to plain `generate()` in any dtype.
 
 It prints a table, writes every per-prompt figure as JSON and plots the identical shares.
 """
@@ -64,9 +66,10 @@ def batched_continuation(base, ids: torch.Tensor, other: torch.Tensor, max_new_t
 
 
 def run_divergence(base, head_models: dict, encoded: list[torch.Tensor], max_new_tokens: int, pad_id: int,
-                   reference_base=None) -> dict:
+                   reference_base=None, strict: bool = False) -> dict:
     """Per-prompt records and per-method summaries (see the module docstring); ``reference_base`` is the
-    same base in another dtype (float32) to compare quality against."""
+    same base in another dtype (float32) to compare quality against; ``strict`` adds each checkpoint with
+    ``generate(strict=True)``."""
     records: dict[str, list[dict]] = {PLAIN: [], BATCHED: []}
     call = {"max_new_tokens": max_new_tokens, "do_sample": False}
     for index, ids in enumerate(tqdm(encoded, desc="divergence", unit="prompt")):
@@ -76,8 +79,10 @@ def run_divergence(base, head_models: dict, encoded: list[torch.Tensor], max_new
                                                                 max_new_tokens, pad_id)}
         steps = {}
         for label, model in head_models.items():
-            outputs[label] = model.generate(ids, **call)[0, ids.shape[1]:]
-            steps[label] = model.generation_stats.steps
+            for strictly in (False, True)[: 1 + strict]:
+                name = f"{label}, strict" if strictly else label
+                outputs[name] = model.generate(ids, strict=strictly, **call)[0, ids.shape[1]:]
+                steps[name] = model.generation_stats.steps
         if head_models:
             any_model = next(iter(head_models.values()))
             outputs[DRAFTING_OFF] = any_model.generate(ids, gate_threshold=float("-inf"), prompt_lookup_num_tokens=0,
@@ -157,6 +162,7 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--base", default="smollm2-135m-instruct",
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--strict", action="store_true", help="also run each checkpoint with strict verification")
     parser.add_argument("--json", default=None, help="write every per-prompt figure here")
     parser.add_argument("--plot", default=None, help="save a PNG plot here")
     parser.set_defaults(func=run_cli)
@@ -181,7 +187,7 @@ def run_cli(args: argparse.Namespace) -> int:
     prompts = load_bench_prompts(args.prompts, args.limit, args.every)
     encoded = encode_prompts(tokenizer, prompts, base.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    result = run_divergence(base, head_models, encoded, args.max_new_tokens, pad_id, reference)
+    result = run_divergence(base, head_models, encoded, args.max_new_tokens, pad_id, reference, strict=args.strict)
     result.update(dtype=args.dtype, reference_dtype=None if reference is None else args.reference_dtype,
                   n_prompts=len(prompts), max_new_tokens=args.max_new_tokens, prompts_file=args.prompts,
                   date=time.strftime("%Y-%m-%d"), machine=describe_device(base.device),
