@@ -42,6 +42,12 @@ class Draft:
         nodes = self.tree.first_path
         return Draft(TreeSpec.chain(len(nodes)), self.tokens[nodes]) if nodes else None
 
+    def first_nodes(self, count: int) -> "Draft | None":
+        """The draft's first ``count`` nodes (None for none). Every tree lists parents before children, so
+        the nodes kept still hang from the root."""
+        if count >= len(self.tree):
+            return self
+        return Draft(TreeSpec(self.tree.paths[:count]), self.tokens[:count]) if count > 0 else None
 
 
 def with_copied(draft: Draft | None, copied: list[int], device: torch.device) -> Draft:
@@ -262,6 +268,11 @@ class CerberusCandidateGenerator(CandidateGenerator):
     def fall_back_to_chain(self, draft: Draft) -> Draft | None:
         """Verify only the draft's top-1 chain this step (for attention that cannot take a tree mask)."""
         self._last = draft.top_chain()
+        return self._last
+
+    def cut_to(self, draft: Draft, nodes: int) -> Draft | None:
+        """Verify only the draft's first ``nodes`` nodes this step (strict verification's row limit)."""
+        self._last = draft.first_nodes(nodes)
         return self._last
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor | None, num_matches: int):

@@ -13,6 +13,7 @@ to the accepted branch.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -25,6 +26,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .decoding_acceptance import TypicalAcceptance, pick_token
 from .decoding_candidate_generator import CerberusCandidateGenerator, Draft
 from .decoding_profiling import StepProfiler, phase_timer
+from .decoding_strict import strict_attention
 from .decoding_tree import tree_attention_ok
 
 
@@ -92,6 +94,7 @@ def speculative_generate(
     make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
     typical: TypicalAcceptance | None = None,
     profiler: StepProfiler | None = None,
+    strict_rows: int | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
@@ -100,7 +103,9 @@ def speculative_generate(
     ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
     final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
     streamer to a custom decoding callable. ``typical`` opts into Medusa's (lossy) typical acceptance.
-    ``profiler`` collects wall time per phase of the loop.
+    ``profiler`` collects wall time per phase of the loop. ``strict_rows`` (strict verification, see
+    `strict`) verifies at most that many positions per forward (the root included), with each position's
+    attention computed as a one-token forward computes it.
     """
     _check_supported(model, input_ids, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
@@ -165,7 +170,10 @@ def speculative_generate(
                 )
                 if draft is not None and not draft.tree.is_chain and not tree_attention_ok(model, input_ids.shape[1] + len(draft.tokens)):
                     draft = candidate_generator.fall_back_to_chain(draft)
-            with phase("verify"), candidate_generator.verifying(input_ids, draft):
+                if draft is not None and strict_rows is not None and len(draft.tokens) >= strict_rows:
+                    draft = candidate_generator.cut_to(draft, strict_rows - 1)
+            strictly = strict_attention(model) if strict_rows is not None and draft is not None else nullcontext()
+            with phase("verify"), candidate_generator.verifying(input_ids, draft), strictly:
                 outputs = _verify(model, cache, input_ids, draft)
             step_logits = outputs.logits
             step_hidden = captured["hidden"]

@@ -26,6 +26,7 @@ class GenerationStats:
     accepted_per_head: list[int] = field(default_factory=list)
     phase_seconds: dict[str, float] | None = None  # per-phase wall time, with generate(profile=True)
     calibration: str | None = None  # the cerberus_calibration entry whose defaults the call used
+    strict_rows: int | None = None  # with strict=True: the most positions one verification computed
 
     @property
     def tau(self) -> float:

@@ -24,6 +24,7 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.utils import logging
 
 from .decoding_acceptance import TypicalAcceptance
 from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
@@ -39,10 +40,12 @@ from .decoding_profiling import StepProfiler, phase_timer
 from .real_models import describe_source
 from .remote_code import auto_map_entry, write_remote_code
 from .decoding_stats import GenerationStats
+from .decoding_strict import check_strict_support, row_invariant_rows
 from .decoding_ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from .decoding_rescoring import Rescoring
 from .decoding_tree import DynamicTree, TreeSpec
 
+logger = logging.get_logger(__name__)
 _UNSET = object()
 RESCORER_FOLDER = "rescorer"  # where a checkpoint keeps its neural lattice rescorer
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
@@ -308,6 +311,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         typical_acceptance: TypicalAcceptance | bool = False,
         profile: bool = False,
         exit_confidence: float | None = None,
+        strict: bool = False,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
@@ -330,7 +334,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         ``generation_stats.calibration`` names the entry), else the config's.
         ``exit_confidence`` overrides the early exit of a drafter that drafts its own chain (Kangaroo: a
         draft ends after a token drafted with a lower probability). ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
-        sampling, which is faster but NOT lossless. ``profile=True`` records the wall time of each phase
+        sampling, which is faster but NOT lossless. ``strict=True`` verifies so that every position's numbers
+        are bit-identical to a one-token forward's (`decoding.strict`): in bf16 and fp16, where batched
+        verification can flip a near tie, output then equals plain `generate()`'s token for token, at the cost
+        of one attention call per verified position; drafts are cut to the tallest batch this base's linear
+        layers compute row-invariantly here (``generation_stats.strict_rows``; 1 means plain decoding). Needs
+        sdpa attention and no sliding window. ``profile=True`` records the wall time of each phase
         of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
         row by row and re-padded as the base pads them.
         """
@@ -340,7 +349,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         model_kwargs = effective.update(**kwargs)
         _refuse_unsupported(effective, model_kwargs)
-        settings = self.decoding_settings()
+        settings = self.decoding_settings(strict=strict)
         # each prompt-lookup setting on its own: the call's (or its generation config's), else the heads'
         lookup_tokens = effective.prompt_lookup_num_tokens
         if lookup_tokens is None:
@@ -410,13 +419,25 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             raise TypeError(f"dynamic_tree must be a dict, a DynamicTree or None, got {type(dynamic_tree).__name__}.")
         if typical_acceptance is True:
             typical_acceptance = TypicalAcceptance()
-        stats = GenerationStats(calibration=settings["calibration"])
+        strict_rows = None
+        if strict:
+            check_strict_support(self.base)
+            strict_rows = row_invariant_rows(self.base)
+            if strict_rows == 1:
+                logger.warning_once(
+                    f"cerberus-hf: strict=True: this base's linear layers in {self.base.dtype} on {self.device} give "
+                    "a row computed in a batch other bits than the row alone, so no draft can be verified strictly "
+                    "and decoding is plain."
+                )
+                gate, lookup_tokens = EntropyGate(0.0, settings["gate_signal"]), 0
+        stats = GenerationStats(calibration=settings["calibration"], strict_rows=strict_rows)
         profiler = StepProfiler(self.device) if profile else None
         decode = functools.partial(
             speculative_generate,
             streamer=streamer,
             typical=typical_acceptance or None,
             profiler=profiler,
+            strict_rows=strict_rows,
             make_candidate_generator=functools.partial(
                 self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, rescoring=rescoring, stats=stats,
                 lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram, profiler=profiler,
@@ -451,15 +472,20 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return (settings.weight == 0 or self.ngram is not None) and (settings.lm_weight == 0 or
                                                                      self.rescorer is not None)
 
-    def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> dict:
+    def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                          strict: bool = False) -> dict:
         """Gate threshold, gate signal, draft tree (static, dynamic or rescored) and prompt lookup used by
         default on a device and dtype (this model's when None): what calibration stored in
         ``generation_config.cerberus_calibration`` for the closest device, dtype and processor
-        (`hardware.select_calibration`; ``"calibration"`` names the entry used), else the config's values."""
+        (`hardware.select_calibration`; ``"calibration"`` names the entry used), else the config's values.
+        ``strict``: for ``generate(strict=True)``, the entry's strict settings (`calibrate --strict`) where it
+        has them (``"calibration"`` then ends in ``" (strict)"``)."""
         device = torch.device(device) if device is not None else self.device
         wanted = HardwareKey.of(device, dtype or self.base.dtype)
         key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted,
                                          bf16=bf16_matmul(device))
+        if strict and "strict" in stored:
+            key, stored = f"{key} (strict)", stored["strict"]
         return {
             "calibration": key,
             "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),

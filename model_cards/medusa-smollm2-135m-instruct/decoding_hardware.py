@@ -72,6 +72,23 @@ def describe_device(device: torch.device | str) -> str:
             f"{torch.get_num_threads()} torch threads")
 
 
+def reduced_precision_note(device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """What someone decoding in ``dtype`` on ``device`` should know about this processor (None: nothing). Only
+    a CPU with AMX makes a verification of dozens of bf16 tokens cost about one token; elsewhere float32, the
+    default of every command, stays the dtype to use unless a measured run says otherwise."""
+    if torch.device(device).type != "cpu" or dtype == torch.float32:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    bf16 = bf16_matmul(device)
+    if bf16 == "AMX":
+        return None
+    if bf16 is None:
+        return (f"this CPU has neither AMX nor AVX512-BF16: {name} matrix products run through float32 here and are no "
+                "faster; float32 (the default) is the dtype to use")
+    return (f"this CPU has no AMX, only {bf16}: {name} verification is cheaper than float32's but its cost still "
+            "grows with the tokens verified; float32 stays the default")
+
+
 def stored_bf16_matmul(settings: dict) -> str | None:
     """The bf16 instructions a stored CPU entry was measured with; entries written before this was stored
     say only whether the CPU had AMX (without AMX is read as neither kind)."""
