@@ -10,7 +10,7 @@ DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 SHAREGPT=${SHAREGPT:-data/sharegpt_selfdistill.jsonl}    # issue 11's data: the base's answers to ShareGPT prompts
 FULL="--data $DATA --data $SHAREGPT"                    # 2.05M answer tokens: the families retrained on it use both
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
-STEPS=${STEPS:-"distill cache train ngram calibrate bench card"}
+STEPS=${STEPS:-"distill cache train ngram calibrate calibrate-bf16 bench card"}
 FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
 RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
 KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
@@ -81,6 +81,21 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $data \
           --limit "$limit" $trees \
           --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
+      done ;;
+    calibrate-bf16)  # bf16's own entry and its strict half, on the machine the folders will serve on (tree families)
+      # 2026-11-25 on a 2-core Intel Xeon with AMX: 2-4 minutes each. Run it where no other process shares the cores: the
+      # cost curve and drafting times are wall-clock measurements (a test run beside Clover's first calibration made
+      # its drafting look 15 times slower).
+      for type in $TYPES; do
+        case $type in
+          kangaroo) continue ;;   # drafts chains: calibrate --strict fits trees
+          medusa|cerberus) args="--data $SHAREGPT --limit 24 --rescoring-weights 0 0.5 1" ;;
+          *) args="--data $DATA --draft-vocab 4096 --limit 60" ;;
+        esac
+        for strict in "" --strict; do
+          cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $args --dtype bfloat16 $strict \
+            --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu_bfloat16_amx${strict:+_strict}.json" --write
+        done
       done ;;
     bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles
       mkdir -p "$(dirname "$FAMILIES")" "$(dirname "$RESCORING")"
