@@ -89,3 +89,13 @@ def test_card_states_a_resumed_runs_training_time_not_its_last_process():
     card = render_card(model.config, {"top1": [0.3, 0.2], "top5": [0.5, 0.4], "config": {}, "data": {}, "cost": whole},
                        None, "cerberus-hf card", None)
     assert "- Cost: 50.0 minutes on cpu: X, of which training 47.4 min and " in card
+
+
+def test_card_states_the_strict_settings_beside_an_entry():
+    model = fresh_model("llama", "medusa", num_heads=2)
+    strict = {"draft_tree": [[0], [1]], "tree_kind": "static", "gate_threshold": None, "strict_rows": 32}
+    calibration = {"cpu/bfloat16/X": {"draft_tree": [[0], [1], [0, 0]], "gate_threshold": None, "strict": strict}}
+    card = render_card(model.config, None, None, "c", calibration)
+    assert "Calibrated for `cpu/bfloat16/X` (used by default on the closest hardware): static tree of 3 nodes" in card
+    assert ("  - with `generate(strict=True)` (output bit-identical to plain `generate()` in this dtype; at most 32 "
+            "positions a verification): static tree of 2 nodes `[[0], [1]]`, no gate") in card

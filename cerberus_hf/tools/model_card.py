@@ -152,6 +152,27 @@ def _title_and_summary(config) -> list[str]:
             "`generate()` faster without changing its output: the base verifies every drafted token."]
 
 
+def _settings_text(config, settings: dict) -> str:
+    """One calibration's trees and gate in words: the default kind first, the others fitted beside it."""
+    tree, dynamic = settings.get("draft_tree"), settings.get("dynamic_tree")
+    static_text = f"static tree of {len(tree)} nodes `{tree}`" if tree else "chain"
+    if config.head_type == "kangaroo":
+        static_text = (f"drafts of up to {len(tree) if tree else config.num_heads} tokens, exit confidence "
+                       f"{settings.get('exit_confidence', config.exit_confidence)}")
+    dynamic_text = (f"dynamic tree of {dynamic['nodes']} nodes, {dynamic['depth']} deep, top-{dynamic['top_k']} "
+                    "per level" if dynamic else None)
+    if dynamic and "top_p" in dynamic:  # Clover's per-node budget
+        dynamic_text += (f", each node's children within probability {dynamic['top_p']} and at least "
+                         f"{dynamic['min_ratio']} times the most probable one")
+    rescoring = settings.get("rescoring")
+    rescored_text = (f"rescored tree of {rescoring['nodes']} nodes chosen among {rescoring['candidates']} guesses "
+                     f"per depth with n-gram weight {rescoring['weight']}" if rescoring else None)
+    texts = {"static": static_text, "dynamic": dynamic_text, "rescored": rescored_text}
+    kind = settings.get("tree_kind") if texts.get(settings.get("tree_kind")) else "static"
+    others = [text for name, text in texts.items() if name != kind and text]
+    return texts[kind] + (f" (also fitted: {'; '.join(others)})" if others else "") + _gate_text(settings)
+
+
 def render_card(
     config, training: dict | None, evaluation: dict | None, command: str, calibration: dict | None = None
 ) -> str:
@@ -182,25 +203,12 @@ def render_card(
         lines.append(f"- Drafting among the {config.draft_vocab_size} most frequent answer tokens of the training data "
                      f"(verification always uses all {config.vocab_size}, so output is unchanged)")
     for device, settings in (calibration or {}).items():
-        tree, dynamic = settings.get("draft_tree"), settings.get("dynamic_tree")
-        static_text = f"static tree of {len(tree)} nodes `{tree}`" if tree else "chain"
-        if config.head_type == "kangaroo":
-            static_text = (f"drafts of up to {len(tree) if tree else config.num_heads} tokens, exit confidence "
-                           f"{settings.get('exit_confidence', config.exit_confidence)}")
-        dynamic_text = (f"dynamic tree of {dynamic['nodes']} nodes, {dynamic['depth']} deep, top-{dynamic['top_k']} "
-                        "per level" if dynamic else None)
-        if dynamic and "top_p" in dynamic:  # Clover's per-node budget
-            dynamic_text += (f", each node's children within probability {dynamic['top_p']} and at least "
-                             f"{dynamic['min_ratio']} times the most probable one")
-        rescoring = settings.get("rescoring")
-        rescored_text = (f"rescored tree of {rescoring['nodes']} nodes chosen among {rescoring['candidates']} guesses "
-                         f"per depth with n-gram weight {rescoring['weight']}" if rescoring else None)
-        texts = {"static": static_text, "dynamic": dynamic_text, "rescored": rescored_text}
-        kind = settings.get("tree_kind") if texts.get(settings.get("tree_kind")) else "static"
-        others = [text for name, text in texts.items() if name != kind and text]
-        lines.append(f"- Calibrated for `{device}` (used by default on the closest hardware): " + texts[kind]
-                     + (f" (also fitted: {'; '.join(others)})" if others else "")
-                     + _gate_text(settings))
+        lines.append(f"- Calibrated for `{device}` (used by default on the closest hardware): "
+                     + _settings_text(config, settings))
+        if "strict" in settings:
+            lines.append(f"  - with `generate(strict=True)` (output bit-identical to plain `generate()` in this dtype; "
+                         f"at most {settings['strict'].get('strict_rows')} positions a verification): "
+                         + _settings_text(config, settings["strict"]))
     if config.prompt_lookup_num_tokens:
         lines.append(f"- Prompt lookup on by default: up to {config.prompt_lookup_num_tokens} tokens copied from the "
                      f"context after a repeated {config.max_matching_ngram_size or DEFAULT_MAX_NGRAM}-gram are grafted "
