@@ -1,10 +1,11 @@
 """fp32 and bf16 in one interleaved run: plain generate() in both dtypes, and the shipped checkpoints decoding
 in bf16 with their bf16 calibration (and Hydra in fp32 with its fp32 one), on the same MT-Bench prompts.
 Speedups are against plain fp32 generate() (the bench's reference) and against plain bf16 generate(); each
-output is compared with plain generate() in its own dtype. Prints the table and the per-phase profile,
-writes the JSON and the plot.
+output is compared with plain generate() in its own dtype. With --strict, each family also decodes in bf16 with
+strict verification (generate(strict=True), its calibration's strict half). Prints the table and the per-phase
+profile, writes the JSON and the plot.
 
-    python scripts/bench_dtypes.py [--every 4] [--max-new-tokens 128] [--lookup]
+    python scripts/bench_dtypes.py [--every 4] [--max-new-tokens 128] [--lookup] [--strict]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--lookup", action="store_true", help="keep each calibration's prompt lookup (default off)")
+    parser.add_argument("--strict", action="store_true", help="also each family in bf16 with strict verification")
     parser.add_argument("--json", default="benchmarks/mt_bench_dtypes_cpu.json")
     parser.add_argument("--plot", default="benchmarks/mt_bench_dtypes_cpu.png")
     args = parser.parse_args()
@@ -50,16 +52,16 @@ def main() -> None:
             return out, None
         return Method(f"plain generate() {dtype}" if dtype != "float32" else "plain generate()", run)
 
-    def drafted(family: str, dtype: str):
+    def drafted(family: str, dtype: str, strict: bool = False):
         model = CerberusForCausalLM.from_pretrained(f"model_cards/{family}-smollm2-135m-instruct",
                                                     base_model=bases[dtype][0])
-        name = f"{family} {dtype}"
+        name = f"{family}{' strict' if strict else ''} {dtype}"  # the dtype last: identity is checked in it
 
         def run(ids):
-            out = model.generate(ids, **call, **lookup, profile=True)
+            out = model.generate(ids, **call, **lookup, strict=strict, profile=True)
             outputs[(name, prompt_of(ids))] = out
             return out, model.generation_stats
-        settings = model.decoding_settings(model.device, getattr(torch, dtype))
+        settings = model.decoding_settings(model.device, getattr(torch, dtype), strict=strict)
         return Method(name, run), settings["calibration"], settings["tree_kind"]
 
     prompts = load_bench_prompts(args.prompts, args.limit, args.every)
@@ -70,8 +72,9 @@ def main() -> None:
         return index.get(ids.data_ptr(), -1)
 
     methods, calibrations = [plain("float32"), plain("bfloat16")], {}
-    for family, dtype in [(f, "bfloat16") for f in FAMILIES] + [("hydra", "float32")]:
-        method, key, kind = drafted(family, dtype)
+    runs = [(f, "bfloat16", False) for f in FAMILIES] + [(f, "bfloat16", True) for f in FAMILIES if args.strict]
+    for family, dtype, strict in runs + [("hydra", "float32", False)]:
+        method, key, kind = drafted(family, dtype, strict)
         methods.append(method)
         calibrations[method.name] = f"{key} ({kind} tree)"
     result = run_methods(methods, encoded, torch.device("cpu"))
