@@ -148,7 +148,7 @@ def build_methods(
             (suffix + (", strict" if strict else ""),
              {**overrides, **tree_of.get(key.split("+")[0], {}), **({"strict": True} if strict else {})})
             for key, (suffix, overrides, needs) in VARIANTS.items() for strict in (False, True)
-            if ((key != "default" and not strict) if variants is None else key + STRICT * strict in wanted)
+            if ((key != "default" and not strict) if variants is None else (key + STRICT if strict else key) in wanted)
             and all(settings[n] is not None for n in needs)
             and (not key.startswith("rtree-") or tree_of[key]["rescoring"] is not None)
         ]

@@ -79,7 +79,7 @@ def run_divergence(base, head_models: dict, encoded: list[torch.Tensor], max_new
                                                                 max_new_tokens, pad_id)}
         steps = {}
         for label, model in head_models.items():
-            for strictly in (False, True)[: 1 + strict]:
+            for strictly in ((False, True) if strict else (False,)):
                 name = f"{label}, strict" if strictly else label
                 outputs[name] = model.generate(ids, strict=strictly, **call)[0, ids.shape[1]:]
                 steps[name] = model.generation_stats.steps
