@@ -39,6 +39,10 @@ def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
     tree = evaluation["runs"][1]
     assert f"| tree, gate off | {tree['tau']:.2f} | 100% | {tree['speedup']:.2f}x | 100% |" in card
     assert "Measured by `cerberus-hf bench`" in card and "prompts.jsonl" in card
+    assert "Greedy, 1 prompts" in card and "strict=True" not in card.split("## Decoding")[1]  # the bench ran float32
+    result["dtype"] = "bfloat16"
+    reduced = render_card(model.config, None, evaluation_from_bench(result, "cerberus tiny"), "c", None)
+    assert "Greedy in bfloat16, 1 prompts" in reduced and "compares with plain `generate()` in bfloat16" in reduced
 
     with pytest.raises(ValueError, match="no rows for 'cerberus other'"):
         evaluation_from_bench(result, "cerberus other")

@@ -69,6 +69,7 @@ def evaluation_from_bench(bench: dict, label: str) -> dict:
         "max_new_tokens": bench.get("max_new_tokens"),
         "prompts_file": Path(bench.get("prompts_file", "n/a")).name,
         "device": bench.get("device"),
+        "dtype": bench.get("dtype"),
         "machine": bench.get("machine"),
         "date": bench.get("date"),
         "command": bench.get("command"),
@@ -248,13 +249,17 @@ def render_card(
                 lines.append(f"| {name} | {predicts} | {top1:.3f} | {top5:.3f} |")
             lines.append("")
     if evaluation:
+        dtype = evaluation.get("dtype")
+        reduced = dtype not in (None, "float32")  # greedy output is then compared with plain generate() in that dtype
         lines += ["## Decoding", "",
-                  f"Greedy, {evaluation['prompts']} prompts of `{evaluation.get('prompts_file', 'n/a')}` (first turn, "
+                  "Greedy" + (f" in {dtype}" if reduced else "") + f", {evaluation['prompts']} prompts of `{evaluation.get('prompts_file', 'n/a')}` (first turn, "
                   f"chat template), {evaluation['max_new_tokens']} new tokens, on {evaluation.get('device', 'n/a')}"
                   + (f" ({evaluation['machine']})" if evaluation.get("machine") else "")
                   + (f", plain generate() at {evaluation['plain_tokens_per_s']:.1f} tokens/s"
                      if evaluation.get("plain_tokens_per_s") else "")
-                  + ". tau is the mean number of tokens per base forward pass (plain decoding: 1).",
+                  + ". tau is the mean number of tokens per base forward pass (plain decoding: 1)."
+                  + (f" \"Identical to greedy\" compares with plain `generate()` in {dtype}, whose batched verification "
+                     "may round a near-tie differently; `generate(strict=True)` is identical." if reduced else ""),
                   "",
                   "| configuration | tau | gate draft rate | speedup vs plain generate() | identical to greedy | "
                   "acceptance per head depth |",
