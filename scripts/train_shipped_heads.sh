@@ -17,6 +17,7 @@ KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calib
 CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
 KANGAROO_FULL=${KANGAROO_FULL:-benchmarks/mt_bench_kangaroo_full_data_cpu}  # the Kangaroo adapter retrained on 2.05M tokens, 10 prompts
 HEADS_FULL=${HEADS_FULL:-benchmarks/mt_bench_heads_full_data_cpu}  # Medusa and Cerberus retrained on 2.05M tokens, 10 prompts
+HYDRA_FULL=${HYDRA_FULL:-benchmarks/mt_bench_hydra_full_data_bf16_amx_cpu}  # Hydra retrained on 2.05M tokens, bf16, 20 prompts
 LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
 LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
 EPOCHS=${EPOCHS:-2}
@@ -43,16 +44,19 @@ for step in $STEPS; do
               $FULL --output "$folder" --epochs 3 --batch-tokens 4096 --lr 1e-2 \
               --warmup-ratio 0.05 --distill-weight 0 --eval-every 1050 --seed 0 --train-vocab 4096 --num-threads 1
             continue ;;
-          medusa|cerberus)  # on both files, over 4,096 tokens (2026-11-25)
-            data=$FULL; extra="--train-vocab 4096 --eval-every 2000 --num-threads 2" ;;
-          *)  # Hydra (2026-11-22) and Clover (2026-11-23), on the project's answers only
-            data="--data $DATA"; extra="--eval-every 200" ;;
+          medusa|cerberus)  # on both files, over 4,096 tokens (2026-11-25, an AMD EPYC: fp32 projection)
+            data=$FULL; extra="--train-vocab 4096 --eval-every 2000 --num-threads 2 --projection-dtype float32" ;;
+          hydra)  # on both files, over 4,096 tokens (2026-11-26, an Intel Xeon with AMX: bf16 projection)
+            data=$FULL; extra="--train-vocab 4096 --eval-every 5000 --num-threads 2 --projection-dtype bfloat16" ;;
+          *)  # Clover (2026-11-23), on the project's answers only
+            data="--data $DATA"; extra="--eval-every 200 --projection-dtype float32" ;;
         esac
-        # fp32: on an AMD EPYC torch 2.13's bf16 matmul backward took 28 s per 512 rows (fp32: 0.3 s)
+        # --projection-dtype: bfloat16 only where bf16 products are fast (AMX); on an AMD EPYC torch 2.13's bf16 matmul
+        # backward took 28 s per 512 rows (fp32: 0.3 s)
         cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 $data --output "$folder" --epochs "$EPOCHS" \
           --batch-size 256 --lr 1e-3 --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
-          --projection-dtype float32 --seed 0 $extra
-        case $type in medusa|cerberus)  # graft up to 5 copied prompt tokens into each draft, as the heads before them did
+          --seed 0 $extra
+        case $type in medusa|cerberus|hydra)  # graft up to 5 copied prompt tokens into each draft, as the heads before them did
           python -c 'import sys; from cerberus_hf import CerberusConfig; c = CerberusConfig.from_pretrained(sys.argv[1])
 c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         esac
@@ -67,20 +71,22 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         # Medusa and Cerberus on 2026-11-25 on the ShareGPT answers' held-out split, with their n-gram models and the
         # 4,096 tokens they were trained on (--limit 40, n-gram weights 0 0.5 1: drafting every candidate tree for real
         # at each position took 14-18 s per sequence on a 2-core AMD EPYC of family 25, so 100 sequences and six
-        # weights would take about an hour each); Hydra on 2026-11-22.
+        # weights would take about an hour each). Hydra on 2026-11-26 on a 2-core Intel Xeon with AMX (no entry for another
+        # processor: decoding_settings falls back to the closest one and says so).
         # Stored under "cpu/float32/<processor>": add --dtype bfloat16 for that dtype's own entry.
         # Clover on 2026-11-23 (--limit 100, no n-gram model).
         # Kangaroo on 2026-11-25 on the ShareGPT answers' held-out split (--limit 100); it drafts among the 4,096 tokens
         # it was trained on (--train-vocab), which calibrate leaves as they are.
+        report=calibration_cpu.json
         case $type in
           medusa|cerberus) limit=40; trees="--rescoring-weights 0 0.5 1"; data="--data $SHAREGPT" ;;
           kangaroo) limit=100; trees=""; data="--data $SHAREGPT" ;;   # Kangaroo drafts chains
+          hydra) limit=40; trees=""; data="--data $SHAREGPT"; report=calibration_cpu_amx.json ;;   # an Intel Xeon with AMX
           clover) limit=100; trees=""; data="--data $DATA --draft-vocab 4096" ;;
-          *) limit=200; trees="--rescoring-weights 0 0.3 0.5 1 1.5 2"; data="--data $DATA --draft-vocab 4096" ;;
         esac
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $data \
           --limit "$limit" $trees \
-          --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu.json" --write
+          --report "$OUT/$type-smollm2-135m-instruct/$report" --write
       done ;;
     calibrate-bf16)  # bf16's own entry and its strict half, on the machine the folders will serve on (tree families)
       # 2026-11-25 on a 2-core Intel Xeon with AMX: 2-4 minutes each. Run it where no other process shares the cores: the
@@ -90,6 +96,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         case $type in
           kangaroo) continue ;;   # drafts chains: calibrate --strict fits trees
           medusa|cerberus) args="--data $SHAREGPT --limit 24 --rescoring-weights 0 0.5 1" ;;
+          hydra) args="--data $SHAREGPT --limit 24" ;;
           *) args="--data $DATA --draft-vocab 4096 --limit 60" ;;
         esac
         for strict in "" --strict; do
@@ -123,7 +130,13 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
       cerberus-hf bench --heads "$OUT/medusa-smollm2-135m-instruct" --heads "$OUT/cerberus-smollm2-135m-instruct" \
         --heads "$OUT/hydra-smollm2-135m-instruct" --prompts "$PROMPTS_EVAL" --every 8 --max-new-tokens 128 --profile \
         --variants default medusa:tree cerberus:tree \
-        --json "$HEADS_FULL.json" --plot "$HEADS_FULL.png" > "$HEADS_FULL.md" ;;
+        --json "$HEADS_FULL.json" --plot "$HEADS_FULL.png" > "$HEADS_FULL.md"
+      # 2026-11-26 Hydra before and after its retraining, in bf16 on an Intel Xeon with AMX (this runs the shipped one only;
+      # the recorded run's rows for the retrained heads are labelled "hydra hydra_full", its training folder, and the
+      # heads it replaced ran from model_cards/)
+      cerberus-hf bench --heads "$OUT/hydra-smollm2-135m-instruct" --dtype bfloat16 --prompts "$PROMPTS_EVAL" --every 4 \
+        --max-new-tokens 128 --profile --no-prompt-lookup --variants default tree dtree \
+        --json "$HYDRA_FULL.json" --plot "$HYDRA_FULL.png" > "$HYDRA_FULL.md" ;;
     lmrescore)  # not part of the defaults (2026-11-23): the Kangaroo drafter as Medusa's neural lattice rescorer, in a copy
       rm -rf "$LMHEADS" && cp -r "$OUT/medusa-smollm2-135m-instruct" "$LMHEADS"
       cerberus-hf calibrate --heads "$LMHEADS" --rescorer "$OUT/kangaroo-smollm2-135m-instruct" --data "$DATA" \
@@ -134,9 +147,13 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         --json "$LMRESCORING.json" --plot "$LMRESCORING.png" > "$LMRESCORING.md" ;;
     card)     # the model cards, from the training metrics and the bench of their default configuration
       for type in $TYPES; do
-        bench=$RESCORING; [ "$type" = hydra ] && bench=$FAMILIES   # Hydra has no n-gram model: its trees are the default
+        bench=$RESCORING
         [ "$type" = clover ] && bench=$CLOVER
         label=()
+        if [ "$type" = hydra ]; then
+          bench=$HYDRA_FULL
+          grep -q '"hydra hydra_full' "$bench.json" && label=(--bench-label "hydra hydra_full")
+        fi
         if [ "$type" = medusa ] || [ "$type" = cerberus ]; then
           bench=$HEADS_FULL
           grep -q "\"$type full_$type" "$bench.json" && label=(--bench-label "$type full_$type")
