@@ -147,22 +147,16 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         --json "$LMRESCORING.json" --plot "$LMRESCORING.png" > "$LMRESCORING.md" ;;
     card)     # the model cards, from the training metrics and the bench of their default configuration
       for type in $TYPES; do
-        bench=$RESCORING
-        [ "$type" = clover ] && bench=$CLOVER
+        # the recorded runs benched the retrained heads from their training folders, beside the heads they replaced:
+        # their rows carry that folder's name (a run of this script's bench step names them after model_cards/)
+        case $type in
+          medusa|cerberus) bench=$HEADS_FULL; recorded="$type full_$type" ;;
+          kangaroo) bench=$KANGAROO_FULL; recorded="kangaroo full_kangaroo" ;;
+          hydra) bench=$HYDRA_FULL; recorded="hydra hydra_full" ;;
+          clover) bench=$CLOVER; recorded="" ;;
+        esac
         label=()
-        if [ "$type" = hydra ]; then
-          bench=$HYDRA_FULL
-          grep -q '"hydra hydra_full' "$bench.json" && label=(--bench-label "hydra hydra_full")
-        fi
-        if [ "$type" = medusa ] || [ "$type" = cerberus ]; then
-          bench=$HEADS_FULL
-          grep -q "\"$type full_$type" "$bench.json" && label=(--bench-label "$type full_$type")
-        fi
-        if [ "$type" = kangaroo ]; then
-          bench=$KANGAROO_FULL
-          # the recorded run benched the retrained adapter from its training folder, before and beside the old one
-          grep -q '"kangaroo full_kangaroo' "$bench.json" && label=(--bench-label "kangaroo full_kangaroo")
-        fi
+        [ -n "$recorded" ] && grep -q "\"$recorded" "$bench.json" && label=(--bench-label "$recorded")
         cerberus-hf card --heads "$OUT/$type-smollm2-135m-instruct" --bench "$bench.json" "${label[@]}"
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

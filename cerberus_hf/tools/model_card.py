@@ -252,7 +252,8 @@ def render_card(
         dtype = evaluation.get("dtype")
         reduced = dtype not in (None, "float32")  # greedy output is then compared with plain generate() in that dtype
         lines += ["## Decoding", "",
-                  "Greedy" + (f" in {dtype}" if reduced else "") + f", {evaluation['prompts']} prompts of `{evaluation.get('prompts_file', 'n/a')}` (first turn, "
+                  "Greedy" + (f" in {dtype}" if reduced else "")
+                  + f", {evaluation['prompts']} prompts of `{evaluation.get('prompts_file', 'n/a')}` (first turn, "
                   f"chat template), {evaluation['max_new_tokens']} new tokens, on {evaluation.get('device', 'n/a')}"
                   + (f" ({evaluation['machine']})" if evaluation.get("machine") else "")
                   + (f", plain generate() at {evaluation['plain_tokens_per_s']:.1f} tokens/s"
