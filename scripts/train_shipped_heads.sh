@@ -17,7 +17,8 @@ KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calib
 CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
 KANGAROO_FULL=${KANGAROO_FULL:-benchmarks/mt_bench_kangaroo_full_data_cpu}  # the Kangaroo adapter retrained on 2.05M tokens, 10 prompts
 HEADS_FULL=${HEADS_FULL:-benchmarks/mt_bench_heads_full_data_cpu}  # Medusa and Cerberus retrained on 2.05M tokens, 10 prompts
-HYDRA_FULL=${HYDRA_FULL:-benchmarks/mt_bench_hydra_full_data_bf16_amx_cpu}  # Hydra retrained on 2.05M tokens, bf16, 20 prompts
+HYDRA_TREES=${HYDRA_TREES:-benchmarks/mt_bench_hydra_full_data_bf16_amx_cpu}  # Hydra retrained on 2.05M tokens: heads only, bf16
+HYDRA_FULL=${HYDRA_FULL:-benchmarks/mt_bench_hydra_full_data_default_bf16_amx_cpu}  # ... and its default (the card's), bf16
 LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
 LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
 EPOCHS=${EPOCHS:-2}
@@ -131,11 +132,15 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         --heads "$OUT/hydra-smollm2-135m-instruct" --prompts "$PROMPTS_EVAL" --every 8 --max-new-tokens 128 --profile \
         --variants default medusa:tree cerberus:tree \
         --json "$HEADS_FULL.json" --plot "$HEADS_FULL.png" > "$HEADS_FULL.md"
-      # 2026-11-26 Hydra before and after its retraining, in bf16 on an Intel Xeon with AMX (this runs the shipped one only;
-      # the recorded run's rows for the retrained heads are labelled "hydra hydra_full", its training folder, and the
-      # heads it replaced ran from model_cards/)
+      # 2026-11-26 Hydra before and after its retraining, in bf16 on an Intel Xeon with AMX, 20 prompts: its trees with the
+      # heads alone, then its default (this runs the shipped one only; the recorded runs' rows for the retrained heads are
+      # labelled "hydra hydra_full", its training folder, and the heads it replaced ran from model_cards/; the recorded
+      # trees run also had a default row, taken before the retrained config was given its 5 copied tokens)
       cerberus-hf bench --heads "$OUT/hydra-smollm2-135m-instruct" --dtype bfloat16 --prompts "$PROMPTS_EVAL" --every 4 \
-        --max-new-tokens 128 --profile --no-prompt-lookup --variants default tree dtree \
+        --max-new-tokens 128 --profile --no-prompt-lookup --variants tree dtree \
+        --json "$HYDRA_TREES.json" --plot "$HYDRA_TREES.png" > "$HYDRA_TREES.md"
+      cerberus-hf bench --heads "$OUT/hydra-smollm2-135m-instruct" --dtype bfloat16 --prompts "$PROMPTS_EVAL" --every 4 \
+        --max-new-tokens 128 --profile --no-prompt-lookup --variants default \
         --json "$HYDRA_FULL.json" --plot "$HYDRA_FULL.png" > "$HYDRA_FULL.md" ;;
     lmrescore)  # not part of the defaults (2026-11-23): the Kangaroo drafter as Medusa's neural lattice rescorer, in a copy
       rm -rf "$LMHEADS" && cp -r "$OUT/medusa-smollm2-135m-instruct" "$LMHEADS"
