@@ -19,6 +19,13 @@ for path in (HERE, ROOT):
 torch.set_num_threads(1)
 
 
+def pytest_report_header(config) -> str:
+    from tiny_models import DEVICE
+
+    name = f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""
+    return f"tiny models on {DEVICE}{name} (set CERBERUS_TEST_DEVICE=cuda to run them on the GPU)"
+
+
 @pytest.fixture
 def tokenizer():
     """The tiny word-level tokenizer ('w5 w17 ...'), able to serve stop_strings."""

@@ -16,6 +16,7 @@ from cerberus_hf.tools.calibrate import (
     path_frequencies, static_accepted,
 )
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
+from tiny_models import DEVICE
 
 
 def records(rank_rows, signal=None):
@@ -133,16 +134,20 @@ def test_calibrate_stores_settings_that_generate_uses(tmp_path, head_type):
                        dynamic_budgets=())
     assert "cost of one forward" in format_report(report)
     key = report["key"]
-    assert key == str(HardwareKey.of("cpu", torch.float32)) and key.startswith("cpu/float32/")
+    assert key == str(HardwareKey.of(DEVICE, torch.float32)) and key.startswith(f"{DEVICE.type}/float32/")
     assert list(model.generation_config.cerberus_calibration) == [key]
-    assert report["settings"]["bf16_matmul"] == bf16_matmul("cpu")
-    assert report["settings"]["amx"] == (bf16_matmul("cpu") == "AMX")
-    settings = model.decoding_settings("cpu")
+    if DEVICE.type == "cpu":  # a CPU entry records the CPU's bf16 instructions
+        assert report["settings"]["bf16_matmul"] == bf16_matmul("cpu")
+        assert report["settings"]["amx"] == (bf16_matmul("cpu") == "AMX")
+    else:
+        assert "bf16_matmul" not in report["settings"] and "amx" not in report["settings"]
+    settings = model.decoding_settings(DEVICE)
     assert settings["calibration"] == key
     assert settings["draft_tree"] == report["settings"]["draft_tree"] and len(settings["draft_tree"]) >= 1
     assert settings["tree_kind"] in ("static", "dynamic") and settings["dynamic_tree"]["depth"] == 3
     assert 1 <= settings["dynamic_tree"]["nodes"] <= 32
-    assert model.decoding_settings("cuda")["draft_tree"] is None  # nothing calibrated for CUDA
+    other = "cuda" if DEVICE.type == "cpu" else "cpu"
+    assert model.decoding_settings(other)["draft_tree"] is None  # nothing calibrated for the other device
     model.generation_config.save_pretrained(tmp_path)
     loaded = GenerationConfig.from_pretrained(tmp_path)
     assert loaded.cerberus_calibration[key]["draft_tree"] == settings["draft_tree"]
@@ -187,7 +192,7 @@ def test_calibrate_chain_measures_what_kangaroo_drafts_and_stores_what_generate_
     assert report["depth_acceptance"] == [1.0, 1.0, 1.0]  # the oracle is right at every depth it reaches
     assert all(set(by_length) == {1, 2, 3} and min(by_length.values()) > 0
                for by_length in report["chain_step_seconds"].values())  # a real step timed per draft length
-    settings = model.decoding_settings("cpu")
+    settings = model.decoding_settings(DEVICE)
     assert settings["calibration"] == report["key"]
     assert settings["exit_confidence"] == report["settings"]["exit_confidence"]
     length = report["settings"]["draft_tree"]

@@ -12,6 +12,7 @@ from cerberus_hf.decoding.drafting import StepDrafts
 
 from helpers import (ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, fresh_model, get_base, get_prompt, install_oracle,
                      randomize_heads, reference)
+from tiny_models import DEVICE
 
 WINDOWED = ["clover", "hydra+prefix"]
 
@@ -23,12 +24,12 @@ def test_fresh_windowed_drafter_guesses_the_base_next_token_at_every_depth(famil
     model = fresh_model("llama", family, num_heads=3, context_window=4)
     heads = model.heads
     generator = torch.Generator().manual_seed(0)
-    window = torch.randn(2, 4, model.config.hidden_size, generator=generator)
-    next_tokens = torch.randint(0, model.config.vocab_size, (2, 4), generator=generator)
-    valid = torch.tensor([[True] * 4, [False, False, True, True]])
+    window = torch.randn(2, 4, model.config.hidden_size, generator=generator).to(DEVICE)
+    next_tokens = torch.randint(0, model.config.vocab_size, (2, 4), generator=generator).to(DEVICE)
+    valid = torch.tensor([[True] * 4, [False, False, True, True]], device=DEVICE)
     expected = model.base.get_output_embeddings()(window[:, -1]).argmax(-1)
     read = heads.contextualize(window, next_tokens, valid)
-    logits = heads(read, torch.randint(0, model.config.vocab_size, (2, 3), generator=generator))  # [2, heads, V]
+    logits = heads(read, torch.randint(0, model.config.vocab_size, (2, 3), generator=generator).to(DEVICE))  # [2, heads, V]
     assert torch.equal(logits.argmax(-1), expected[:, None].expand(2, 3))
 
 
@@ -56,9 +57,9 @@ def test_context_windows_stop_at_the_first_row():
 def test_the_window_is_read_and_only_the_window(family):
     model = fresh_model("llama", family, randomize=True, seed=3, num_heads=2, context_window=3)
     heads = model.heads
-    hidden = torch.randn(1, 5, model.config.hidden_size)
-    tokens = torch.randint(0, model.config.vocab_size, (1, 5))
-    valid = torch.ones(1, 3, dtype=torch.bool)
+    hidden = torch.randn(1, 5, model.config.hidden_size).to(DEVICE)
+    tokens = torch.randint(0, model.config.vocab_size, (1, 5)).to(DEVICE)
+    valid = torch.ones(1, 3, dtype=torch.bool, device=DEVICE)
     read = heads.contextualize(hidden[:, 2:], tokens[:, 2:], valid)
     changed = hidden.clone()
     changed[0, 2] += 1.0  # inside the window
@@ -101,7 +102,7 @@ def test_decoding_reads_the_window_that_training_and_calibration_read(arch, fami
     assert out.tolist() == reference(arch).tolist()
     with torch.no_grad(), capture_lm_head_input(get_base(arch)) as captured:
         get_base(arch)(out)
-    rows = torch.arange(out.shape[1])
+    rows = torch.arange(out.shape[1], device=out.device)
     expected = heads.heads_inputs(captured["hidden"][0], torch.cat([out[0, 1:], out[0, -1:]]),
                                   rows.clamp(max=PROMPT_LEN - 1), rows)
     steps = model.generation_stats.tokens_per_step
@@ -133,15 +134,15 @@ def test_calibration_draft_time_pays_for_the_window(family):
 def test_state_refuses_a_sequence_it_was_not_told_about():
     model = fresh_model("llama", "clover", num_heads=2, context_window=3)
     state = model.heads.start(model.base, None)
-    hidden = torch.randn(1, 6, model.config.hidden_size)
+    hidden = torch.randn(1, 6, model.config.hidden_size).to(DEVICE)
     with pytest.raises(RuntimeError, match="observe"):
-        state.heads_input(torch.zeros(1, 7, dtype=torch.long), hidden[:, -1])
+        state.heads_input(torch.zeros(1, 7, dtype=torch.long, device=DEVICE), hidden[:, -1])
     state.observe({"hidden": hidden}, None)
-    state.heads_input(torch.zeros(1, 7, dtype=torch.long), hidden[:, -1])
+    state.heads_input(torch.zeros(1, 7, dtype=torch.long, device=DEVICE), hidden[:, -1])
     state.observe({"hidden": hidden[:, :3]}, [0, 1])
     with pytest.raises(RuntimeError, match="observe"):
-        state.heads_input(torch.zeros(1, 8, dtype=torch.long), hidden[:, -1])
-    StepDrafts(model.heads, state.heads_input(torch.zeros(1, 9, dtype=torch.long), hidden[:, -1]), 0)
+        state.heads_input(torch.zeros(1, 8, dtype=torch.long, device=DEVICE), hidden[:, -1])
+    StepDrafts(model.heads, state.heads_input(torch.zeros(1, 9, dtype=torch.long, device=DEVICE), hidden[:, -1]), 0)
 
 
 def test_window_starts_are_the_rows_records_first_rows_empty_records_included():

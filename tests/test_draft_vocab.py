@@ -8,6 +8,7 @@ import torch
 
 from cerberus_hf import CerberusForCausalLM
 from helpers import NEW_TOKENS, VOCAB, check_stats, fresh_model, get_base, get_prompt, reference
+from tiny_models import DEVICE
 
 
 @pytest.mark.parametrize("head_projection", ["shared", "own"])
@@ -16,7 +17,7 @@ def test_draft_vocab_keeps_output_exact_and_drafts_from_the_subset(head_projecti
     subset = torch.arange(0, VOCAB, 2)
     model.set_draft_vocab(subset)
     assert model.config.draft_vocab_size == len(subset)
-    hidden = torch.randn(1, model.config.hidden_size)
+    hidden = torch.randn(1, model.config.hidden_size).to(DEVICE)
     logits = model.draft_logits(hidden, _tokens(hidden, model))
     assert logits.shape == (1, 3, len(subset))
     proposals = []
@@ -44,14 +45,15 @@ def test_draft_vocab_keeps_output_exact_and_drafts_from_the_subset(head_projecti
 
 def _tokens(hidden, model):
     """Some tokens following each state (read only by drafters that condition on drafted tokens)."""
-    return torch.randint(0, VOCAB, (hidden.shape[0], model.config.num_heads), generator=torch.Generator().manual_seed(1))
+    return torch.randint(0, VOCAB, (hidden.shape[0], model.config.num_heads),
+                         generator=torch.Generator().manual_seed(1)).to(hidden.device)
 
 
 def test_subset_guesses_are_the_full_guesses_restricted_to_the_subset():
     model = fresh_model("llama", "cerberus", randomize=True, num_heads=3)
-    hidden = torch.randn(5, model.config.hidden_size)
+    hidden = torch.randn(5, model.config.hidden_size).to(DEVICE)
     full = model.draft_logits(hidden, _tokens(hidden, model))
-    subset = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:40]
+    subset = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:40].to(DEVICE)
     model.set_draft_vocab(subset)
     reduced = model.draft_logits(hidden, _tokens(hidden, model))
     assert torch.allclose(reduced, full[..., subset], atol=1e-5)
@@ -73,16 +75,21 @@ def test_draft_vocab_round_trips_and_is_validated(tmp_path):
 @pytest.mark.parametrize("head_projection", ["shared", "own"])
 def test_reused_draft_rows_follow_changes_to_the_projection_and_the_subset(head_projection):
     model = fresh_model("llama", "medusa", randomize=True, num_heads=2, head_projection=head_projection)
-    hidden = torch.randn(3, model.config.hidden_size)
+    hidden = torch.randn(3, model.config.hidden_size).to(DEVICE)
     model.set_draft_vocab(torch.arange(0, VOCAB, 3))
     with torch.no_grad():
         first = model.draft_logits(hidden, _tokens(hidden, model))
         assert torch.equal(model.draft_logits(hidden, _tokens(hidden, model)), first)
+        # the shared projection is the session's shared base's lm_head: doubled here, halved back after (exactly)
         projections = model.heads.lm_heads or [model.base.get_output_embeddings()]
         for projection in projections:
             projection.weight.mul_(2.0)
-        assert torch.allclose(model.draft_logits(hidden, _tokens(hidden, model)), 2 * first, atol=1e-5)
-        model.set_draft_vocab(None)
-        full = model.draft_logits(hidden, _tokens(hidden, model))
-        model.set_draft_vocab(torch.arange(1, VOCAB, 3))
-        assert torch.allclose(model.draft_logits(hidden, _tokens(hidden, model)), full[..., 1::3], atol=1e-5)
+        try:
+            assert torch.allclose(model.draft_logits(hidden, _tokens(hidden, model)), 2 * first, atol=1e-5)
+            model.set_draft_vocab(None)
+            full = model.draft_logits(hidden, _tokens(hidden, model))
+            model.set_draft_vocab(torch.arange(1, VOCAB, 3))
+            assert torch.allclose(model.draft_logits(hidden, _tokens(hidden, model)), full[..., 1::3], atol=1e-5)
+        finally:
+            for projection in projections:
+                projection.weight.div_(2.0)

@@ -28,6 +28,7 @@ from helpers import (
     reference,
     tiny_ngram,
 )
+from tiny_models import DEVICE
 
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes: 8 + 6 fits a window of 16
 DYNAMIC = {"nodes": 6, "depth": 3, "top_k": 3}
@@ -125,8 +126,8 @@ def test_teacher_forced_states_are_the_drafted_states(head_type):
     """Training fits `forced_states`; decoding drafts depth by depth. Along a path whose tokens are the
     forced tokens, both must compute the same states and logits, or training fits the wrong thing."""
     model = fresh_model("llama", head_type, randomize=True, seed=2, num_heads=3)
-    hidden = torch.randn(1, model.config.hidden_size)
-    tokens = torch.tensor([[4, 9, 2]])
+    hidden = torch.randn(1, model.config.hidden_size).to(DEVICE)
+    tokens = torch.tensor([[4, 9, 2]], device=DEVICE)
     forced = model.heads(hidden, tokens)[0]  # [heads, V]
     step = StepDrafts(model.heads, hidden, int(tokens[0, 0]))
     node = step.root
@@ -139,11 +140,11 @@ def test_teacher_forced_states_are_the_drafted_states(head_type):
 
 
 def test_hydra_heads_read_the_drafted_tokens_and_the_others_do_not():
-    hidden = torch.randn(1, 32)
+    hidden = torch.randn(1, 32).to(DEVICE)
     for head_type in TREE_FAMILIES:
         model = fresh_model("llama", head_type, randomize=True, seed=4, num_heads=3)
-        a = model.heads(hidden, torch.tensor([[1, 2, 3]]))
-        b = model.heads(hidden, torch.tensor([[1, 7, 3]]))
+        a = model.heads(hidden, torch.tensor([[1, 2, 3]], device=DEVICE))
+        b = model.heads(hidden, torch.tensor([[1, 7, 3]], device=DEVICE))
         assert torch.equal(a[:, :1], b[:, :1])  # depth 0 reads only the verifier's token (same in both)
         assert torch.equal(a[:, 1:], b[:, 1:]) != model.heads.reads_tokens, head_type
 
@@ -151,8 +152,8 @@ def test_hydra_heads_read_the_drafted_tokens_and_the_others_do_not():
 def test_untrained_hydra_heads_are_the_identity():
     """A fresh Hydra head drafts the base's own next-token guess, like every other family's."""
     model = fresh_model("llama", "hydra", num_heads=3)
-    hidden = torch.randn(2, model.config.hidden_size)
-    logits = model.heads(hidden, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    hidden = torch.randn(2, model.config.hidden_size).to(DEVICE)
+    logits = model.heads(hidden, torch.tensor([[1, 2, 3], [4, 5, 6]], device=DEVICE))
     expected = model.base.get_output_embeddings()(hidden)
     for k in range(3):
         torch.testing.assert_close(logits[:, k], expected)
@@ -163,7 +164,7 @@ def test_dynamic_tree_is_the_most_probable_paths(head_type):
     """The chosen nodes form a tree, no more than asked; each node's score (its path's summed draft
     log-probabilities) is at least that of every expanded node left out."""
     model = fresh_model("llama", head_type, randomize=True, seed=3, num_heads=3)
-    hidden = torch.randn(1, model.config.hidden_size)
+    hidden = torch.randn(1, model.config.hidden_size).to(DEVICE)
     settings = DynamicTree(nodes=7, depth=3, top_k=3)
     chosen = dynamic_selection(StepDrafts(model.heads, hidden, 5), settings, max_depth=3)
     assert len(chosen) == 7
@@ -173,7 +174,7 @@ def test_dynamic_tree_is_the_most_probable_paths(head_type):
     def score(path):
         tokens, total = [5], 0.0
         for depth in range(len(path)):
-            logp = torch.log_softmax(model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))]))[0, depth], -1)
+            logp = torch.log_softmax(model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))], device=DEVICE))[0, depth], -1)
             top = logp.topk(3)
             total += float(top.values[path[depth]])
             tokens.append(int(top.indices[path[depth]]))
@@ -203,7 +204,7 @@ def test_a_budgeted_dynamic_tree_drafts_only_children_within_the_budget(head_typ
     """Every chosen node is, among its parent's children, within the cumulative probability top_p and at
     least min_ratio times the most probable child; the plain tree of the same size drafts more."""
     model = fresh_model("llama", head_type, randomize=True, seed=3, num_heads=3)
-    hidden = torch.randn(1, model.config.hidden_size)
+    hidden = torch.randn(1, model.config.hidden_size).to(DEVICE)
     budget = DynamicTree(nodes=12, depth=3, top_k=4, top_p=0.6, min_ratio=0.3)
     chosen = dynamic_selection(StepDrafts(model.heads, hidden, 5), budget, max_depth=3)
     assert 1 <= len(chosen) <= 12 and all(len(p) == 1 or p[:-1] in chosen for p in chosen)
@@ -213,7 +214,7 @@ def test_a_budgeted_dynamic_tree_drafts_only_children_within_the_budget(head_typ
     def children_probs(parent):
         """The probabilities of the four most probable children of ``parent`` (a chosen path or the root)."""
         tokens = [5, *(chosen[parent[: d + 1]] for d in range(len(parent)))]
-        logits = model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))]))[0, len(parent)]
+        logits = model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))], device=DEVICE))[0, len(parent)]
         return torch.softmax(logits, -1).topk(4).values
 
     for path in chosen:
@@ -229,10 +230,10 @@ def test_a_budgeted_dynamic_tree_drafts_only_children_within_the_budget(head_typ
 def test_static_draft_of_a_parallel_drafter_is_its_top_guesses():
     """For heads that ignore drafted tokens, node (r0, .., rd) is simply head d's rank-rd guess."""
     model = fresh_model("llama", "medusa", randomize=True, seed=1, num_heads=3)
-    hidden = torch.randn(1, model.config.hidden_size)
+    hidden = torch.randn(1, model.config.hidden_size).to(DEVICE)
     tree = TreeSpec.from_paths(STATIC_TREE)
     tokens = static_draft(StepDrafts(model.heads, hidden, 0), tree)
-    top = model.heads(hidden, torch.zeros(1, 3, dtype=torch.long))[0].topk(2, dim=-1).indices
+    top = model.heads(hidden, torch.zeros(1, 3, dtype=torch.long, device=DEVICE))[0].topk(2, dim=-1).indices
     assert tokens.tolist() == [int(top[len(p) - 1, p[-1]]) for p in tree.paths]
 
 

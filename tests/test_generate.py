@@ -456,7 +456,7 @@ def test_sampling_draws_what_the_base_draws_for_a_seed(arch, drafter):
     kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=True, temperature=0.7, top_p=0.95, eos_token_id=None)
     torch.manual_seed(1234)
     expected = get_base(arch).generate(prompt, **kwargs)
-    longer = torch.cat([expected, torch.full((1, 8), 3)], dim=1)  # the oracle knows these samples
+    longer = torch.cat([expected, torch.full((1, 8), 3, device=expected.device)], dim=1)  # the oracle knows these samples
     model = make_model(arch, drafter, references=[longer])
     torch.manual_seed(1234)
     out = model.generate(prompt, **kwargs)

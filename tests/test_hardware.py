@@ -13,7 +13,7 @@ from cerberus_hf.decoding import hardware
 from cerberus_hf.decoding.hardware import (HardwareKey, bf16_matmul, describe_device, processor_name,
                                           select_calibration, stored_bf16_matmul)
 from helpers import NEW_TOKENS, fresh_model, get_prompt, reference
-from tiny_models import tiny_model
+from tiny_models import DEVICE, tiny_model
 
 
 def test_keys_round_trip_and_legacy_keys_parse():
@@ -99,7 +99,7 @@ def test_a_legacy_entry_serves_when_it_is_the_only_one_and_the_choice_is_logged(
 
 def test_generate_uses_the_entry_for_its_dtype():
     model = fresh_model("llama", "medusa", num_heads=2)
-    fp32, bf16 = HardwareKey.of("cpu", torch.float32), HardwareKey.of("cpu", torch.bfloat16)
+    fp32, bf16 = HardwareKey.of(DEVICE, torch.float32), HardwareKey.of(DEVICE, torch.bfloat16)
     calibrated = {
         str(fp32): {"draft_tree": [[0], [0, 0]], "tree_kind": "static", "gate_threshold": None},
         str(bf16): {"draft_tree": [[0], [1], [2]], "tree_kind": "static", "gate_threshold": None},

@@ -75,8 +75,8 @@ def test_verification_from_the_exit_layer_equals_the_whole_forward(arch):
         state.captured = fresh
         drafted = model.heads.draft_chain(state, prompt, max_tokens=4, confidence=0.0)
         assert state.shallow is not None and state.shallow.tokens == prompt[0, -1:].tolist() + drafted
-        tokens = torch.tensor([prompt[0, -1:].tolist() + drafted])
-        positions = torch.arange(prompt.shape[1] - 1, prompt.shape[1] + len(drafted))[None]
+        tokens = torch.tensor([prompt[0, -1:].tolist() + drafted], device=prompt.device)
+        positions = torch.arange(prompt.shape[1] - 1, prompt.shape[1] + len(drafted), device=prompt.device)[None]
         whole_cache = copy.deepcopy(cache)
         whole = model.base(input_ids=tokens, past_key_values=whole_cache, position_ids=positions, use_cache=True)
         whole_exit = fresh["exit"].clone()

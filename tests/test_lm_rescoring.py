@@ -16,6 +16,7 @@ from cerberus_hf.modeling_cerberus import RESCORER_FOLDER
 from cerberus_hf.tools.bench import build_methods
 from cerberus_hf.tools.calibrate import calibrate, format_report
 from helpers import ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
+from tiny_models import DEVICE
 
 PATHS = [(), (5,), (7,), (5, 9), (7, 3), (5, 9, 11), (7, 3, 3)]
 
@@ -48,7 +49,8 @@ def test_path_scores_are_the_drafters_own_over_the_whole_path(arch):
         assert torch.equal(first, scores[:3])
         assert state.length == cache.get_seq_length() == sequence.shape[1] - 1
         for path, score in zip(PATHS, scores):
-            whole = torch.cat([sequence[:, : visible + 1], torch.tensor([list(path)], dtype=torch.long)], dim=1)
+            whole = torch.cat([sequence[:, : visible + 1], torch.tensor([list(path)], dtype=torch.long, device=sequence.device)],
+                              dim=1)
             assert torch.allclose(score, whole_sequence_log_probs(drafter, base, whole), atol=1e-5), (visible, path)
 
 
@@ -133,7 +135,7 @@ def test_calibrate_fits_both_rescorers_and_the_bench_runs_each():
     rescoring = report["rescoring"]
     assert [(row["weight"], row["lm_weight"]) for row in rescoring["by_weights"]] == [(0.0, 0.0), (0.0, 0.5)]
     assert rescoring["rescorer"]["type"] == "kangaroo" and rescoring["ngram"] is None
-    stored = model.decoding_settings("cpu")
+    stored = model.decoding_settings(DEVICE)
     assert set(stored["rescoring_options"]) == {"lm"} and stored["rescoring_options"]["lm"]["lm_weight"] == 0.5
     assert "LM weight" in format_report(report)
     labels = [m.name for m in build_methods(model.base, {"m": model}, 4, variants=["ltree", "rtree-lm", "rtree-ngram"])]

@@ -22,7 +22,7 @@ import cerberus_hf
 from cerberus_hf.remote_code import remote_code_files
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
 from helpers import NEW_TOKENS, PROMPT_LEN, randomize_heads
-from tiny_models import tiny_model, tiny_tokenizer, prompt_ids
+from tiny_models import DEVICE, tiny_model, tiny_tokenizer, prompt_ids
 
 ARCH = "llama"
 HEADS_FILE = "cerberus_heads.safetensors"
@@ -116,7 +116,7 @@ def test_heads_file_holds_only_heads(saved):
     assert head_bytes <= os.path.getsize(path) < head_bytes + 16_384  # tensors plus a small header
     assert os.path.getsize(path) < base_bytes / 2
     for name, tensor in model.heads.state_dict().items():
-        assert torch.equal(tensors[name], tensor), name
+        assert torch.equal(tensors[name].to(tensor.device), tensor), name
 
 
 def _assert_is_the_remote_code(folder: str) -> None:
@@ -187,7 +187,7 @@ def test_round_trip_with_given_base(base, base_dir, tmp_path, kwargs):
 
 def test_load_without_base_loads_the_named_base(saved, base):
     model, folder = saved
-    loaded = CerberusForCausalLM.from_pretrained(folder)
+    loaded = CerberusForCausalLM.from_pretrained(folder).to(DEVICE)  # loaded where from_pretrained puts it: the CPU
     assert loaded.base is not base
     base_state, loaded_state = base.state_dict(), loaded.base.state_dict()
     assert base_state.keys() == loaded_state.keys()
@@ -199,10 +199,10 @@ def test_load_without_base_loads_the_named_base(saved, base):
 
 def test_loading_keywords_apply_to_the_base(saved, base_dir):
     _, folder = saved
-    loaded = CerberusForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    loaded = CerberusForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(DEVICE)
     assert {p.dtype for p in loaded.base.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in loaded.heads.parameters()} == {torch.bfloat16}
-    base16 = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16)
+    base16 = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16).to(DEVICE)
     assert loaded.generate(prompt(), max_new_tokens=12).tolist() == greedy(base16, 12)
 
 
@@ -219,7 +219,7 @@ def test_auto_classes_without_trust_remote_code(saved, base):
     model, folder = saved
     config = AutoConfig.from_pretrained(folder)
     assert type(config) is CerberusConfig
-    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    loaded = AutoModelForCausalLM.from_pretrained(folder).to(DEVICE)
     assert type(loaded) is CerberusForCausalLM
     assert_same_heads(loaded.heads, model.heads)
     assert loaded.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)

@@ -17,6 +17,7 @@ from cerberus_hf.decoding.tree import DynamicTree
 from cerberus_hf.tools.calibrate import calibrate, format_report
 from cerberus_hf.tools.cli import main as cli_main
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference, tiny_ngram
+from tiny_models import DEVICE
 
 
 def test_kneser_ney_probability_by_hand():
@@ -86,7 +87,7 @@ def test_rescoring_settings_are_validated():
 
 def test_weight_zero_is_the_dynamic_tree():
     model = fresh_model("llama", "medusa", randomize=True, seed=2, num_heads=3)
-    hidden = torch.randn(1, model.config.hidden_size)
+    hidden = torch.randn(1, model.config.hidden_size).to(DEVICE)
     ngram = tiny_ngram(model.config.vocab_size)
     plain = dynamic_selection(StepDrafts(model.heads, hidden, 5), DynamicTree(nodes=7, depth=3, top_k=3), 3)
     rescore = ngram_rescore(ngram, torch.tensor([1, 2, 5]), weight=0.0)
@@ -100,7 +101,7 @@ def test_rescored_tree_is_the_best_combined_paths(head_type):
     """Each chosen node's score is its path's summed head log-probability plus the weighted n-gram
     log-probability after the sequence and the path; nothing expanded and left out scores higher."""
     model = fresh_model("llama", head_type, randomize=True, seed=4, num_heads=3)
-    hidden = torch.randn(1, model.config.hidden_size)
+    hidden = torch.randn(1, model.config.hidden_size).to(DEVICE)
     ngram = tiny_ngram(model.config.vocab_size, seed=1)
     history = torch.tensor([3, 9, 5])
     settings = Rescoring(nodes=8, depth=3, top_k=2, candidates=5, weight=2.0)
@@ -111,7 +112,7 @@ def test_rescored_tree_is_the_best_combined_paths(head_type):
     def score(path):
         tokens, total = [5], 0.0
         for depth, rank in enumerate(path):
-            logp = torch.log_softmax(model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))]))[0, depth], -1)
+            logp = torch.log_softmax(model.heads(hidden, torch.tensor([tokens + [0] * (3 - len(tokens))], device=DEVICE))[0, depth], -1)
             top = logp.topk(5)
             token = int(top.indices[rank])
             context = torch.tensor([history.tolist() + tokens[1:]])
@@ -136,7 +137,7 @@ def test_rescored_tree_is_the_best_combined_paths(head_type):
 def test_a_strong_ngram_reorders_the_lattice():
     """Heads that rank a repeated token first lose it to the n-gram's continuation (the failure rescoring fixes)."""
     model = fresh_model("llama", "medusa", randomize=True, seed=6, num_heads=2)
-    hidden = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    hidden = torch.randn(1, model.config.hidden_size, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     step = StepDrafts(model.heads, hidden, 5)
     logp0 = step.expand(0, [step.root])[1][0].log_softmax(-1)
     logp1 = step.expand(1, [step.root])[1][0].log_softmax(-1)
@@ -173,7 +174,7 @@ def test_generate_rescoring_switch_and_files(tmp_path):
     # 5 nodes a step, fewer only in the last steps, where the room left before max_length cuts the depth
     assert 5 * (stats.draft_steps - 3) <= stats.drafted_tokens <= 5 * stats.draft_steps
     # the calibrated default: tree_kind "rescored" turns it on; a call naming another tree or None turns it off
-    model.generation_config.cerberus_calibration = {"cpu": {"tree_kind": "rescored", "rescoring": settings}}
+    model.generation_config.cerberus_calibration = {DEVICE.type: {"tree_kind": "rescored", "rescoring": settings}}
     calls.clear()
     model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, gate_threshold=None)
     assert calls
@@ -202,7 +203,7 @@ def test_calibrate_fits_the_rescored_tree():
                        dynamic_max_nodes=8, rescoring_weights=(0.0, 1.0), rescoring_candidates=5)
     rescoring = report["rescoring"]
     assert [(row["weight"], row["lm_weight"]) for row in rescoring["by_weights"]] == [(0.0, 0.0), (1.0, 0.0)]
-    stored = model.decoding_settings("cpu")
+    stored = model.decoding_settings(DEVICE)
     assert stored["rescoring"] == rescoring["settings"] and stored["rescoring"]["weight"] in (0.0, 1.0)
     assert 1 <= stored["rescoring"]["nodes"] <= 8 and stored["rescoring"]["candidates"] == 5
     assert stored["tree_kind"] in ("static", "dynamic", "rescored")

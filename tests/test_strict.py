@@ -20,6 +20,7 @@ from cerberus_hf.decoding.strict import row_invariant_rows, strict_attention
 from cerberus_hf.decoding.tree import TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import NEW_TOKENS, PROMPT_LEN, check_stats, get_base, get_prompt, install_oracle, randomize_heads
+from tiny_models import DEVICE
 
 STRICT_ARCHITECTURES = ("llama", "qwen2", "phi3", "gpt2")  # sdpa attention, no sliding window
 REFUSED = {"mistral": "sliding-window", "gemma2": "'sdpa'"}  # a sliding window; gemma2's tiny base runs eager
@@ -114,12 +115,12 @@ def test_strict_attention_follows_a_tree_mask():
     base = base_in(arch, dtype)
     prompt = get_prompt(arch)
     tree = TreeSpec.from_paths([[0], [1], [0, 0], [1, 0]])
-    tokens = torch.tensor([[5, 7, 9, 11, 13]])  # root, then nodes (0,), (1,), (0, 0), (1, 0)
+    tokens = torch.tensor([[5, 7, 9, 11, 13]], device=prompt.device)  # root, then nodes (0,), (1,), (0, 0), (1, 0)
     with torch.no_grad():
         cache = DynamicCache(config=base.config)
         base(prompt, past_key_values=cache, use_cache=True)
         mask = tree.attention_mask(prompt.shape[1], dtype, prompt.device)
-        positions = (prompt.shape[1] + tree.position_offsets)[None]
+        positions = (prompt.shape[1] + tree.position_offsets.to(prompt.device))[None]
         with strict_attention(base):
             tree_logits = base(tokens, past_key_values=cache, position_ids=positions, attention_mask=mask).logits[0]
         for path in ([0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]):
@@ -195,7 +196,7 @@ def test_strict_calibration_is_stored_beside_the_entry_and_used_by_strict_genera
     sequence = plain_output("llama", torch.bfloat16, NEW_TOKENS + 8)
     install_oracle(model, [sequence], tolerance=5e-2)  # heads that are right, so that some tree pays
     own = {"draft_tree": [[0], [1]], "gate_threshold": None}
-    key = str(calibrate_tool.HardwareKey.of("cpu", torch.bfloat16))
+    key = str(calibrate_tool.HardwareKey.of(DEVICE, torch.bfloat16))
     model.generation_config.cerberus_calibration = {key: dict(own)}
     report = calibrate_tool.calibrate(model, [(sequence[0].tolist(), PROMPT_LEN - 1)], max_nodes=8,
                                       repeats=1, dynamic_budgets=(), strict=True)

@@ -85,11 +85,11 @@ def test_cache_holds_lm_head_inputs_tokens_and_teacher(base, data_path, tmp_path
     records = read_records(data_path)
     record = records[3]
     rows = slice(int(cache.record_offsets[3]), int(cache.record_offsets[4]))
-    ids = torch.tensor([list(record.input_ids) + list(record.output_ids)])
+    ids = torch.tensor([list(record.input_ids) + list(record.output_ids)], device=base.device)
     with capture_lm_head_input(base) as captured, torch.no_grad():
-        logits = base(ids).logits[0]
+        logits = base(ids).logits[0].cpu()
     p = len(record.input_ids)
-    expected = captured["hidden"][0, p - 1 : -1]  # the states that predict each answer token
+    expected = captured["hidden"][0, p - 1 : -1].cpu()  # the states that predict each answer token (the cache is on the CPU)
     assert cache.hidden.dtype == torch.float16
     torch.testing.assert_close(cache.hidden[rows].float(), expected, atol=2e-2, rtol=2e-3)
     assert cache.tokens[rows].tolist() == list(record.output_ids)
@@ -121,7 +121,8 @@ def test_a_cache_of_the_state_before_the_final_norm_is_kept_apart(base, data_pat
     # the final norm turns each kept state into the default cache's (up to float16 storage)
     assert not torch.allclose(pre.hidden.float(), post.hidden.float(), atol=1e-2)
     with torch.no_grad():
-        torch.testing.assert_close(base.model.norm(pre.hidden.float()), post.hidden.float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(base.model.norm(pre.hidden.float().to(base.device)).cpu(), post.hidden.float(),
+                                   atol=2e-2, rtol=2e-2)
 
 
 def test_cache_is_resumable_per_shard(base, data_path, tmp_path):
@@ -255,7 +256,7 @@ def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_
     assert after["top1"][0] > 0.3 and min(after["top1"]) > 15 * chance, after
     assert all(t5 >= t1 for t1, t5 in zip(after["top1"], after["top5"]))
     assert len(metrics["top1"]) == len(metrics["top5"]) == NUM_HEADS
-    assert metrics["cost"]["device"].startswith("cpu") and metrics["cost"]["wall_time_s"] > 0
+    assert metrics["cost"]["device"].startswith(base.device.type) and metrics["cost"]["wall_time_s"] > 0
     assert metrics["cost"]["positions_per_s"] > 0
     assert metrics["data"]["held_out_records"] >= 1
     assert json.loads((tmp_path / "training_metrics.json").read_text())["steps"] == metrics["steps"]
@@ -278,6 +279,7 @@ def test_head_dropout_acts_in_training_only(base):
             p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
     dropped.heads.load_state_dict(plain.heads.state_dict())
     hidden, tokens = torch.randn(4, plain.config.hidden_size), torch.randint(0, VOCAB, (4, NUM_HEADS))
+    hidden, tokens = hidden.to(base.device), tokens.to(base.device)
     dropped.heads.train()
     torch.manual_seed(0)
     first = dropped.heads.forced_states(hidden, tokens)
@@ -326,8 +328,8 @@ def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, c
         def __init__(self, cache, remaining, positions, num_heads, distill_weight, device, context_window=0):
             super().__init__(cache, remaining, positions, num_heads, distill_weight, device, context_window)
             if torch.is_tensor(distill_weight):  # training rows (evaluation passes 0.0)
-                text = cache.position_modes("text")[positions[self.batch_index] + self.head + 1]
-                seen.append((text, self.target_probs[:, 0].clone(), self.target_probs[:, 1:].sum(-1)))
+                text = cache.position_modes("text")[positions[self.batch_index.cpu()] + self.head.cpu() + 1]
+                seen.append((text, self.target_probs[:, 0].clone().cpu(), self.target_probs[:, 1:].sum(-1).cpu()))
 
     trainer_module._Rows = Spy
     try:
@@ -436,11 +438,11 @@ def test_training_over_a_train_vocabulary_learns(base, data_path, cache_dir, tmp
     records = read_records(data_path)
     vocab = frequent_tokens(records, VOCAB // 8)
     loaded = CerberusForCausalLM.from_pretrained(tmp_path / "restricted", base_model=base)
-    assert loaded.config.draft_vocab_size == VOCAB // 8 and torch.equal(loaded.heads.draft_vocab, vocab)
+    assert loaded.config.draft_vocab_size == VOCAB // 8 and torch.equal(loaded.heads.draft_vocab.cpu(), vocab)
     assert loaded.config.draft_vocab_trained  # the rows outside it never learned: no other vocabulary is taken
     with pytest.raises(ValueError, match="trained over their own"):
         loaded.set_draft_vocab(vocab[:4])
-    prompt = torch.tensor([records[0].input_ids])
+    prompt = torch.tensor([records[0].input_ids], device=base.device)
     expected = base.generate(prompt, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(loaded.generate(prompt, max_new_tokens=16, eos_token_id=None, pad_token_id=0), expected)
 
@@ -515,7 +517,7 @@ def test_kangaroo_adapter_training_learns_and_keeps_output_exact(base, data_path
 
     model = fresh_kangaroo(base)
     records = read_records(data_path)
-    prompt = torch.tensor([records[0].input_ids])
+    prompt = torch.tensor([records[0].input_ids], device=base.device)
     reference = base.generate(prompt, max_new_tokens=24, do_sample=False)
     untrained = train_chain_drafter(fresh_kangaroo(base), data_path, tmp_path / "zero", max_steps=1,
                                     cache_dir=cache_dir, **dict(KANGAROO_FAST, lr=0.0))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -28,6 +30,10 @@ CONFIGS = {
 }
 ARCHITECTURES = tuple(CONFIGS)
 
+# Where the suite runs its tiny models and prompts: CERBERUS_TEST_DEVICE=cuda runs the same tests on the GPU
+# (the models and prompts move there; everything the library builds must follow them).
+DEVICE = torch.device(os.environ.get("CERBERUS_TEST_DEVICE", "cpu"))
+
 
 def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     from transformers import AutoConfig
@@ -41,7 +47,7 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)
     model.generation_config.do_sample = False
-    return model.eval()
+    return model.to(DEVICE).eval()
 
 
 def tiny_tokenizer(stop_string_ready: bool = False) -> PreTrainedTokenizerFast:
@@ -63,4 +69,4 @@ def tiny_tokenizer(stop_string_ready: bool = False) -> PreTrainedTokenizerFast:
 
 def prompt_ids(seed: int = 0, length: int = 8, batch: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (batch, length), generator=g)
+    return torch.randint(3, VOCAB, (batch, length), generator=g).to(DEVICE)
