@@ -68,18 +68,23 @@ def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, 
 def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[int]) -> None:
     """Keep, of the last ``fed`` cached positions, those at indices ``keep`` (ascending); drop the rest.
 
-    A branch of a tree is first moved to the front of those positions; then the cache's own ``crop``
-    drops the tail, so each layer type keeps its bookkeeping (e.g. sliding-window lengths) right."""
+    A branch of a tree is first moved to the front of those positions, in place (only the ``fed`` newest
+    positions are copied, and the index goes to each device once, not once per layer: on CUDA each copy of
+    it is a host sync); then the cache's own ``crop`` drops the tail, so each layer type keeps its
+    bookkeeping (e.g. sliding-window lengths) right."""
     if keep != list(range(len(keep))):
         kept = set(keep)
         order = keep + [i for i in range(fed) if i not in kept]
+        index_on: dict[torch.device, torch.Tensor] = {}
         for layer in cache.layers:
             if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
                 continue
+            device = layer.keys.device
+            if device not in index_on:
+                index_on[device] = torch.tensor(order, device=device)
             start = layer.keys.shape[-2] - fed
-            index = torch.cat([torch.arange(start), start + torch.tensor(order)]).to(layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
+            layer.keys[..., start:, :] = layer.keys[..., start:, :].index_select(-2, index_on[device])
+            layer.values[..., start:, :] = layer.values[..., start:, :].index_select(-2, index_on[device])
     cache.crop(-(fed - len(keep)))
 
 
