@@ -105,6 +105,12 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
             --report "$OUT/$type-smollm2-135m-instruct/calibration_cpu_bfloat16_amx${strict:+_strict}.json" --write
         done
       done ;;
+    calibrate-cuda)  # not part of the defaults: needs a GPU. Hydra on 2026-11-26 on one NVIDIA H200, bf16 (under a minute)
+      for type in $TYPES; do
+        [ "$type" = hydra ] || continue
+        cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --limit 24 --device cuda \
+          --dtype bfloat16 --report "$OUT/$type-smollm2-135m-instruct/calibration_cuda_bfloat16_h200.json" --write
+      done ;;
     bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles
       mkdir -p "$(dirname "$FAMILIES")" "$(dirname "$RESCORING")"
       cerberus-hf bench $(for type in $TYPES; do if [ "$type" != kangaroo ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
