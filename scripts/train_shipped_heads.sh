@@ -19,6 +19,7 @@ KANGAROO_FULL=${KANGAROO_FULL:-benchmarks/mt_bench_kangaroo_full_data_cpu}  # th
 HEADS_FULL=${HEADS_FULL:-benchmarks/mt_bench_heads_full_data_cpu}  # Medusa and Cerberus retrained on 2.05M tokens, 10 prompts
 HYDRA_TREES=${HYDRA_TREES:-benchmarks/mt_bench_hydra_full_data_bf16_amx_cpu}  # Hydra retrained on 2.05M tokens: heads only, bf16
 HYDRA_FULL=${HYDRA_FULL:-benchmarks/mt_bench_hydra_full_data_default_bf16_amx_cpu}  # ... and its default (the card's), bf16
+CLOVER_FULL=${CLOVER_FULL:-benchmarks/mt_bench_clover_full_data_bf16_amx_cpu}  # Clover retrained on 2.05M tokens: trees and default, bf16, 10 prompts
 LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
 LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
 EPOCHS=${EPOCHS:-2}
@@ -47,17 +48,15 @@ for step in $STEPS; do
             continue ;;
           medusa|cerberus)  # on both files, over 4,096 tokens (2026-11-25, an AMD EPYC: fp32 projection)
             data=$FULL; extra="--train-vocab 4096 --eval-every 2000 --num-threads 2 --projection-dtype float32" ;;
-          hydra)  # on both files, over 4,096 tokens (2026-11-26, an Intel Xeon with AMX: bf16 projection)
+          hydra|clover)  # on both files, over 4,096 tokens (2026-11-26, an Intel Xeon with AMX: bf16 projection)
             data=$FULL; extra="--train-vocab 4096 --eval-every 5000 --num-threads 2 --projection-dtype bfloat16" ;;
-          *)  # Clover (2026-11-23), on the project's answers only
-            data="--data $DATA"; extra="--eval-every 200 --projection-dtype float32" ;;
         esac
         # --projection-dtype: bfloat16 only where bf16 products are fast (AMX); on an AMD EPYC torch 2.13's bf16 matmul
         # backward took 28 s per 512 rows (fp32: 0.3 s)
         cerberus-hf train --head-type "$type" --num-heads 4 --num-layers 1 $data --output "$folder" --epochs "$EPOCHS" \
           --batch-size 256 --lr 1e-3 --warmup-ratio 0.05 --head-weight-decay 0.8 --distill-weight 0 --teacher-topk 0 \
           --seed 0 $extra
-        case $type in medusa|cerberus|hydra)  # graft up to 5 copied prompt tokens into each draft, as the heads before them did
+        case $type in medusa|cerberus|hydra|clover)  # graft up to 5 copied prompt tokens into each draft, as the heads before them did
           python -c 'import sys; from cerberus_hf import CerberusConfig; c = CerberusConfig.from_pretrained(sys.argv[1])
 c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         esac
@@ -75,7 +74,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         # weights would take about an hour each). Hydra on 2026-11-26 on a 2-core Intel Xeon with AMX (no entry for another
         # processor: decoding_settings falls back to the closest one and says so).
         # Stored under "cpu/float32/<processor>": add --dtype bfloat16 for that dtype's own entry.
-        # Clover on 2026-11-23 (--limit 100, no n-gram model).
+        # Clover on 2026-11-26 on the same Xeon (--limit 24, no n-gram model).
         # Kangaroo on 2026-11-25 on the ShareGPT answers' held-out split (--limit 100); it drafts among the 4,096 tokens
         # it was trained on (--train-vocab), which calibrate leaves as they are.
         report=calibration_cpu.json
@@ -83,7 +82,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
           medusa|cerberus) limit=40; trees="--rescoring-weights 0 0.5 1"; data="--data $SHAREGPT" ;;
           kangaroo) limit=100; trees=""; data="--data $SHAREGPT" ;;   # Kangaroo drafts chains
           hydra) limit=40; trees=""; data="--data $SHAREGPT"; report=calibration_cpu_amx.json ;;   # an Intel Xeon with AMX
-          clover) limit=100; trees=""; data="--data $DATA --draft-vocab 4096" ;;
+          clover) limit=24; trees=""; data="--data $SHAREGPT"; report=calibration_cpu_amx.json ;;
         esac
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $data \
           --limit "$limit" $trees \
@@ -97,8 +96,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         case $type in
           kangaroo) continue ;;   # drafts chains: calibrate --strict fits trees
           medusa|cerberus) args="--data $SHAREGPT --limit 24 --rescoring-weights 0 0.5 1" ;;
-          hydra) args="--data $SHAREGPT --limit 24" ;;
-          *) args="--data $DATA --draft-vocab 4096 --limit 60" ;;
+          hydra|clover) args="--data $SHAREGPT --limit 24" ;;
         esac
         for strict in "" --strict; do
           cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $args --dtype bfloat16 $strict \
@@ -147,7 +145,13 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         --json "$HYDRA_TREES.json" --plot "$HYDRA_TREES.png" > "$HYDRA_TREES.md"
       cerberus-hf bench --heads "$OUT/hydra-smollm2-135m-instruct" --dtype bfloat16 --prompts "$PROMPTS_EVAL" --every 4 \
         --max-new-tokens 128 --profile --no-prompt-lookup --variants default \
-        --json "$HYDRA_FULL.json" --plot "$HYDRA_FULL.png" > "$HYDRA_FULL.md" ;;
+        --json "$HYDRA_FULL.json" --plot "$HYDRA_FULL.png" > "$HYDRA_FULL.md"
+      # 2026-11-26 Clover before and after its retraining, in bf16 on the same Xeon, 10 prompts, in one run (this runs the
+      # shipped one only; the recorded run's rows for the retrained heads are labelled "clover clover_full", its training
+      # folder, and the heads it replaced ran from model_cards/)
+      cerberus-hf bench --heads "$OUT/clover-smollm2-135m-instruct" --dtype bfloat16 --prompts "$PROMPTS_EVAL" --every 8 \
+        --max-new-tokens 128 --profile --no-prompt-lookup --variants tree dtree default \
+        --json "$CLOVER_FULL.json" --plot "$CLOVER_FULL.png" > "$CLOVER_FULL.md" ;;
     lmrescore)  # not part of the defaults (2026-11-23): the Kangaroo drafter as Medusa's neural lattice rescorer, in a copy
       rm -rf "$LMHEADS" && cp -r "$OUT/medusa-smollm2-135m-instruct" "$LMHEADS"
       cerberus-hf calibrate --heads "$LMHEADS" --rescorer "$OUT/kangaroo-smollm2-135m-instruct" --data "$DATA" \
@@ -164,7 +168,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
           medusa|cerberus) bench=$HEADS_FULL; recorded="$type full_$type" ;;
           kangaroo) bench=$KANGAROO_FULL; recorded="kangaroo full_kangaroo" ;;
           hydra) bench=$HYDRA_FULL; recorded="hydra hydra_full" ;;
-          clover) bench=$CLOVER; recorded="" ;;
+          clover) bench=$CLOVER_FULL; recorded="clover clover_full" ;;
         esac
         label=()
         [ -n "$recorded" ] && grep -q "\"$recorded" "$bench.json" && label=(--bench-label "$recorded")
