@@ -31,6 +31,7 @@ from .base_model import base_shape, check_base_compatible, greedy_generation_con
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .checkpoint import HEADS_WEIGHTS_NAME, load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
 from .configuration_cerberus import CerberusConfig
+from .errors import check_int, check_number
 from .decoding.lookup import DEFAULT_MAX_NGRAM
 from .decoding.loop import speculative_generate
 from .decoding.gate import EntropyGate
@@ -352,6 +353,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         settings = self.decoding_settings(strict=strict)
         # each prompt-lookup setting on its own: the call's (or its generation config's), else the heads'
         lookup_tokens = effective.prompt_lookup_num_tokens
+        check_int("prompt_lookup_num_tokens", lookup_tokens, 0, optional=True)
+        check_int("max_matching_ngram_size", effective.max_matching_ngram_size, 1, optional=True)
+        check_number("exit_confidence", exit_confidence, 0.0, 1.0, optional=True)
         if lookup_tokens is None:
             lookup_tokens = settings["prompt_lookup_num_tokens"]
         lookup_ngram = effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM

@@ -10,6 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from cerberus_hf.decoding.hardware import HardwareKey, bf16_matmul
+from cerberus_hf.errors import UserError
 from cerberus_hf.tools.calibrate import (
     ChainPosition, PositionRecord, accepted_length, build_tree, calibrate, calibrate_chain, collect_chain_positions,
     dynamic_accepted, fit_dynamic_tree, fit_gate, format_chain_report, format_report, parse_budgets,
@@ -118,9 +119,9 @@ def test_calibrate_keeps_a_budget_only_where_it_does_best():
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, dynamic_tree=chosen, gate_threshold=None,
                          prompt_lookup_num_tokens=0)
     assert torch.equal(out, reference("llama"))
-    with pytest.raises(SystemExit, match="TOP_P:MIN_RATIO"):
+    with pytest.raises(UserError, match="TOP_P:MIN_RATIO"):
         parse_budgets(["0.9"])
-    with pytest.raises(SystemExit, match="top_p must be in"):
+    with pytest.raises(UserError, match="top_p must be in"):
         parse_budgets(["1.5:0.2"])
     assert parse_budgets(["0.95:0.25"]) == ((0.95, 0.25),)
 
@@ -224,7 +225,7 @@ def test_calibrate_cli_refuses_tree_options_for_a_chain_drafter(tmp_path):
     calibrate_tool.add_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["calibrate", "--heads", str(tmp_path / "kangaroo"), "--data", str(tmp_path / "data.jsonl"),
                               "--held-out-fraction", "0", "--top-k", "5", "--rescoring-weights", "0", "1"])
-    with pytest.raises(SystemExit, match=r"--top-k, --rescoring-weights do\(es\) not apply to kangaroo"):
+    with pytest.raises(UserError, match=r"--top-k, --rescoring-weights do\(es\) not apply to kangaroo"):
         args.func(args)
 
 
@@ -245,7 +246,7 @@ def test_calibrate_cli_keeps_the_vocabulary_heads_were_trained_over(tmp_path):
     calibrate_tool.add_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["calibrate", "--heads", str(tmp_path / "heads"), "--data", str(tmp_path / "data.jsonl"),
                               "--draft-vocab", "32"])
-    with pytest.raises(SystemExit, match="trained over its own 64-token vocabulary"):
+    with pytest.raises(UserError, match="trained over its own 64-token vocabulary"):
         args.func(args)
     CerberusConfig(hidden_size=32, vocab_size=128, draft_vocab_size=64).save_pretrained(tmp_path / "heads")
     with pytest.raises(ValueError, match="holds no records"):  # past the check, to the (empty) data

@@ -15,6 +15,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 import cerberus_hf.modeling_cerberus as modeling
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
+from cerberus_hf.checkpoint import resolve_file
+from cerberus_hf.decoding.gate import EntropyGate
+from cerberus_hf.errors import UserError
 from helpers import get_prompt
 from tiny_models import CONFIGS, tiny_model
 
@@ -257,3 +260,75 @@ def test_invalid_draft_tree(base, tree, message):
 def test_unknown_gate_signal(base):
     with pytest.raises(ValueError, match="Unknown gate_signal 'perplexity'"):
         CerberusForCausalLM.from_base(base, gate_signal="perplexity")
+
+
+# ---------------------------------------------------------------------------------------------- not numbers
+def test_non_numeric_gate_threshold_is_refused(base):
+    message = "gate_threshold must be a number or None, got 'high'"
+    with pytest.raises(ValueError, match=message):
+        EntropyGate("high")
+    with pytest.raises(ValueError, match="gate_threshold must be a number or None, got True"):
+        EntropyGate(True)
+    with pytest.raises(ValueError, match=message):
+        CerberusConfig(hidden_size=32, vocab_size=96, gate_threshold="high")
+    with pytest.raises(ValueError, match=message):
+        CerberusForCausalLM.from_base(base).generate(get_prompt("llama"), max_new_tokens=3, gate_threshold="high")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("exit_confidence", "high", "exit_confidence must be a number, got 'high'"),
+    ("exit_confidence", None, "exit_confidence must be a number, got None"),
+    ("exit_confidence", 1.5, r"exit_confidence must be a probability in \[0, 1\], got 1.5"),
+    ("head_dropout", "0.2", "head_dropout must be a number, got '0.2'"),
+    ("max_matching_ngram_size", 0, "max_matching_ngram_size must be an integer >= 1, got 0"),
+    ("prompt_lookup_num_tokens", "5", "prompt_lookup_num_tokens must be an integer >= 1, got '5'"),
+])
+def test_config_numbers_of_the_wrong_type_or_range(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        CerberusConfig(hidden_size=32, vocab_size=96, **{field: value})
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("prompt_lookup_num_tokens", -1, "prompt_lookup_num_tokens must be an integer >= 0 or None, got -1"),
+    ("prompt_lookup_num_tokens", 2.5, "prompt_lookup_num_tokens must be an integer >= 0 or None, got 2.5"),
+    ("prompt_lookup_num_tokens", "3", "prompt_lookup_num_tokens must be an integer >= 0 or None, got '3'"),
+    ("max_matching_ngram_size", 0, "max_matching_ngram_size must be an integer >= 1 or None, got 0"),
+    ("max_matching_ngram_size", -2, "max_matching_ngram_size must be an integer >= 1 or None, got -2"),
+    ("exit_confidence", "high", "exit_confidence must be a number or None, got 'high'"),
+    ("exit_confidence", 1.5, r"exit_confidence must be in \[0, 1\], got 1.5"),
+    ("exit_confidence", math.nan, "exit_confidence must be a number or None, not NaN"),
+])
+def test_generate_refuses_bad_numbers_in_one_line(base, option, value, message):
+    model = CerberusForCausalLM.from_base(base)
+    with pytest.raises(ValueError, match=message) as error:
+        model.generate(get_prompt("llama"), max_new_tokens=3, **{option: value})
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_value_in_a_saved_config_names_the_file(base, tmp_path):
+    folder = save_heads(base, tmp_path)
+    edit_config(folder, gate_threshold="high")
+    with pytest.raises(UserError, match=re.escape(os.path.join(folder, "config.json")) +
+                       ": gate_threshold must be a number or None, got 'high'"):
+        CerberusForCausalLM.from_pretrained(folder, base_model=base)
+
+
+# ---------------------------------------------------------------------------------------------- where a checkpoint is
+def test_folder_without_config_is_refused(base, tmp_path):
+    """transformers would read a default config from a folder without config.json (then fail far away)."""
+    (tmp_path / "empty").mkdir()
+    for load in (CerberusConfig.from_pretrained, lambda p: CerberusForCausalLM.from_pretrained(p, base_model=base)):
+        with pytest.raises(OSError, match=re.escape(f"no config.json in {tmp_path / 'empty'}")):
+            load(str(tmp_path / "empty"))
+
+
+def test_path_that_is_no_folder_nor_hub_id(base, tmp_path):
+    missing = str(tmp_path / "no_such_heads")
+    for load in (CerberusConfig.from_pretrained, lambda p: CerberusForCausalLM.from_pretrained(p, base_model=base)):
+        with pytest.raises(OSError, match=re.escape(f"no folder or Hub id {missing}")):
+            load(missing)
+    with pytest.raises(OSError, match=re.escape(f"no folder or Hub id {missing}")):
+        resolve_file(missing, "config.json")
+    (tmp_path / "file").write_text("{}")
+    with pytest.raises(OSError, match="is a file, not a folder or Hub id"):
+        resolve_file(str(tmp_path / "file"), "config.json")

@@ -22,7 +22,9 @@ from tqdm.auto import tqdm
 from ..configuration_cerberus import HEAD_TYPES
 from ..decoding.hardware import describe_device, reduced_precision_note
 from ..decoding.profiling import PHASES, synchronize
-from ..training.data import jsonl_rows
+from ..errors import UserError
+from ..training.data import read_prompt_file
+from . import arguments
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "mt_bench.jsonl"
 
@@ -36,24 +38,24 @@ class Method:
     records: list[dict] = field(default_factory=list)
 
 
-def _bench_records(path: str | Path, limit: int | None, every: int) -> list[dict]:
-    """Every ``every``-th record of a JSONL prompt file (a subset spread over the file's categories), at
-    most ``limit``."""
+def _bench_records(path: str | Path, limit: int | None, every: int) -> list[tuple[str, dict]]:
+    """Every ``every``-th ``(prompt, row)`` of a JSONL prompt file (a subset spread over the file's
+    categories), at most ``limit``; the file is checked line by line (`read_prompt_file`)."""
     if every < 1:
-        raise ValueError(f"every must be >= 1, got {every}.")
-    records = [row for _, row in jsonl_rows(path)][::every]
+        raise UserError(f"every must be >= 1, got {every}.")
+    records = read_prompt_file(path)[::every]
     return records[:limit] if limit else records
 
 
 def load_bench_prompts(path: str | Path, limit: int | None = None, every: int = 1) -> list[str]:
     """First turns of a JSONL prompt file (objects with a ``turns`` list, as MT-Bench, or a ``prompt``):
     every ``every``-th one, at most ``limit``."""
-    return [r["turns"][0] if "turns" in r else r["prompt"] for r in _bench_records(path, limit, every)]
+    return [prompt for prompt, _ in _bench_records(path, limit, every)]
 
 
 def load_bench_categories(path: str | Path, limit: int | None = None, every: int = 1) -> list[str | None]:
     """The ``category`` of each prompt `load_bench_prompts` returns (None where the file has none)."""
-    return [r.get("category") for r in _bench_records(path, limit, every)]
+    return [row.get("category") for _, row in _bench_records(path, limit, every)]
 
 
 # Configurations a head checkpoint is run in: (row label, generate() overrides, settings it needs).
@@ -127,11 +129,7 @@ def build_methods(
     if prompt_lookup:
         methods.append(
             Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)))
-    unknown = {v for v in variants or () if v.rpartition(":")[2].removesuffix(STRICT) not in VARIANTS
-               or v.rpartition(":")[0] not in ("", *HEAD_TYPES)}
-    if unknown:
-        raise ValueError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}, "
-                         f"optionally prefixed by a head type ({', '.join(HEAD_TYPES)}) and a colon.")
+    check_variants(variants)
     for label, model in head_models.items():
         wanted = variants and {v.rpartition(":")[2] for v in variants
                                if v.rpartition(":")[0] in ("", model.config.head_type)}
@@ -159,6 +157,15 @@ def build_methods(
 
             methods.append(Method(f"{label} ({suffix})" if suffix else label, run))
     return methods
+
+
+def check_variants(variants: list[str] | None) -> None:
+    """Refuse variant names `build_methods` does not know."""
+    unknown = {v for v in variants or () if v.rpartition(":")[2].removesuffix(STRICT) not in VARIANTS
+               or v.rpartition(":")[0] not in ("", *HEAD_TYPES)}
+    if unknown:
+        raise UserError(f"Unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}, "
+                        f"optionally prefixed by a head type ({', '.join(HEAD_TYPES)}) and a colon.")
 
 
 def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "cpu") -> list[torch.Tensor]:
@@ -259,18 +266,18 @@ def _load_checkpoint(path: str | Path, identity: dict, methods: list[Method]) ->
         saved = json.loads(path.read_text())
         saved_identity, records = saved["identity"], saved["records"]
     except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path} is not a bench checkpoint ({error}); delete it to start afresh") from error
+        raise UserError(f"{path} is not a bench checkpoint ({error}); delete it to start afresh") from error
     differs = sorted(key for key in identity.keys() | saved_identity.keys()
                      if identity.get(key) != saved_identity.get(key))
     if differs:
-        raise ValueError(f"{path} was written by another run (it differs in: {', '.join(differs)}); its timings "
+        raise UserError(f"{path} was written by another run (it differs in: {', '.join(differs)}); its timings "
                          "cannot be mixed with this run's. Delete it, or resume with the same command on the "
                          "same machine.")
     for method in methods:
         method.records = records[method.name]
     done = {len(r) for r in records.values()}
     if len(done) != 1:
-        raise ValueError(f"{path} holds different numbers of prompts per method; delete it to start afresh")
+        raise UserError(f"{path} holds different numbers of prompts per method; delete it to start afresh")
     return done.pop()
 
 
@@ -419,17 +426,18 @@ def save_plot(result: dict, path: str | Path) -> None:
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="compare decoding methods on a prompt set (table, JSON, plot)")
-    parser.add_argument("--heads", action="append", default=[], help="head checkpoint folder or Hub id (repeatable)")
+    parser.add_argument("--heads", action="append", default=[], type=arguments.heads_source,
+                        help="head checkpoint folder or Hub id (repeatable)")
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL with a 'turns' list per line")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
-    parser.add_argument("--every", type=int, default=1,
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
+    parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use the first N prompts")
+    parser.add_argument("--every", type=arguments.positive_int, default=1,
                         help="use every N-th prompt (a subset spread over MT-Bench's categories), before --limit")
-    parser.add_argument("--json", default=None, help="write every per-prompt figure here")
-    parser.add_argument("--plot", default=None, help="save a PNG plot here")
-    parser.add_argument("--base", default="smollm2-135m-instruct",
+    parser.add_argument("--json", default=None, type=arguments.output_file, help="write every per-prompt figure here")
+    parser.add_argument("--plot", default=None, type=arguments.output_file, help="save a PNG plot here")
+    parser.add_argument("--base", default="smollm2-135m-instruct", type=arguments.model_source,
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", type=arguments.device)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--profile", action="store_true",
                         help="also time each phase of a decoding step (synchronises CUDA at phase edges)")
@@ -451,15 +459,16 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..real_models import load_named_model
 
     if args.resume and not args.json:
-        raise SystemExit("--resume continues the run checkpointed beside --json; give the same --json path")
+        raise UserError("--resume continues the run checkpointed beside --json; give the same --json path")
+    check_variants(args.variants)
+    prompts = load_bench_prompts(args.prompts, args.limit, args.every)  # before the models: a bad file fails fast
+    categories = load_bench_categories(args.prompts, args.limit, args.every)
     base, tokenizer = load_named_model(args.base, dtype=getattr(torch, args.dtype))
     base.to(args.device)
     head_models = {}
     for path in args.heads:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
         head_models[f"{model.config.head_type} {Path(path).name}"] = model
-    prompts = load_bench_prompts(args.prompts, args.limit, args.every)
-    categories = load_bench_categories(args.prompts, args.limit, args.every)
     encoded = encode_prompts(tokenizer, prompts, base.device)
     machine = describe_device(base.device)
     checkpoint = args.json and args.json + ".partial"

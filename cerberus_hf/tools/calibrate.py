@@ -56,8 +56,10 @@ from ..decoding.hardware import HardwareKey, bf16_matmul, describe_device
 from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
 from ..decoding.strict import check_strict_support, row_invariant_rows, strict_attention
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
+from ..errors import UserError
 from ..training.data import Record, frequent_tokens, read_records
 from ..training.hidden_cache import split_record_ids
+from . import arguments
 from ..decoding.profiling import synchronize
 
 
@@ -733,15 +735,16 @@ def load_sequences(records: list[Record], limit: int | None = None, held_out_fra
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device")
-    parser.add_argument("--heads", required=True, help="head checkpoint folder")
+    parser.add_argument("--heads", required=True, type=arguments.heads_source, help="head checkpoint folder")
     parser.add_argument("--data", required=True, help="self-distillation JSONL; its held-out split is used")
-    parser.add_argument("--held-out-fraction", type=float, default=0.05,
+    parser.add_argument("--held-out-fraction", type=arguments.fraction, default=0.05,
                         help="training's --eval-fraction, to select the held-out records (0: use every record)")
-    parser.add_argument("--limit", type=int, default=200, help="sequences to use")
-    parser.add_argument("--max-nodes", type=int, default=63, help="largest static tree considered")
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--dynamic-max-nodes", type=int, default=32, help="largest dynamic tree considered")
-    parser.add_argument("--dynamic-top-k", type=int, default=4,
+    parser.add_argument("--limit", type=arguments.positive_int, default=200, help="sequences to use")
+    parser.add_argument("--max-nodes", type=arguments.positive_int, default=63, help="largest static tree considered")
+    parser.add_argument("--top-k", type=arguments.positive_int, default=10)
+    parser.add_argument("--dynamic-max-nodes", type=arguments.positive_int, default=32,
+                        help="largest dynamic tree considered")
+    parser.add_argument("--dynamic-top-k", type=arguments.positive_int, default=4,
                         help="children expanded per node and nodes kept per level of the dynamic tree")
     parser.add_argument("--dynamic-budgets", nargs="*", default=[f"{p}:{r}" for p, r in DYNAMIC_BUDGETS],
                         metavar="TOP_P:MIN_RATIO",
@@ -753,17 +756,18 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--rescorer", default=None,
                         help="Kangaroo checkpoint for this base to rescore with as a small LM (default: the folder's "
                              "rescorer/; written there with --write)")
-    parser.add_argument("--rescoring-candidates", type=int, default=8,
+    parser.add_argument("--rescoring-candidates", type=arguments.positive_int, default=8,
                         help="guesses per depth the rescored tree considers under each path")
     parser.add_argument("--ngram", default=None,
                         help="n-gram model file to rescore with (default: the folder's; written there with --write)")
-    parser.add_argument("--repeats", type=int, default=5, help="timing repeats per size for the cost curve")
-    parser.add_argument("--draft-vocab", type=int, default=None,
+    parser.add_argument("--repeats", type=arguments.positive_int, default=5,
+                        help="timing repeats per size for the cost curve")
+    parser.add_argument("--draft-vocab", type=arguments.positive_int, default=None,
                         help="draft among the N most frequent answer tokens of --data (cheaper heads; exact output)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", type=arguments.device)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the dtype the base and heads compute in: each dtype has its own cost curve and entry")
-    parser.add_argument("--report", default=None, help="write the full report (JSON) here")
+    parser.add_argument("--report", default=None, type=arguments.output_file, help="write the full report (JSON) here")
     parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
     parser.add_argument("--strict", action="store_true",
                         help="fit the settings generate(strict=True) uses: strict verification's cost curve and trees "
@@ -778,20 +782,20 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.draft_vocab:
         config = CerberusConfig.from_pretrained(args.heads)  # before the model: a refusal needs no weights
         if config.draft_vocab_trained:
-            raise SystemExit(f"cerberus-hf calibrate: {args.heads} was trained over its own {config.draft_vocab_size}-"
-                             "token vocabulary (train --train-vocab); rows outside it are untrained, so it keeps "
-                             "drafting among those tokens: leave out --draft-vocab")
+            raise UserError(f"{args.heads} was trained over its own {config.draft_vocab_size}-token vocabulary (train "
+                            "--train-vocab); rows outside it are untrained, so it keeps drafting among those tokens: "
+                            "leave out --draft-vocab")
     records = read_records(args.data)  # before the model: a bad data file fails fast
     model = _load_for_calibration(args, records)
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
     if model.heads.drafts_chains:
         given = [name for name, default in args.tree_defaults.items() if getattr(args, name) != default]
         if given:
-            raise SystemExit(f"cerberus-hf calibrate: {', '.join('--' + n.replace('_', '-') for n in given)} do(es) "
-                             f"not apply to {model.config.head_type}, which drafts chains (no trees, no rescoring)")
+            raise UserError(f"{', '.join('--' + n.replace('_', '-') for n in given)} do(es) not apply to "
+                            f"{model.config.head_type}, which drafts chains (no trees, no rescoring)")
         if args.strict:
-            raise SystemExit(f"cerberus-hf calibrate: --strict fits trees; {model.config.head_type} drafts chains, "
-                             "which generate(strict=True) verifies with the entry's own settings")
+            raise UserError(f"--strict fits trees; {model.config.head_type} drafts chains, which "
+                            "generate(strict=True) verifies with the entry's own settings")
         report = calibrate_chain(model, sequences, repeats=args.repeats)
         print(format_chain_report(report))
     else:
@@ -842,8 +846,8 @@ def parse_budgets(values: list[str]) -> tuple[tuple[float, float], ...]:
             budget = (float(top_p), float(min_ratio))
             DynamicTree(nodes=1, depth=1, top_p=budget[0], min_ratio=budget[1])
         except ValueError as error:
-            raise SystemExit(f"cerberus-hf calibrate: --dynamic-budgets {value!r}: expected TOP_P:MIN_RATIO with "
-                             f"0 < TOP_P <= 1 and 0 <= MIN_RATIO <= 1 ({error})") from None
+            raise UserError(f"--dynamic-budgets {value!r}: expected TOP_P:MIN_RATIO with 0 < TOP_P <= 1 and "
+                            f"0 <= MIN_RATIO <= 1 ({error})") from None
         budgets.append(budget)
     return tuple(budgets)
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from ..configuration_cerberus import HEAD_TYPES
+from . import arguments
+
 DEMO_PROMPTS = (
     "Explain in three sentences why the sky is blue.",
     "Write a short poem about a lighthouse keeper.",
@@ -24,11 +27,15 @@ SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "model_cards" / "cerberus-
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("demo", help="decode a real model with and without heads and print the speedup")
-    parser.add_argument("--heads", default=None, help="head checkpoint folder or Hub id (default: shipped heads)")
-    parser.add_argument("--head-type", default="cerberus", help="head type for fresh heads when none are shipped")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS), help="how many demo prompts to run")
-    parser.add_argument("--gate-threshold", type=float, default=None, help="override the heads' entropy gate")
+    parser.add_argument("--heads", default=None, type=arguments.heads_source,
+                        help="head checkpoint folder or Hub id (default: shipped heads)")
+    parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES,
+                        help="head type for fresh heads when none are shipped")
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=96)
+    parser.add_argument("--prompts", type=arguments.positive_int, default=len(DEMO_PROMPTS),
+                        help=f"how many demo prompts to run (at most {len(DEMO_PROMPTS)})")
+    parser.add_argument("--gate-threshold", type=arguments.threshold, default=None,
+                        help="override the heads' entropy gate")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="compute dtype of base and heads; without --strict, identity is promised in float32 only "
                              "(README: precision)")

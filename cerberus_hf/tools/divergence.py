@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from . import arguments
+
 BATCHED = "plain generate(), batched with another prompt"
 PLAIN = "plain generate()"
 DRAFTING_OFF = "drafting off (gate closed)"
@@ -151,20 +153,21 @@ def save_plot(result: dict, path: str | Path) -> None:
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("divergence", help="measure where reduced precision changes greedy output "
                                                       "(drafted and plain, against plain and against float32)")
-    parser.add_argument("--heads", action="append", default=[], help="head checkpoint folder or Hub id (repeatable)")
+    parser.add_argument("--heads", action="append", default=[], type=arguments.heads_source,
+                        help="head checkpoint folder or Hub id (repeatable)")
     parser.add_argument("--prompts", required=True, help="JSONL with a 'turns' list (or a 'prompt') per line")
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--reference-dtype", default="float32", choices=("float32", "none"),
                         help="also compare every output with plain generate() in this dtype ('none': skip)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
-    parser.add_argument("--every", type=int, default=1, help="use every N-th prompt, before --limit")
-    parser.add_argument("--base", default="smollm2-135m-instruct",
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
+    parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use the first N prompts")
+    parser.add_argument("--every", type=arguments.positive_int, default=1, help="use every N-th prompt, before --limit")
+    parser.add_argument("--base", default="smollm2-135m-instruct", type=arguments.model_source,
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", type=arguments.device)
     parser.add_argument("--strict", action="store_true", help="also run each checkpoint with strict verification")
-    parser.add_argument("--json", default=None, help="write every per-prompt figure here")
-    parser.add_argument("--plot", default=None, help="save a PNG plot here")
+    parser.add_argument("--json", default=None, type=arguments.output_file, help="write every per-prompt figure here")
+    parser.add_argument("--plot", default=None, type=arguments.output_file, help="save a PNG plot here")
     parser.set_defaults(func=run_cli)
 
 
@@ -174,6 +177,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..real_models import load_named_model
     from .bench import encode_prompts, load_bench_prompts
 
+    prompts = load_bench_prompts(args.prompts, args.limit, args.every)  # before the models: a bad file fails fast
     base, tokenizer = load_named_model(args.base, dtype=getattr(torch, args.dtype))
     base.to(args.device)
     reference = None
@@ -184,7 +188,6 @@ def run_cli(args: argparse.Namespace) -> int:
     for path in args.heads:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
         head_models[f"{model.config.head_type} {Path(path).name}"] = model
-    prompts = load_bench_prompts(args.prompts, args.limit, args.every)
     encoded = encode_prompts(tokenizer, prompts, base.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     result = run_divergence(base, head_models, encoded, args.max_new_tokens, pad_id, reference, strict=args.strict)

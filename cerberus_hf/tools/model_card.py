@@ -20,6 +20,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
+from ..errors import UserError
+from . import arguments
 from .bench import encode_prompts, load_bench_prompts, sum_per_head
 from ..decoding.lookup import DEFAULT_MAX_NGRAM
 
@@ -56,13 +58,15 @@ def evaluate_tau(model, tokenizer, prompts: list[str], max_new_tokens: int = 128
 def evaluation_from_bench(bench: dict, label: str) -> dict:
     """This checkpoint's rows of a `cerberus-hf bench` result (methods named ``label`` or ``label (...)``),
     without the per-prompt records, with the run's metadata."""
+    if not isinstance(bench, dict) or not isinstance(bench.get("methods"), list) or not bench["methods"]:
+        raise UserError("The bench result has no 'methods' rows: expected the file `cerberus-hf bench --json` writes.")
     runs = []
     for row in bench["methods"]:
         if row["method"] == label or row["method"].startswith(label + " ("):
             configuration = row["method"][len(label):].strip(" ()") or "default settings"
             runs.append({"configuration": configuration, **{k: v for k, v in row.items() if k not in ("prompts", "method")}})
     if not runs:
-        raise ValueError(f"The bench result has no rows for {label!r}; it ran {[r['method'] for r in bench['methods']]}.")
+        raise UserError(f"The bench result has no rows for {label!r}; it ran {[r['method'] for r in bench['methods']]}.")
     plain = bench["methods"][0]
     return {
         "prompts": bench.get("n_prompts"),
@@ -281,7 +285,7 @@ def render_card(
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("card", help="measure a head checkpoint and write its model card")
-    parser.add_argument("--heads", required=True, help="head checkpoint folder")
+    parser.add_argument("--heads", required=True, type=arguments.heads_folder, help="head checkpoint folder")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", help="measure tau here on this JSONL (a 'turns' list per line, e.g. MT-Bench)")
     source.add_argument("--bench", help="take tau and speedups from this `cerberus-hf bench --json` result")
@@ -289,8 +293,8 @@ def add_cli(subparsers) -> None:
                         help=f"rewrite the card from the folder's {EVALUATION} instead of measuring again")
     parser.add_argument("--bench-label", help="the --bench rows to read, when the checkpoint was benched from another "
                                               "folder (default: 'HEAD_TYPE FOLDER_NAME', as bench names its rows)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
+    parser.add_argument("--limit", type=arguments.positive_int, default=None)
     parser.set_defaults(func=run_cli)
 
 
@@ -300,28 +304,38 @@ def run_cli(args: argparse.Namespace) -> int:
     folder = Path(args.heads)
     config = CerberusConfig.from_pretrained(folder)
     if args.reuse_evaluation:
-        evaluation = json.loads((folder / EVALUATION).read_text())
+        evaluation = _read_json(folder / EVALUATION)
     elif args.bench:
         label = args.bench_label or f"{config.head_type} {folder.name}"
-        evaluation = evaluation_from_bench(json.loads(Path(args.bench).read_text()), label)
+        evaluation = evaluation_from_bench(_read_json(Path(args.bench)), label)
     else:
         from ..modeling_cerberus import CerberusForCausalLM
         from ..real_models import load_named_model
 
+        prompts = load_bench_prompts(args.prompts, args.limit)  # before the models: a bad file fails fast
         base, tokenizer = load_named_model(config.base_model_source or config.base_model_name_or_path)
         model = CerberusForCausalLM.from_pretrained(folder, base_model=base)
-        prompts = load_bench_prompts(args.prompts, args.limit)
         evaluation = evaluate_tau(model, tokenizer, prompts, args.max_new_tokens)
         evaluation.update(prompts_file=Path(args.prompts).name, device=str(model.device), date=time.strftime("%Y-%m-%d"),
                           settings=model.decoding_settings(), command=_command())
     (folder / EVALUATION).write_text(json.dumps(evaluation, indent=1))
     training_file = folder / TRAINING_METRICS
-    training = json.loads(training_file.read_text()) if training_file.is_file() else None
+    training = _read_json(training_file) if training_file.is_file() else None
     calibration = getattr(GenerationConfig.from_pretrained(folder), "cerberus_calibration", None)
     (folder / "README.md").write_text(render_card(config, training, evaluation, _command(), calibration))
     taus = ", ".join(f"{run['configuration']}: {run['tau']:.2f}" for run in evaluation["runs"])
     print(f"tau ({taus}) over {evaluation['prompts']} prompts; card written to {folder / 'README.md'}")
     return 0
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON file's object; a missing or malformed file is a one-line error naming it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not JSON ({getattr(error, 'msg', error)})") from None
 
 
 def _command() -> str:

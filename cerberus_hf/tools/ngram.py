@@ -14,6 +14,7 @@ import time
 from ..decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from ..training.data import Record, read_records
 from ..training.hidden_cache import split_record_ids
+from . import arguments
 
 
 def training_sequences(records: list[Record], held_out_fraction: float) -> list[tuple[list[int], int]]:
@@ -30,13 +31,16 @@ def build_ngram(data: list[str], vocab_size: int, order: int = 3, held_out_fract
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("ngram", help="count the n-gram model for lattice rescoring, beside the heads")
-    parser.add_argument("--heads", required=True, help="head checkpoint folder (the model is written into it)")
+    parser.add_argument("--heads", required=True, type=arguments.heads_source,
+                        help="head checkpoint folder (the model is written into it)")
     parser.add_argument("--data", required=True, action="append",
                         help="answer JSONL (repeatable); its training split is counted")
-    parser.add_argument("--order", type=int, default=3, help="n-gram order (3: two tokens of context)")
-    parser.add_argument("--held-out-fraction", type=float, default=0.05,
+    parser.add_argument("--order", type=arguments.positive_int, default=3,
+                        help="n-gram order (3: two tokens of context)")
+    parser.add_argument("--held-out-fraction", type=arguments.fraction, default=0.05,
                         help="training's --eval-fraction: the held-out records are left out (0: count every record)")
-    parser.add_argument("--output", default=None, help=f"write here instead of HEADS/{NGRAM_WEIGHTS_NAME}")
+    parser.add_argument("--output", default=None, type=arguments.output_file,
+                        help=f"write here instead of HEADS/{NGRAM_WEIGHTS_NAME}")
     parser.set_defaults(func=run_cli)
 
 

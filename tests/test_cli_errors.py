@@ -1,0 +1,224 @@
+"""Every user error of the `cerberus-hf` command is one line on stderr, ``cerberus-hf <command>: error: ...``,
+with exit status 2 and no traceback; ``--debug`` (or CERBERUS_HF_DEBUG=1) shows the traceback; a bug keeps
+its traceback. Each case fails before any model is loaded (models are refused outright here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import cerberus_hf.real_models as real_models
+from cerberus_hf import CerberusConfig
+from cerberus_hf.errors import UserError
+from cerberus_hf.tools import ngram
+from cerberus_hf.tools.cli import main
+from cerberus_hf.training import distill, trainer
+
+
+@pytest.fixture(autouse=True)
+def no_model_loads(monkeypatch):
+    """Every case below must be refused before a base model is loaded."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the error was found")
+
+    for module in (real_models, distill, trainer):
+        monkeypatch.setattr(module, "load_named_model", refuse)
+    monkeypatch.setattr(real_models, "load_packaged_model", refuse)
+    monkeypatch.delenv("CERBERUS_HF_DEBUG", raising=False)
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as stop:  # argparse's own exit
+        code = stop.code
+    return code, capsys.readouterr().err
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    """The error line ``argv`` gives: asserts status 2, exactly one line on stderr, no traceback."""
+    code, err = run(capsys, *argv)
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"cerberus-hf {argv[0]}: error: "), err
+    return err.strip()
+
+
+@pytest.fixture
+def heads(tmp_path) -> str:
+    """A head checkpoint folder with only its config (enough for the commands that fail before weights)."""
+    CerberusConfig(hidden_size=32, vocab_size=96).save_pretrained(tmp_path / "heads")
+    return str(tmp_path / "heads")
+
+
+def write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------- paths
+@pytest.mark.parametrize("argv", [["ngram", "--data", "d.jsonl", "--heads"], ["bench", "--heads"],
+                                  ["calibrate", "--data", "d.jsonl", "--heads"], ["demo", "--heads"]],
+                         ids=["ngram", "bench", "calibrate", "demo"])
+def test_missing_heads_path(capsys, tmp_path, argv):
+    missing = str(tmp_path / "no_such_heads")
+    line = one_line_error(capsys, *argv, missing)
+    assert line.endswith(f"--heads: no folder or Hub id {missing}")
+    assert "Repo id" not in line
+
+
+def test_missing_model_path(capsys, tmp_path):
+    missing = str(tmp_path / "no_such_model")
+    line = one_line_error(capsys, "distill", "--model", missing, "--output", str(tmp_path / "out.jsonl"))
+    assert line.endswith(f"--model: no folder or Hub id {missing}")
+
+
+def test_folder_without_config(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    line = one_line_error(capsys, "ngram", "--heads", str(tmp_path / "empty"), "--data", "d.jsonl")
+    assert line.endswith(f"no config.json in {tmp_path / 'empty'}")
+    line = one_line_error(capsys, "train", "--base", str(tmp_path / "empty"), "--data", "d.jsonl", "--output", "o")
+    assert line.endswith(f"--base: no config.json in {tmp_path / 'empty'}")
+
+
+def test_missing_data_file(capsys, tmp_path, heads):
+    missing = str(tmp_path / "no_such_data.jsonl")
+    line = one_line_error(capsys, "ngram", "--heads", heads, "--data", missing)
+    assert line == f"cerberus-hf ngram: error: no file {missing}"
+
+
+def test_data_line_that_is_not_a_record(capsys, tmp_path, heads):
+    data = write(tmp_path / "data.jsonl", '{"input_ids": [1], "output_ids": [2]}\n7\n{"input_ids": [1]}\n')
+    line = one_line_error(capsys, "calibrate", "--heads", heads, "--data", data)
+    assert f"{data}:2 has no input_ids or output_ids" in line
+
+
+def test_output_folder_that_does_not_exist(capsys, tmp_path):
+    line = one_line_error(capsys, "bench", "--json", str(tmp_path / "no_such_folder" / "result.json"))
+    assert line.endswith(f"--json: no folder {tmp_path / 'no_such_folder'} to write result.json in")
+
+
+# ---------------------------------------------------------------------------------------------- prompt files
+@pytest.mark.parametrize("command", ["bench", "divergence", "distill"])
+def test_prompts_file_that_is_not_jsonl(capsys, tmp_path, command):
+    prompts = write(tmp_path / "prompts.jsonl", '{"prompt": "a"}\n\n{"prompt": "b"}\nnot json\n')
+    line = one_line_error(capsys, command, "--prompts", prompts, *(["--output", str(tmp_path / "o.jsonl")]
+                                                                   if command == "distill" else []))
+    assert line.endswith(f"{prompts} line 4: not JSON (Expecting value)")
+
+
+@pytest.mark.parametrize("command", ["bench", "divergence"])
+def test_prompt_that_is_not_a_string(capsys, tmp_path, command):
+    prompts = write(tmp_path / "prompts.jsonl", '{"prompt": "a"}\n{"prompt": 5}\n')
+    line = one_line_error(capsys, command, "--prompts", prompts)
+    assert line.endswith(f"{prompts} line 2: 'prompt' must be a string, got int")
+
+
+def test_prompt_that_is_not_a_string_in_distill(capsys, tmp_path):
+    prompts = write(tmp_path / "prompts.jsonl", '{"prompt": "a"}\n{"prompt": 5}\n')
+    line = one_line_error(capsys, "distill", "--prompts", prompts, "--output", str(tmp_path / "o.jsonl"))
+    assert line.endswith(f"{prompts} line 2: 'prompt' must be a string or a list, got int")
+
+
+def test_prompt_in_card(capsys, tmp_path, heads):
+    prompts = write(tmp_path / "prompts.jsonl", '{"turns": "one turn, not a list"}\n')
+    line = one_line_error(capsys, "card", "--heads", heads, "--prompts", prompts)
+    assert line.endswith(f"{prompts} line 1: 'turns' must be a list of strings, got str")
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"], ids=["empty", "blank"])
+def test_prompts_file_without_prompts(capsys, tmp_path, text):
+    prompts = write(tmp_path / "prompts.jsonl", text)
+    assert one_line_error(capsys, "bench", "--prompts", prompts).endswith(f"{prompts} holds no prompts")
+    line = one_line_error(capsys, "distill", "--prompts", prompts, "--output", str(tmp_path / "o.jsonl"))
+    assert line.endswith(f"{prompts} holds no prompts")
+
+
+def test_missing_prompts_file(capsys, tmp_path):
+    missing = str(tmp_path / "no_such_prompts.jsonl")
+    assert one_line_error(capsys, "bench", "--prompts", missing) == f"cerberus-hf bench: error: no file {missing}"
+
+
+def test_bench_result_that_is_not_json(capsys, tmp_path, heads):
+    result = write(tmp_path / "bench.json", "{not json")
+    line = one_line_error(capsys, "card", "--heads", heads, "--bench", result)
+    assert line.startswith(f"cerberus-hf card: error: {result} is not JSON (")
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+@pytest.mark.parametrize("argv, option", [
+    (["demo", "--prompts", "0"], "--prompts"),
+    (["demo", "--max-new-tokens", "-3"], "--max-new-tokens"),
+    (["bench", "--limit", "0"], "--limit"),
+    (["divergence", "--prompts", "p.jsonl", "--every", "0"], "--every"),
+    (["distill", "--output", "o.jsonl", "--batch-size", "0"], "--batch-size"),
+    (["train", "--data", "d.jsonl", "--output", "o", "--max-steps", "0"], "--max-steps"),
+    (["train", "--data", "d.jsonl", "--output", "o", "--epochs", "0"], "--epochs"),
+    (["calibrate", "--heads", "h", "--data", "d.jsonl", "--top-k", "1.5"], "--top-k"),
+])
+def test_counts_must_be_positive(capsys, argv, option):
+    line = one_line_error(capsys, *argv)
+    assert f"argument {option}: must be " in line and repr(argv[-1]) in line
+
+
+def test_gate_threshold_must_be_a_number(capsys):
+    assert "argument --gate-threshold: must be a number" in one_line_error(capsys, "demo", "--gate-threshold", "high")
+
+
+@pytest.mark.parametrize("command", ["bench", "divergence", "calibrate"])
+def test_cuda_device_without_cuda(capsys, monkeypatch, command):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    extra = {"bench": [], "divergence": ["--prompts", "p.jsonl"], "calibrate": ["--heads", "h", "--data", "d"]}
+    line = one_line_error(capsys, command, *extra[command], "--device", "cuda")
+    assert line.endswith("argument --device: device cuda is not available here (torch.cuda.is_available() is False)")
+
+
+def test_unknown_device(capsys):
+    assert "unknown device 'gpu'" in one_line_error(capsys, "bench", "--device", "gpu")
+
+
+def test_subcommand_refusals_are_one_line_too(capsys, tmp_path):
+    """Refusals a subcommand raises itself, whichever way it raises them."""
+    prompts = write(tmp_path / "prompts.jsonl", '{"prompt": "a"}\n')
+    line = one_line_error(capsys, "bench", "--prompts", prompts, "--resume")
+    assert line == ("cerberus-hf bench: error: --resume continues the run checkpointed beside --json; give the same "
+                    "--json path")
+    line = one_line_error(capsys, "bench", "--prompts", prompts, "--variants", "beam")
+    assert "Unknown variants ['beam']" in line
+    line = one_line_error(capsys, "train", "--data", "d.jsonl")  # a SystemExit("cerberus-hf train: ...")
+    assert line == "cerberus-hf train: error: --output is required (unless --cache-only)"
+
+
+# ---------------------------------------------------------------------------------------------- --debug, bugs
+def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
+    prompts = write(tmp_path / "prompts.jsonl", "not json\n")
+    with pytest.raises(UserError, match="line 1: not JSON"):
+        main(["--debug", "bench", "--prompts", prompts])
+    with pytest.raises(UserError, match="line 1: not JSON"):
+        main(["bench", "--prompts", prompts, "--debug"])
+    monkeypatch.setenv("CERBERUS_HF_DEBUG", "1")
+    with pytest.raises(FileNotFoundError, match="no file"):
+        main(["bench", "--prompts", str(tmp_path / "missing.jsonl")])
+    monkeypatch.setenv("CERBERUS_HF_DEBUG", "0")
+    assert run(capsys, "bench", "--prompts", prompts)[0] == 2
+
+
+def test_debug_shows_the_traceback_of_a_subcommand_exit(capsys):
+    with pytest.raises(SystemExit, match="--output is required"):
+        main(["--debug", "train", "--data", "d.jsonl"])
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, heads, monkeypatch):
+    """Only user errors are shortened: an exception that is not one propagates as it is."""
+    data = write(tmp_path / "data.jsonl", json.dumps({"input_ids": [1, 2], "output_ids": [3, 4]}) + "\n")
+
+    def bug(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(ngram, "build_ngram", bug)
+    with pytest.raises(KeyError, match="a bug"):
+        main(["ngram", "--heads", heads, "--data", data])
