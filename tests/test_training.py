@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.training import trainer as training
@@ -376,13 +377,13 @@ def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_
     metrics = train_heads(resumed, data_path, tmp_path / "killed", **settings)
     assert metrics["steps"] == 20
     assert heads_equal(resumed, uninterrupted)
-    final = {name: torch.load(tmp_path / name / "checkpoints" / "step-00000020" / "optimizer.bin", weights_only=True)
-             for name in ("uninterrupted", "killed")}  # the optimizer state as accelerate's save_state wrote it
-    moments = {name: [(i, k, v) for i, values in sorted(state["state"].items()) for k, v in sorted(values.items())]
-               for name, state in final.items()}
-    assert len(moments["killed"]) == len(moments["uninterrupted"]) > 0
-    assert all(a[:2] == b[:2] and torch.equal(torch.as_tensor(a[2]), torch.as_tensor(b[2]))
-               for a, b in zip(moments["killed"], moments["uninterrupted"]))
+    for name in (training.OPTIMIZER_NAME, training.WEIGHTS_NAME, training.RNG_TENSORS_NAME.format(0)):
+        final = {run: load_file(tmp_path / run / "checkpoints" / "step-00000020" / name)
+                 for run in ("uninterrupted", "killed")}  # AdamW's moments and steps, the heads, the RNG state
+        assert final["killed"].keys() == final["uninterrupted"].keys() and final["killed"]
+        assert all(torch.equal(final["killed"][k], final["uninterrupted"][k]) for k in final["killed"])
+    optimizer = load_file(tmp_path / "killed" / "checkpoints" / "step-00000020" / training.OPTIMIZER_NAME)
+    assert {key.split(".", 1)[1] for key in optimizer} == {"exp_avg", "exp_avg_sq", "step"}
 
     # A checkpoint in the files of older versions is refused with what to do.
     legacy = tmp_path / "legacy" / "checkpoints" / "step-00000005"

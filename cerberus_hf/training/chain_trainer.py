@@ -15,8 +15,10 @@ prompt and the answer so far), so it trains on sequences, not on independent pos
 3. The loss goes through `trainer.projection_loss`, in row chunks, as the heads' does.
 
 Runs are deterministic under a seed and resumable: every ``save_every`` steps the heads trainer's
-`trainer.save_checkpoint` (accelerate's ``save_state``) writes the adapter, AdamW, the schedule and the RNG states
-under ``output_dir/checkpoints/step-N``; the same command continues from the last one.
+`trainer.save_checkpoint` writes the adapter, AdamW, the schedule and the RNG states under
+``output_dir/checkpoints/step-N``, tensors in safetensors and the rest in JSON; the same command continues from the
+last one. Nothing there is a pickle, so resuming from a folder of unknown origin cannot run code
+(`trainer.resume_checkpoint` refuses a folder that holds one).
 """
 
 from __future__ import annotations
@@ -275,10 +277,9 @@ def train_chain_drafter(
     optimizer = torch.optim.AdamW(drafter.adapter.parameters(), lr=lr)
     scheduler = _cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
     adapter, optimizer = accelerator.prepare(drafter.adapter, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
 
     state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
-    saved = resume_checkpoint(accelerator, output_dir, run_config, resume)
+    saved = resume_checkpoint(accelerator, output_dir, run_config, resume, drafter.adapter, optimizer, scheduler)
     if saved is not None:
         state = saved
 
@@ -321,7 +322,7 @@ def train_chain_drafter(
             run_eval(step)
         if step % save_every == 0 or step == total_steps:
             state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
-            save_checkpoint(accelerator, output_dir, step, state, keep=2)
+            save_checkpoint(accelerator, output_dir, step, state, 2, drafter.adapter, optimizer, scheduler)
         trainer_module._on_step_end(step)
     progress.close()
     if not state["evals"] or state["evals"][-1]["step"] != state["step"]:

@@ -16,13 +16,15 @@ Recipe (Medusa-1, Cai et al. 2024, with the heads projecting through the frozen 
    ``chunk_rows x vocab`` logits exist at a time and no logits are kept for the backward pass.
 
 Runs are deterministic under a seed (the data order is drawn from the seed and the epoch number alone, dropout
-from the seeded global RNG) and resumable: every ``save_every`` steps accelerate's ``save_state`` writes the heads,
-AdamW, the schedule and every RNG state, with the run's settings and history as JSON, atomically under
-``output_dir/checkpoints/step-N`` (`save_checkpoint`); a killed run started again with the same arguments
-continues from the last one and ends with the same weights as a run that was never interrupted. ``accelerate``
-runs the same code on several GPUs (``accelerate launch``): each process takes its slice of every batch and
-gradients are averaged. A run can start from saved heads instead of fresh ones (``init_from``): a curriculum, one
-data set after another, or shipped heads adapted to one's own data.
+from the seeded global RNG) and resumable: every ``save_every`` steps `save_checkpoint` writes the heads, AdamW's
+moments and every process's RNG state in safetensors, and the run's settings, history, AdamW's hyper-parameters, the
+schedule and Python's and NumPy's RNG states in JSON, atomically under ``output_dir/checkpoints/step-N``; a killed
+run started again with the same arguments continues from the last one and ends with the same weights and history
+as a run that was never interrupted. No checkpoint file is a pickle and none is ever unpickled (accelerate's
+``save_state`` writes pickles, which run code when loaded): a pickle in the folder makes the resume refuse it
+(`resume_checkpoint`). ``accelerate`` runs the same code on several GPUs (``accelerate launch``): each process
+takes its slice of every batch and gradients are averaged. A run can start from saved heads instead of fresh ones
+(``init_from``): a curriculum, one data set after another, or shipped heads adapted to one's own data.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import time
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -55,6 +60,7 @@ CHECKPOINTS_DIR = "checkpoints"
 METRICS_NAME = "training_metrics.json"
 STATE_NAME = "trainer_state.json"
 EVAL_SUBSET_SEED = 1234  # the held-out subset must not depend on the training seed
+WINDOW_SUMS = ("head_loss", "head_hits", "head_rows")  # per-head sums of a history entry's interval
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -363,6 +369,16 @@ def _subset(positions: torch.Tensor, limit: int | None, seed: int) -> torch.Tens
 # --------------------------------------------------------------------------------------------------------
 
 
+# What a checkpoint folder holds. Tensors go in safetensors and everything else in JSON, and resuming reads
+# nothing else: a pickle (what torch.save and accelerate's save_state write) runs code when it is loaded, and a run
+# folder is easily copied from elsewhere, so a planted one must never be opened.
+WEIGHTS_NAME = "weights.safetensors"  # the trained module's state_dict
+OPTIMIZER_NAME = "optimizer_state.safetensors"  # the optimizer's per-parameter tensors, as "<param index>.<name>"
+RNG_TENSORS_NAME = "rng_state_{}.safetensors"  # per process: torch's CPU generator, and CUDA's when there is CUDA
+RNG_JSON_NAME = "rng_state_{}.json"  # per process: Python's and NumPy's generators
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt")
+
+
 def _checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
     folder = output_dir / CHECKPOINTS_DIR
     found = []
@@ -376,21 +392,123 @@ def _checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict, keep: int) -> Path:
-    """``checkpoints/step-N``: what ``accelerator`` was given to train (`Accelerator.save_state`: the prepared
-    modules and optimizers, the objects registered for checkpointing such as the schedule, every process's RNG
-    state) and ``state`` (JSON: run settings, history). Written under a temporary name and renamed, so a run
-    killed while saving leaves the previous checkpoints complete; only the newest ``keep`` are kept."""
+def is_pickle_file(path: Path) -> bool:
+    """Whether ``path`` is, or is named as, a pickle: a pickle-format suffix, a pickle protocol 2-5 header
+    (``\\x80`` and the protocol number), or a zip archive (``torch.save``'s format, a pickle inside).
+
+    A safetensors file starts with its header's length (8 bytes, little-endian) and then ``{``: a header of 640
+    bytes (0x0280) also begins ``\\x80\\x02``, so a file laid out that way is not taken for a pickle.
+    """
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        return True
+    with path.open("rb") as handle:
+        head = handle.read(9)
+    if head[:4] == b"PK\x03\x04":
+        return True
+    if len(head) < 2 or head[0] != 0x80 or not 2 <= head[1] <= 5:
+        return False
+    safetensors_header = len(head) == 9 and head[8:9] == b"{" and \
+        int.from_bytes(head[:8], "little") + 8 <= path.stat().st_size
+    return not safetensors_header
+
+
+def refuse_pickles(folder: Path) -> None:
+    """Raise if anything in ``folder`` is a pickle (`is_pickle_file`), before any of it is read."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and is_pickle_file(path):
+            raise ValueError(
+                f"{path} is a pickle; cerberus-hf never unpickles files (they can run code), so checkpoints written "
+                "by cerberus-hf before it kept its own safetensors and JSON files (through accelerate's save_state) "
+                "cannot be resumed safely. Delete it or start a fresh run (resume=False, --no-resume).")
+
+
+def _rng_state() -> tuple[dict[str, torch.Tensor], dict]:
+    """This process's generators: torch's as tensors, Python's and NumPy's as JSON-able lists."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors.update({f"cuda.{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())})
+    version, key, gauss = random.getstate()
+    kind, np_key, position, has_gauss, cached_gauss = np.random.get_state()
+    return tensors, {"python": [version, list(key), gauss],
+                     "numpy": [kind, np_key.tolist(), int(position), int(has_gauss), float(cached_gauss)]}
+
+
+def _set_rng_state(tensors: dict[str, torch.Tensor], saved: dict) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[f"cuda.{i}"] for i in range(len(tensors)) if f"cuda.{i}" in tensors]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+    version, key, gauss = saved["python"]
+    random.setstate((version, tuple(key), gauss))
+    kind, np_key, position, has_gauss, cached_gauss = saved["numpy"]
+    np.random.set_state((kind, np.array(np_key, dtype=np.uint32), position, has_gauss, cached_gauss))
+
+
+def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """The optimizer's state_dict as flat tensors (``"<param index>.<name>"``: AdamW's ``exp_avg``, ``exp_avg_sq``
+    and ``step``) and JSON (the param groups' hyper-parameters, and any state that is not a tensor)."""
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            if torch.is_tensor(value):
+                tensors[f"{index}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], saved: dict) -> None:
+    state: dict[int, dict] = {}
+    for key, value in [*tensors.items(), *saved["scalars"].items()]:
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    # JSON has no tuples: the hyper-parameters given as pairs (AdamW's betas) come back as lists
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}
+              for group in saved["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _scheduler_state(scheduler) -> dict:
+    """The schedule's state_dict without ``lr_lambdas``: the functions come from the code and the run's arguments
+    (checked equal on resume), never from the file."""
+    state = scheduler.state_dict()
+    state.pop("lr_lambdas", None)
+    return state
+
+
+def _load_scheduler_state(scheduler, state: dict) -> None:
+    if hasattr(scheduler, "lr_lambdas"):  # LambdaLR's load_state_dict takes one entry per function; None: left as is
+        state = dict(state, lr_lambdas=[None] * len(scheduler.lr_lambdas))
+    scheduler.load_state_dict(state)
+
+
+def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict, keep: int, module: nn.Module,
+                    optimizer: torch.optim.Optimizer, scheduler) -> Path:
+    """``checkpoints/step-N``: ``module``'s weights and ``optimizer``'s tensors in safetensors (`WEIGHTS_NAME`,
+    `OPTIMIZER_NAME`), every process's RNG state (`RNG_TENSORS_NAME`, `RNG_JSON_NAME`), and ``state`` with the
+    optimizer's hyper-parameters and ``scheduler``'s state in JSON (`STATE_NAME`): no pickle, so resuming never
+    runs code from the folder. Written under a temporary name and renamed, so a run killed while saving leaves the
+    previous checkpoints complete; only the newest ``keep`` are kept."""
     folder = output_dir / CHECKPOINTS_DIR
     final, tmp = folder / f"step-{step:08d}", folder / f".tmp-step-{step:08d}"
     if accelerator.is_main_process:
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob(".tmp-step-*"):  # left by a run killed while saving
             shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    rng_tensors, rng_json = _rng_state()
+    save_file(rng_tensors, str(tmp / RNG_TENSORS_NAME.format(accelerator.process_index)))
+    (tmp / RNG_JSON_NAME.format(accelerator.process_index)).write_text(json.dumps(rng_json) + "\n")
     if accelerator.is_main_process:
-        (tmp / STATE_NAME).write_text(json.dumps(dict(state, step=step), indent=1) + "\n")
+        save_model(module, str(tmp / WEIGHTS_NAME), force_contiguous=True)
+        optimizer_tensors, optimizer_json = _optimizer_to_files(optimizer)
+        save_file(optimizer_tensors, str(tmp / OPTIMIZER_NAME))
+        payload = dict(state, step=step, optimizer=optimizer_json, scheduler=_scheduler_state(scheduler))
+        (tmp / STATE_NAME).write_text(json.dumps(payload, indent=1) + "\n")
+    accelerator.wait_for_everyone()  # every process's RNG files are in before the folder is renamed
+    if accelerator.is_main_process:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -400,10 +518,15 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict, keep:
     return final
 
 
-def resume_checkpoint(accelerator, output_dir: Path, run_config: dict, resume: bool) -> dict | None:
-    """The ``state`` of the newest complete checkpoint in ``output_dir``, after loading what it saved into
-    ``accelerator``'s objects; None if there is none (or ``resume`` is False: the checkpoints are removed).
-    A checkpoint written with other ``run_config`` settings is refused, not silently continued."""
+def resume_checkpoint(accelerator, output_dir: Path, run_config: dict, resume: bool, module: nn.Module,
+                      optimizer: torch.optim.Optimizer, scheduler) -> dict | None:
+    """The ``state`` of the newest complete checkpoint in ``output_dir`` (`save_checkpoint`), after loading its
+    weights into ``module``, its state into ``optimizer`` and ``scheduler`` and this process's RNG state; None if
+    there is none (or ``resume`` is False: the checkpoints are removed unread).
+
+    Refused: a folder holding a pickle (`refuse_pickles`, first: accelerate's checkpoints, those of cerberus-hf
+    before this format, are such folders), a checkpoint written with other ``run_config`` settings (not silently
+    continued), and one without this format's files."""
     checkpoints = _checkpoint_dirs(output_dir)
     if checkpoints and not resume:
         if accelerator.is_main_process:
@@ -413,6 +536,7 @@ def resume_checkpoint(accelerator, output_dir: Path, run_config: dict, resume: b
     if not checkpoints:
         return None
     path = checkpoints[-1][1]
+    refuse_pickles(path)
     saved = json.loads((path / STATE_NAME).read_text())
     differences = {k: (saved["run_config"].get(k), v) for k, v in run_config.items() if saved["run_config"].get(k) != v}
     if differences:
@@ -422,10 +546,19 @@ def resume_checkpoint(accelerator, output_dir: Path, run_config: dict, resume: b
             "Resume with the same arguments, pass resume=False (--no-resume) to start over, or use another "
             "output directory."
         )
-    if not (path / "optimizer.bin").is_file():  # what accelerate's save_state names the (first) optimizer's state
-        raise ValueError(f"{path} was written by an older cerberus-hf (its own checkpoint files, not accelerate's): "
-                         "pass resume=False (--no-resume) to start over, or use another output directory.")
-    accelerator.load_state(str(path))
+    if not (path / OPTIMIZER_NAME).is_file():
+        raise ValueError(f"{path} has no {OPTIMIZER_NAME}: it was written by an older cerberus-hf, whose checkpoints "
+                         "this one cannot resume; pass resume=False (--no-resume) to start over, or use another "
+                         "output directory.")
+    load_model(module, str(path / WEIGHTS_NAME))
+    _optimizer_from_files(optimizer, load_file(str(path / OPTIMIZER_NAME)), saved["optimizer"])
+    _load_scheduler_state(scheduler, saved["scheduler"])
+    rng = path / RNG_TENSORS_NAME.format(accelerator.process_index)
+    if rng.is_file():
+        rng_json = path / RNG_JSON_NAME.format(accelerator.process_index)
+        _set_rng_state(load_file(str(rng)), json.loads(rng_json.read_text()))
+    else:  # saved by fewer processes: this one keeps the seed's generators (the run was not exact anyway)
+        logger.warning("%s has no RNG state for process %d", path, accelerator.process_index)
     logger.info("resuming from %s (step %d of %d)", path, saved["step"], run_config["total_steps"])
     return saved
 
@@ -654,7 +787,6 @@ def train_heads(
     optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
     scheduler = _cosine_with_warmup(optimizer, warmup_steps, total_steps)
     trainable, optimizer_wrapped = accelerator.prepare(_HeadStates(heads), optimizer)
-    accelerator.register_for_checkpointing(scheduler)
     weight, bias = _projection(model)
     weight = weight.to(device=device, dtype=projection_dtype)
     bias = bias.to(device=device, dtype=projection_dtype) if bias is not None else None
@@ -665,20 +797,22 @@ def train_heads(
     trainer_state: dict = {"run_config": run_config, "history": [], "evals": [], "train_time_s": 0.0,
                            "positions_trained": 0}
     step = 0
+    # the sums behind the next history entry; checkpointed, so that an entry whose interval a resume splits still
+    # averages all of its steps
+    window = {"loss": 0.0, "steps": 0, **{key: torch.zeros(num_heads, dtype=torch.float64) for key in WINDOW_SUMS}}
     set_seed(seed)
-    saved = resume_checkpoint(accelerator, output_dir, run_config, resume)
+    saved = resume_checkpoint(accelerator, output_dir, run_config, resume, heads, optimizer, scheduler)
     if saved is not None:
         trainer_state.update({k: saved[k] for k in ("history", "evals", "train_time_s", "positions_trained")})
         step = int(saved["step"])
+        window.update(loss=saved["window"]["loss"], steps=saved["window"]["steps"],
+                      **{key: torch.tensor(saved["window"][key], dtype=torch.float64) for key in WINDOW_SUMS})
 
     # ---- the loop
     is_main = accelerator.is_main_process
     progress = tqdm(total=total_steps, initial=step, unit="step", desc=f"training {model.config.head_type} heads",
                     disable=not (show_progress and is_main), dynamic_ncols=True)
     permutation_epoch, permutation = -1, None
-    window = {"loss": 0.0, "head_loss": torch.zeros(num_heads, dtype=torch.float64),
-              "head_hits": torch.zeros(num_heads, dtype=torch.float64),
-              "head_rows": torch.zeros(num_heads, dtype=torch.float64), "steps": 0}
     train_started = time.perf_counter()
     train_time_before = trainer_state["train_time_s"]
     positions_this_call = 0
@@ -701,7 +835,9 @@ def train_heads(
         return result
 
     def state_for_checkpoint() -> dict:
-        return dict(trainer_state, train_time_s=train_time_before + time.perf_counter() - train_started - eval_time)
+        sums = {"loss": window["loss"], "steps": window["steps"], **{key: window[key].tolist() for key in WINDOW_SUMS}}
+        return dict(trainer_state, train_time_s=train_time_before + time.perf_counter() - train_started - eval_time,
+                    window=sums)
 
     while step < total_steps:
         epoch, index = divmod(step, steps_per_epoch)
@@ -744,13 +880,14 @@ def train_heads(
             trainer_state["history"].append(entry)
             progress.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{v:.2f}" for v in entry["head_top1"]))
             window.update(loss=0.0, steps=0)
-            for key in ("head_loss", "head_hits", "head_rows"):
+            for key in WINDOW_SUMS:
                 window[key].zero_()
         progress.update(1)
         if eval_every and step % eval_every == 0 and step != total_steps:
             run_eval(step)
         if step % save_every == 0 or step == total_steps:
-            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints)
+            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints, heads, optimizer,
+                            scheduler)
         _on_step_end(step)
     progress.close()
     train_time = time.perf_counter() - train_started - eval_time
@@ -760,7 +897,8 @@ def train_heads(
     if final_eval is None:
         final_eval = run_eval(step)
         if final_eval is not None:  # keep the checkpoint's record complete
-            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints)
+            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints, heads, optimizer,
+                            scheduler)
     t0 = time.perf_counter()
     train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=chunk_rows, accelerator=accelerator,
                                 vocab=vocab)
@@ -908,7 +1046,6 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..modeling_cerberus import CerberusForCausalLM
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("accelerate").setLevel(logging.WARNING)  # its save_state logs six lines per checkpoint
     if args.output is None and not args.cache_only:
         raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
     base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
@@ -944,9 +1081,13 @@ def run_cli(args: argparse.Namespace) -> int:
     if metrics["eval"] is not None:
         print("held-out top-1 per head: " + " ".join(f"{v:.3f}" for v in metrics["top1"]))
         print("held-out top-5 per head: " + " ".join(f"{v:.3f}" for v in metrics["top5"]))
-    print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s "
-          f"(cache {cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s, "
-          f"{cost['positions_per_s']} positions/s) on {cost['device']}")
+    if cost["positions_per_s"] is None:  # its last checkpoint was the final step: only evaluated and saved again
+        print(f"the run was already complete: {metrics['steps']} steps ({metrics['epochs']} epochs), nothing left to "
+              f"train ({cost['wall_time_s']:.0f} s on {cost['device']})")
+    else:
+        print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s "
+              f"(cache {cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s, "
+              f"{cost['positions_per_s']} positions/s) on {cost['device']}")
     print(f"heads saved to {args.output}")
     return 0
 
