@@ -14,9 +14,10 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
+import weakref
+from dataclasses import dataclass
 
 import torch
 from huggingface_hub import HfApi
@@ -39,6 +40,7 @@ from .decoding.hardware import HardwareKey, bf16_matmul, select_calibration
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .decoding.profiling import StepProfiler, phase_timer
 from .real_models import describe_source
+from .module_views import module_view
 from .remote_code import auto_map_entry, write_remote_code
 from .decoding.stats import GenerationStats
 from .decoding.strict import check_strict_support, row_invariant_rows
@@ -47,6 +49,7 @@ from .decoding.rescoring import Rescoring
 from .decoding.tree import DynamicTree, TreeSpec
 
 logger = logging.get_logger(__name__)
+_thread_stats = threading.local()  # per thread: each model's latest generate() statistics
 _UNSET = object()
 RESCORER_FOLDER = "rescorer"  # where a checkpoint keeps its neural lattice rescorer
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
@@ -64,9 +67,12 @@ class CerberusPreTrainedModel(PreTrainedModel):
 class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     """A base causal LM with draft heads; `generate()` drafts with the heads and verifies with the base.
 
-    After each `generate()` call, ``model.generation_stats`` (a `GenerationStats`) holds the number of
-    base forward passes, the tokens produced per pass (``tau``), the gate's draft rate and per-head
-    acceptance.
+    After each `generate()` call, ``model.generation_stats`` (a `GenerationStats`, per thread) holds the number
+    of base forward passes, the tokens produced per pass (``tau``), the gate's draft rate and per-head
+    acceptance; with ``return_dict_in_generate=True`` the output carries them as ``generation_stats``.
+
+    `generate()` may be called from any number of threads on one model: a call's captured states, drafter state,
+    statistics and settings belong to it, and the base and its generation config are never changed.
     """
 
     def __init__(self, config: CerberusConfig, base_model: nn.Module | None = None, **base_kwargs):
@@ -79,7 +85,6 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.heads.attach(base)
         self.heads.init_projections_from(lm_weight)
         self.generation_config = greedy_generation_config(getattr(base, "generation_config", None))
-        self.generation_stats: GenerationStats | None = None
         self.ngram: NgramModel | None = None  # the lattice rescorer's n-gram model, when the folder has one
         self.rescorer: Drafter | None = None  # the lattice rescorer's small LM (a Kangaroo drafter), when it has one
         self.rescorer_config: CerberusConfig | None = None
@@ -448,25 +453,43 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 exit_confidence=settings["exit_confidence"] if exit_confidence is None else float(exit_confidence),
             ),
         )
-        with self._base_generation_defaults():
-            results = [
-                self.base.generate(
-                    row,
-                    generation_config=generation_config,
-                    logits_processor=logits_processor,
-                    stopping_criteria=stopping_criteria,
-                    streamer=streamer,
-                    custom_generate=decode,
-                    **kwargs,
-                )
-                for row in rows
-            ]
+        # The base's generate() fills unset settings from this model's generation config (greedy by default), as
+        # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
+        # its generation config stay as they are for other threads (`module_views`).
+        base = module_view(self.base, generation_config=_without_lookup(self.generation_config))
+        results = [
+            base.generate(
+                row,
+                generation_config=generation_config,
+                logits_processor=logits_processor,
+                stopping_criteria=stopping_criteria,
+                streamer=streamer,
+                custom_generate=decode,
+                **kwargs,
+            )
+            for row in rows
+        ]
         if profiler is not None:
             stats.phase_seconds = profiler.close(time.perf_counter() - started)
         self.generation_stats = stats
-        if len(results) == 1:
-            return results[0]
-        return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
+        output = results[0] if len(results) == 1 else _pad_batch(
+            input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
+        if isinstance(output, torch.Tensor):
+            return output
+        return CerberusGenerateOutput(**output, generation_stats=stats)
+
+    @property
+    def generation_stats(self) -> GenerationStats | None:
+        """The `GenerationStats` of this thread's latest `generate()` call on this model (None before one).
+        Each thread sees its own calls' statistics; ``return_dict_in_generate=True`` returns them with the output
+        (``output.generation_stats``) too, which also serves a caller that hands calls to other threads."""
+        return getattr(_thread_stats, "by_model", {}).get(self)
+
+    @generation_stats.setter
+    def generation_stats(self, stats: GenerationStats | None) -> None:
+        if not hasattr(_thread_stats, "by_model"):
+            _thread_stats.by_model = weakref.WeakKeyDictionary()
+        _thread_stats.by_model[self] = stats
 
     def has_rescorers(self, rescoring: dict | Rescoring | None) -> bool:
         """Whether this model has every rescorer the ``rescoring`` settings give a weight (None: False)."""
@@ -503,17 +526,6 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             "exit_confidence": stored.get("exit_confidence", self.config.exit_confidence),
         }
 
-    @contextmanager
-    def _base_generation_defaults(self) -> Iterator[None]:
-        """Let the base's generate() fill unset settings from this model's generation config (greedy by
-        default), as it would from its own."""
-        own = self.base.generation_config
-        self.base.generation_config = _without_lookup(self.generation_config)
-        try:
-            yield
-        finally:
-            self.base.generation_config = own
-
     def _candidate_generator(
         self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
         dynamic: DynamicTree | None, rescoring: Rescoring | None, stats: GenerationStats, lookup_tokens: int,
@@ -527,6 +539,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             exit_confidence=exit_confidence,
         )
 
+
+
+@dataclass
+class CerberusGenerateOutput(GenerateDecoderOnlyOutput):
+    """`generate()`'s output with ``return_dict_in_generate=True``: the base's fields, plus the call's
+    `GenerationStats`."""
+
+    generation_stats: GenerationStats | None = None
 
 
 def _read_heads(path: str, config: CerberusConfig, hub_kwargs: dict) -> dict[str, torch.Tensor]:

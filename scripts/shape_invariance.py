@@ -26,13 +26,12 @@ import json
 import time
 from pathlib import Path
 
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from cerberus_hf.decoding.strict import row_invariant_rows, strict_attention
+from cerberus_hf.decoding.strict import row_invariant_rows, strict_view
 
 from cerberus_hf.decoding.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
@@ -71,8 +70,7 @@ def chunked_logits(model, prompt: torch.Tensor, continuation: torch.Tensor, chun
     rows = []
     for start in range(0, continuation.shape[1] - 1, chunk):
         piece = continuation[:, start : min(start + chunk, continuation.shape[1] - 1)]
-        with strict_attention(model) if strict else nullcontext():
-            out = model(piece, past_key_values=cache, use_cache=True)
+        out = (strict_view(model) if strict else model)(piece, past_key_values=cache, use_cache=True)
         rows.append(out.logits[0])
     return torch.cat(rows).float()
 

@@ -80,8 +80,8 @@ def test_verification_from_the_exit_layer_equals_the_whole_forward(arch):
         whole_cache = copy.deepcopy(cache)
         whole = model.base(input_ids=tokens, past_key_values=whole_cache, position_ids=positions, use_cache=True)
         whole_exit = fresh["exit"].clone()
-        with _shallow_layer_lengths(model) as lengths, state.verifying(tokens):
-            reused = model.base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+        with _shallow_layer_lengths(model) as lengths, state.verifying(model.base, tokens) as verifier:
+            reused = verifier(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
     assert lengths == [] and state.shallow is None
     torch.testing.assert_close(reused.logits, whole.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fresh["exit"], whole_exit, rtol=1e-5, atol=1e-5)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from contextlib import nullcontext
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import cerberus_hf.modeling_cerberus as modeling
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.candidate_generator import Draft
-from cerberus_hf.decoding.strict import row_invariant_rows, strict_attention
+from cerberus_hf.decoding.strict import row_invariant_rows, strict_view
 from cerberus_hf.decoding.tree import TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import NEW_TOKENS, PROMPT_LEN, check_stats, get_base, get_prompt, install_oracle, randomize_heads
@@ -99,13 +98,12 @@ def test_strict_verification_logits_are_bitwise_those_of_one_token_forwards(arch
         with torch.no_grad():
             base(prompt, past_key_values=cache, use_cache=True)
             for start in range(0, continuation.shape[1], size):
-                with strict_attention(base) if strict else nullcontext():
-                    piece = continuation[:, start : start + size]
-                    rows.append(base(piece, past_key_values=cache, use_cache=True).logits[0])
+                piece = continuation[:, start : start + size]
+                rows.append((strict_view(base) if strict else base)(piece, past_key_values=cache, use_cache=True).logits[0])
         return torch.cat(rows)
 
     assert torch.equal(logits(chunk, strict=True), logits(1, strict=False))
-    assert base.config._attn_implementation == "sdpa"  # restored after the block
+    assert base.config._attn_implementation == "sdpa"  # the base itself is never switched
 
 
 def test_strict_attention_follows_a_tree_mask():
@@ -121,8 +119,7 @@ def test_strict_attention_follows_a_tree_mask():
         base(prompt, past_key_values=cache, use_cache=True)
         mask = tree.attention_mask(prompt.shape[1], dtype, prompt.device)
         positions = (prompt.shape[1] + tree.position_offsets.to(prompt.device))[None]
-        with strict_attention(base):
-            tree_logits = base(tokens, past_key_values=cache, position_ids=positions, attention_mask=mask).logits[0]
+        tree_logits = strict_view(base)(tokens, past_key_values=cache, position_ids=positions, attention_mask=mask).logits[0]
         for path in ([0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]):
             chain = DynamicCache(config=base.config)
             base(prompt, past_key_values=chain, use_cache=True)

@@ -40,7 +40,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
@@ -54,7 +54,7 @@ from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..decoding.gate import GATE_SIGNALS, gate_signal
 from ..decoding.hardware import HardwareKey, bf16_matmul, describe_device
 from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
-from ..decoding.strict import check_strict_support, row_invariant_rows, strict_attention
+from ..decoding.strict import check_strict_support, row_invariant_rows, strict_view
 from ..decoding.tree import DynamicTree, TreeSpec, tree_attention_ok
 from ..errors import UserError
 from ..training.data import Record, frequent_tokens, read_records
@@ -95,6 +95,7 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
     prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
     cache = DynamicCache(config=base.config)
     base(input_ids=prefix, past_key_values=cache, use_cache=True)
+    verifier = strict_view(base) if strict else base
     times: dict[int, list[float]] = {n: [] for n in range(1, max_tokens + 1)}
     for _ in tqdm(range(repeats), desc="cost curve", unit="pass"):
         for n in times:
@@ -102,8 +103,7 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
             positions = torch.arange(context, context + n, device=device)[None]
             synchronize(device)
             start = time.perf_counter()
-            with strict_attention(base) if strict else nullcontext():
-                base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+            verifier(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
             synchronize(device)
             times[n].append(time.perf_counter() - start)
             cache.crop(-n)
@@ -597,8 +597,8 @@ def measure_chain_steps(model, context: int = 300, repeats: int = 5) -> dict[str
                 middle = time.perf_counter()
                 tokens = torch.cat([ids[:, -1:], torch.tensor([drafted], device=device, dtype=ids.dtype)], dim=-1)
                 positions = torch.arange(context, context + n + 1, device=device)[None]
-                with state.verifying(tokens):
-                    base(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+                with state.verifying(base, tokens) as verifier:
+                    verifier(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
                 synchronize(device)
                 times["draft"][n].append(middle - start)
                 times["verify"][n].append(time.perf_counter() - middle)
