@@ -144,16 +144,21 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
             # Remote code can load the config class from another module copy than this one.
             config = CerberusConfig.from_dict(config.to_dict())
+        # every file of the folder is read and checked before the base loads: a bad one fails fast
         state_dict = _read_heads(path, config, hub_kwargs)
+        generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
+        generation_config = None
+        if generation_file is not None:
+            generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
+            _check_calibration(generation_config, config, generation_file)
+        ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
+        ngram = NgramModel.load(ngram_file, vocab_size=config.vocab_size) if ngram_file is not None else None
 
         model = cls(config, base_model=base_model, **kwargs)
         model.heads.load_state_dict(state_dict, strict=True)
-        generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
-        if generation_file is not None:
-            model.generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
-        ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
-        if ngram_file is not None:
-            model.load_ngram(ngram_file)
+        if generation_config is not None:
+            model.generation_config = generation_config
+        model.ngram = ngram
         rescorer_file = resolve_file(path, f"{RESCORER_FOLDER}/config.json", required=False, **hub_kwargs)
         if rescorer_file is not None:
             resolve_file(path, f"{RESCORER_FOLDER}/{HEADS_WEIGHTS_NAME}", **hub_kwargs)  # beside it (from the Hub too)
@@ -568,10 +573,63 @@ def _check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.
         for k, v in expected.items()
         if k in state_dict and state_dict[k].shape != v.shape
     ]
+    for key, value in state_dict.items():
+        if key not in expected:
+            continue
+        if expected[key].is_floating_point() != value.is_floating_point():
+            problems.append(f"{key} is {str(value.dtype).removeprefix('torch.')}, config implies "
+                            f"{'a floating dtype' if expected[key].is_floating_point() else 'integer ids'}")
+        elif value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            problems.append(f"{key} holds NaN or infinite values")
+    vocab = state_dict.get("draft_vocab")
+    if vocab is not None and "draft_vocab" in expected and not vocab.is_floating_point() and vocab.numel():
+        if int(vocab.min()) < 0 or int(vocab.max()) >= config.vocab_size:
+            problems.append(f"draft_vocab holds token ids outside [0, {config.vocab_size}) (from {int(vocab.min())} "
+                            f"to {int(vocab.max())})")
+        elif vocab.unique().numel() != vocab.numel():
+            problems.append(f"draft_vocab lists {vocab.numel() - vocab.unique().numel()} token ids twice")
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise ValueError(f"{path} does not match its config ({config.head_type}, {config.num_heads} heads, "
                          f"hidden {config.hidden_size}, vocab {config.vocab_size}): {shown}.")
+
+
+def _check_calibration(generation_config: GenerationConfig, config: CerberusConfig, path: str) -> None:
+    """Refuse a generation config whose stored calibration (`cerberus-hf calibrate`) `generate()` could not use:
+    each entry's settings are built as a call builds them (trees, gate, rescoring), strict halves included, so a
+    bad entry fails on load with the file and the entry named, not at some later call on that machine."""
+    entries = getattr(generation_config, "cerberus_calibration", None)
+    if entries is None:
+        return
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: cerberus_calibration must map device keys to settings, got {type(entries).__name__}.")
+    for key, entry in entries.items():
+        for label, settings in ((key, entry), (f"{key} (strict)", (entry or {}).get("strict") if isinstance(entry, dict) else None)):
+            if settings is None and label != key:
+                continue
+            try:
+                _check_settings(settings, config.num_heads)
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"{path}: calibration entry {label!r}: {error}") from None
+
+
+def _check_settings(settings: dict, num_heads: int) -> None:
+    """Build what `generate()` builds from one calibration entry's settings (raises on anything it would refuse)."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"settings must be a mapping, got {type(settings).__name__}")
+    EntropyGate(settings.get("gate_threshold"), settings.get("gate_signal", "base_entropy"))
+    if settings.get("draft_tree") is not None:
+        TreeSpec.from_paths(settings["draft_tree"], num_heads)
+    if settings.get("dynamic_tree") is not None:
+        DynamicTree.from_dict(settings["dynamic_tree"], num_heads)
+    if settings.get("rescoring") is not None:
+        Rescoring.from_dict(settings["rescoring"], num_heads)
+    for options in (settings.get("rescoring_options") or {}).values():
+        Rescoring.from_dict(options, num_heads)
+    if settings.get("tree_kind", "static") not in ("static", "dynamic", "rescored"):
+        raise ValueError(f"tree_kind must be static, dynamic or rescored, got {settings['tree_kind']!r}")
+    check_int("prompt_lookup_num_tokens", settings.get("prompt_lookup_num_tokens"), 0, optional=True)
+    check_number("exit_confidence", settings.get("exit_confidence"), 0.0, 1.0, optional=True)
 
 
 # Prompt-lookup settings are ours to honour (grafted into the heads' drafts): left in what the base's

@@ -432,4 +432,6 @@ class Drafter(nn.Module):
         token_ids = torch.as_tensor(token_ids, dtype=torch.long)
         if token_ids.numel() == 0 or int(token_ids.min()) < 0 or int(token_ids.max()) >= self.vocab_size:
             raise ValueError(f"A draft vocabulary needs token ids in [0, {self.vocab_size}).")
+        if token_ids.unique().numel() != token_ids.numel():
+            raise ValueError(f"A draft vocabulary lists {token_ids.numel() - token_ids.unique().numel()} token ids twice.")
         self.draft_vocab = token_ids.to(next(self.parameters()).device)
