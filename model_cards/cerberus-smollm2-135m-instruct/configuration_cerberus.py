@@ -6,9 +6,12 @@ import math
 import os
 
 from transformers import PreTrainedConfig
+from transformers.utils import CONFIG_NAME
 
+from .checkpoint import check_source
 from .decoding_gate import GATE_SIGNALS
 from .decoding_tree import DynamicTree, TreeSpec
+from .errors import UserError, check_number
 from .remote_code import auto_map_entry, write_remote_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
@@ -137,10 +140,10 @@ class CerberusConfig(PreTrainedConfig):
         if self.prefix_layer and self.head_type != "hydra":
             raise ValueError(f"prefix_layer is Hydra++'s prefix layer: head_type must be 'hydra', not "
                              f"{self.head_type!r}.")
-        self.head_dropout = float(self.head_dropout)
+        self.head_dropout = check_number("head_dropout", self.head_dropout)
         if not 0.0 <= self.head_dropout < 1.0:
             raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout!r}.")
-        self.exit_confidence = float(self.exit_confidence)
+        self.exit_confidence = check_number("exit_confidence", self.exit_confidence)
         if not 0.0 <= self.exit_confidence <= 1.0:
             raise ValueError(f"exit_confidence must be a probability in [0, 1], got {self.exit_confidence!r}.")
         if self.state_source not in STATE_SOURCES:
@@ -161,12 +164,28 @@ class CerberusConfig(PreTrainedConfig):
             raise ValueError("Kangaroo drafts a chain token by token: set draft_tree to a chain (or None) and "
                              "dynamic_tree to None.")
         if self.gate_threshold is not None:
-            self.gate_threshold = float(self.gate_threshold)
-            if math.isnan(self.gate_threshold):
-                raise ValueError("gate_threshold must be a number, None or inf, not NaN.")
+            self.gate_threshold = check_number("gate_threshold", self.gate_threshold, optional=True)
             if math.isinf(self.gate_threshold) and self.gate_threshold > 0:
                 self.gate_threshold = None  # "always draft" has one spelling on disk, valid JSON included
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "CerberusConfig":
+        """`PreTrainedConfig.from_pretrained`, refusing what it would read as a default config (a folder
+        without ``config.json``) or send to the Hub as a malformed id (a path that is no folder); a config
+        its checks refuse is a `UserError` naming the file."""
+        path = str(pretrained_model_name_or_path)
+        if os.path.isdir(path):
+            file = os.path.join(path, kwargs.get("subfolder") or "", CONFIG_NAME)
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"no {CONFIG_NAME} in {path}")
+        elif not os.path.isfile(path):  # (a config file given as such is read as it is)
+            check_source(path)
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        except ValueError as error:
+            where = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+            raise UserError(f"{where}: {error}") from error
 
     def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
         """Write ``config.json``; when registered for an Auto class, also the code that loads it as remote

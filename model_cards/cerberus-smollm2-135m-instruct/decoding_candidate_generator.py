@@ -171,14 +171,15 @@ class CerberusCandidateGenerator(CandidateGenerator):
         if self.rescorer_state is not None:
             self.rescorer_state.observe(captured["rescorer"], keep)
 
-    def verifying(self, input_ids: torch.LongTensor, draft: Draft | None) -> ContextManager[None]:
-        """Entered around the verification forward of ``draft`` after ``input_ids``: the drafter's
-        `SequenceState.verifying` over the tokens that forward reads (None for a tree)."""
+    def verifying(self, model, input_ids: torch.LongTensor, draft: Draft | None) -> ContextManager:
+        """Entered around the verification forward of ``draft`` after ``input_ids``, giving the model to run it
+        with: the drafter's `SequenceState.verifying` of ``model`` over the tokens that forward reads (None for a
+        tree)."""
         if draft is None:
-            return self.state.verifying(input_ids[:, -1:])
+            return self.state.verifying(model, input_ids[:, -1:])
         if not draft.tree.is_chain:
-            return self.state.verifying(None)
-        return self.state.verifying(torch.cat([input_ids[:, -1:], draft.tokens[None]], dim=-1))
+            return self.state.verifying(model, None)
+        return self.state.verifying(model, torch.cat([input_ids[:, -1:], draft.tokens[None]], dim=-1))
 
     @torch.no_grad()
     def propose(

@@ -13,7 +13,6 @@ to the accepted branch.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -26,7 +25,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .decoding_acceptance import TypicalAcceptance, pick_token
 from .decoding_candidate_generator import CerberusCandidateGenerator, Draft
 from .decoding_profiling import StepProfiler, phase_timer
-from .decoding_strict import strict_attention
+from .decoding_strict import strict_view
 from .decoding_tree import tree_attention_ok
 
 
@@ -120,6 +119,8 @@ def speculative_generate(
     scores = () if (want_dict and generation_config.output_scores) else None
     raw_logits = () if (want_dict and generation_config.output_logits) else None
     phase = phase_timer(profiler)
+    # drafts are verified through a view of the base that attends strictly (the base itself stays as it is)
+    strict_model = strict_view(model) if strict_rows is not None else model
 
     with candidate_generator.capture(model) as captured:
         candidate_generator.start(model, cache)
@@ -177,9 +178,9 @@ def speculative_generate(
                     draft = candidate_generator.fall_back_to_chain(draft)
                 if draft is not None and strict_rows is not None and len(draft.tokens) >= strict_rows:
                     draft = candidate_generator.cut_to(draft, strict_rows - 1)
-            strictly = strict_attention(model) if strict_rows is not None and draft is not None else nullcontext()
-            with phase("verify"), candidate_generator.verifying(input_ids, draft), strictly:
-                outputs = _verify(model, cache, input_ids, draft)
+            with phase("verify"), candidate_generator.verifying(
+                    strict_model if draft is not None else model, input_ids, draft) as verifier:
+                outputs = _verify(verifier, cache, input_ids, draft)
             step_logits = outputs.logits
             step_hidden = captured["hidden"]
 

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from .errors import check_number
+
 GATE_SIGNALS = ("base_entropy", "head_entropy", "base_top1")
 
 
@@ -45,8 +47,7 @@ class EntropyGate:
     """
 
     def __init__(self, threshold: float | None, signal: str = "base_entropy"):
-        if threshold is not None and math.isnan(threshold):
-            raise ValueError("gate_threshold must be a number, None or inf, not NaN.")
+        check_number("gate_threshold", threshold, optional=True)  # not NaN, not a string
         if signal not in GATE_SIGNALS:
             raise ValueError(f"Unknown gate signal {signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
         self.threshold = None if threshold is None or threshold == math.inf else float(threshold)

@@ -144,6 +144,9 @@ def load_named_model(name: str, dtype: torch.dtype = torch.float32, with_tokeniz
             return load_packaged_model(packaged, dtype=dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .checkpoint import check_source
+
+    check_source(name, "config.json")  # a mistyped path is named as such, not sent to the Hub as an id
     tokenizer = AutoTokenizer.from_pretrained(name) if with_tokenizer else None
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     model.generation_config.do_sample = False

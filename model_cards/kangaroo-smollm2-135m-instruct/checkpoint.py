@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 
 import torch
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers.utils import cached_file
@@ -17,15 +19,34 @@ HEADS_WEIGHTS_NAME = "cerberus_heads.safetensors"
 PICKLE_WEIGHT_NAMES = ("cerberus_heads.bin", "pytorch_model.bin", "cerberus_heads.pt", "heads.pt", "medusa_lm_head.pt")
 
 
+def check_source(name_or_path: str, filename: str | None = None) -> None:
+    """Refuse a folder or Hub id that can be neither: not an existing folder, and not shaped like a Hub id
+    (``name`` or ``namespace/name``; a path such as ``/data/heads`` or ``./heads`` is not), so that a mistyped
+    path is named as such instead of being sent to the Hub; and a folder without ``filename`` when given."""
+    name_or_path = str(name_or_path)
+    if os.path.isdir(name_or_path):
+        if filename is not None and not os.path.isfile(os.path.join(name_or_path, filename)):
+            raise FileNotFoundError(f"no {filename} in {name_or_path}")
+        return
+    if os.path.exists(name_or_path):
+        raise NotADirectoryError(f"{name_or_path} is a file, not a folder or Hub id")
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        raise FileNotFoundError(f"no folder or Hub id {name_or_path}") from None
+
+
 def resolve_file(name_or_path: str, filename: str, required: bool = True, **hub_kwargs) -> str | None:
     """Local path of ``filename`` in a folder or a Hub repo (through the Hub cache, so offline works)."""
+    name_or_path = str(name_or_path)
     if os.path.isdir(name_or_path):
         path = os.path.join(name_or_path, filename)
         if os.path.isfile(path):
             return path
         if required:
-            raise OSError(f"{name_or_path} has no {filename}.")
+            raise FileNotFoundError(f"no {filename} in {name_or_path}")
         return None
+    check_source(name_or_path)
     return cached_file(
         name_or_path,
         filename,

@@ -31,9 +31,11 @@ guesses the base's own next token at every depth: wrong, but harmless, since ver
 
 from __future__ import annotations
 
+import functools
+import threading
 import weakref
 from contextlib import contextmanager, nullcontext
-from typing import ClassVar, ContextManager, Iterator
+from typing import Callable, ClassVar, ContextManager, Iterator
 
 import torch
 from torch import nn
@@ -55,6 +57,7 @@ def capture_states(model: nn.Module, source: str = "lm_head_input") -> Iterator[
         raise ValueError(f"Unknown state source {source!r}; expected one of {', '.join(STATE_SOURCES)}.")
     captured: dict = {}
 
+    @in_this_thread
     def store(name: str, value: torch.Tensor) -> None:
         captured[name] = value
         if name == source:
@@ -70,6 +73,22 @@ def capture_states(model: nn.Module, source: str = "lm_head_input") -> Iterator[
     finally:
         for handle in handles:
             handle.remove()
+
+
+def in_this_thread(record: Callable[..., None]) -> Callable[..., None]:
+    """``record`` made to act only on calls from the thread that made it (and to ignore the rest).
+
+    A capture hooks modules of a base that other threads may be running at the same time (their own
+    `generate()` calls on the same model): each capture must see its own thread's forwards only. A hook is
+    the one thing a capture adds to the base, and it changes nothing the base computes."""
+    owner = threading.get_ident()
+
+    @functools.wraps(record)
+    def recorded(*args, **kwargs) -> None:
+        if threading.get_ident() == owner:
+            record(*args, **kwargs)
+
+    return recorded
 
 
 def capture_lm_head_input(model: nn.Module) -> ContextManager[dict]:
@@ -123,12 +142,13 @@ class SequenceState:
         predicted from ``hidden`` (``[1, hidden]``): that state itself unless the drafter reads a window."""
         return hidden
 
-    def verifying(self, step_tokens: torch.LongTensor | None) -> ContextManager[None]:
-        """Entered around every verification forward: over ``step_tokens`` (``[1, n]``: the newest token and
-        a chain draft) at consecutive positions, or over a tree (None). A drafter that already computed part
-        of that forward while drafting (Kangaroo: the base's first layers over its chain) lends it to the
-        forward here; by default there is nothing to lend."""
-        return nullcontext()
+    def verifying(self, model: nn.Module, step_tokens: torch.LongTensor | None) -> ContextManager[nn.Module]:
+        """Entered around every verification forward, giving the model to run it with (by default ``model``
+        itself): over ``step_tokens`` (``[1, n]``: the newest token and a chain draft) at consecutive positions,
+        or over a tree (None). A drafter that already computed part of that forward while drafting (Kangaroo:
+        the base's first layers over its chain) lends it to the forward here, through a view of ``model``
+        (`module_views`: the base itself stays as it is for other threads)."""
+        return nullcontext(model)
 
 
 class ContextState(SequenceState):
@@ -412,4 +432,6 @@ class Drafter(nn.Module):
         token_ids = torch.as_tensor(token_ids, dtype=torch.long)
         if token_ids.numel() == 0 or int(token_ids.min()) < 0 or int(token_ids.max()) >= self.vocab_size:
             raise ValueError(f"A draft vocabulary needs token ids in [0, {self.vocab_size}).")
+        if token_ids.unique().numel() != token_ids.numel():
+            raise ValueError(f"A draft vocabulary lists {token_ids.numel() - token_ids.unique().numel()} token ids twice.")
         self.draft_vocab = token_ids.to(next(self.parameters()).device)

@@ -43,25 +43,19 @@ import torch
 from torch import nn
 
 from .configuration_cerberus import CerberusConfig
-from .drafters_base import Drafter, SequenceState, capture_lm_head_input, decoder_layers
+from .drafters_base import Drafter, SequenceState, capture_lm_head_input, decoder_layers, in_this_thread
 from .drafters_layers import AttentionAdapter
 from .decoding_tree import tree_attention_ok
+from .module_views import config_view, module_view, replace_modules, with_forward
 
 
 @contextmanager
 def first_layers(model: nn.Module, count: int) -> Iterator[nn.Module]:
-    """The base's decoder running only its first ``count`` layers while inside (then its final norm, which
-    the drafter does not read). Each layer keeps its index, so it reads and writes its own cache layer."""
+    """A view of the base's decoder (`module_views`) running only its first ``count`` layers (then its final
+    norm, which the drafter does not read); the base itself is left whole for other threads. Each layer keeps
+    its index, so it reads and writes its own cache layer."""
     decoder, name, layers = decoder_layers(model)
-    config = decoder.config
-    saved = config.num_hidden_layers
-    setattr(decoder, name, layers[:count])
-    config.num_hidden_layers = count
-    try:
-        yield decoder
-    finally:
-        setattr(decoder, name, layers)
-        config.num_hidden_layers = saved
+    yield module_view(decoder, {name: layers[:count]}, config=config_view(decoder.config, num_hidden_layers=count))
 
 
 @contextmanager
@@ -70,6 +64,7 @@ def capture_exit_states(model: nn.Module, exit_layer: int) -> Iterator[dict]:
     (``[batch, positions, hidden]``) on every forward that runs it."""
     _, _, layers = decoder_layers(model)
 
+    @in_this_thread
     def hook(module, args, output):
         captured["exit"] = output[0] if isinstance(output, tuple) else output
         captured["exit_is_tuple"] = isinstance(output, tuple)  # how a stand-in for the layer must answer
@@ -92,11 +87,10 @@ class ShallowPass:
     keys_values: list[tuple[torch.Tensor, torch.Tensor]]  # per shallow layer: its KV entries at them
 
 
-@contextmanager
-def exited_forward(model: nn.Module, shallow: ShallowPass, as_tuple: bool) -> Iterator[None]:
-    """The base's forward starting at layer ``len(shallow.keys_values)`` while inside: the shallow layers
-    stand aside (each passes its input on, the last answers with ``shallow.exit_states``) and leave the
-    cache alone; their KV entries are appended after the forward. Everything else the forward builds
+def exited_forward(model: nn.Module, shallow: ShallowPass, as_tuple: bool) -> nn.Module:
+    """A view of the base (`module_views`) whose forward starts at layer ``len(shallow.keys_values)``: the
+    shallow layers stand aside (each passes its input on, the last answers with ``shallow.exit_states``) and
+    leave the cache alone; their KV entries are appended after the forward. Everything else the forward builds
     (positions, masks, the cache's lengths) is the model's own, so this works for any decoder whose layers
     take the hidden states first and return them (first, in a tuple, when ``as_tuple``)."""
     layers = decoder_layers(model)[2][: len(shallow.keys_values)]
@@ -108,18 +102,9 @@ def exited_forward(model: nn.Module, shallow: ShallowPass, as_tuple: bool) -> It
         states = shallow.exit_states.to(hidden_states.device, hidden_states.dtype)
         return (states,) if as_tuple else states
 
-    saved = [layer.__dict__.get("forward") for layer in layers]  # an instance forward (accelerate's hooks) stays
-    for layer in layers[:-1]:
-        layer.forward = passthrough
-    layers[-1].forward = exited
-    try:
-        yield
-    finally:
-        for layer, forward in zip(layers, saved):
-            if forward is None:
-                del layer.forward
-            else:
-                layer.forward = forward
+    stand_ins = {layer: with_forward(layer, passthrough) for layer in layers[:-1]}
+    stand_ins[layers[-1]] = with_forward(layers[-1], exited)
+    return replace_modules(model, stand_ins)
 
 
 class KangarooState(SequenceState):
@@ -153,15 +138,14 @@ class KangarooState(SequenceState):
         self.extend(states if keep is None else states[:, keep])
 
     @contextmanager
-    def verifying(self, step_tokens: torch.LongTensor | None) -> Iterator[None]:
+    def verifying(self, model: nn.Module, step_tokens: torch.LongTensor | None) -> Iterator[nn.Module]:
         """Verify from layer ``exit_layer`` on when the forward reads exactly the chain just drafted (the
         shallow layers ran on it then); otherwise (a gated step, a draft lookup changed) the whole base."""
         shallow, self.shallow = self.shallow, None
         if shallow is None or step_tokens is None or step_tokens[0].tolist() != shallow.tokens:
-            yield
+            yield model
             return
-        with exited_forward(self.model, shallow, self.captured.get("exit_is_tuple", False)):
-            yield
+        yield exited_forward(model, shallow, self.captured.get("exit_is_tuple", False))
         for layer, (keys, values) in zip(self.cache.layers, shallow.keys_values):
             layer.update(keys, values)
 

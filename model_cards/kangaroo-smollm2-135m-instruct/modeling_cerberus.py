@@ -14,9 +14,10 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
+import weakref
+from dataclasses import dataclass
 
 import torch
 from huggingface_hub import HfApi
@@ -31,6 +32,7 @@ from .base_model import base_shape, check_base_compatible, greedy_generation_con
 from .decoding_candidate_generator import CerberusCandidateGenerator
 from .checkpoint import HEADS_WEIGHTS_NAME, load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
 from .configuration_cerberus import CerberusConfig
+from .errors import check_int, check_number
 from .decoding_lookup import DEFAULT_MAX_NGRAM
 from .decoding_loop import speculative_generate
 from .decoding_gate import EntropyGate
@@ -38,6 +40,7 @@ from .decoding_hardware import HardwareKey, bf16_matmul, select_calibration
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .decoding_profiling import StepProfiler, phase_timer
 from .real_models import describe_source
+from .module_views import module_view
 from .remote_code import auto_map_entry, write_remote_code
 from .decoding_stats import GenerationStats
 from .decoding_strict import check_strict_support, row_invariant_rows
@@ -46,6 +49,7 @@ from .decoding_rescoring import Rescoring
 from .decoding_tree import DynamicTree, TreeSpec
 
 logger = logging.get_logger(__name__)
+_thread_stats = threading.local()  # per thread: each model's latest generate() statistics
 _UNSET = object()
 RESCORER_FOLDER = "rescorer"  # where a checkpoint keeps its neural lattice rescorer
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
@@ -63,9 +67,12 @@ class CerberusPreTrainedModel(PreTrainedModel):
 class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     """A base causal LM with draft heads; `generate()` drafts with the heads and verifies with the base.
 
-    After each `generate()` call, ``model.generation_stats`` (a `GenerationStats`) holds the number of
-    base forward passes, the tokens produced per pass (``tau``), the gate's draft rate and per-head
-    acceptance.
+    After each `generate()` call, ``model.generation_stats`` (a `GenerationStats`, per thread) holds the number
+    of base forward passes, the tokens produced per pass (``tau``), the gate's draft rate and per-head
+    acceptance; with ``return_dict_in_generate=True`` the output carries them as ``generation_stats``.
+
+    `generate()` may be called from any number of threads on one model: a call's captured states, drafter state,
+    statistics and settings belong to it, and the base and its generation config are never changed.
     """
 
     def __init__(self, config: CerberusConfig, base_model: nn.Module | None = None, **base_kwargs):
@@ -78,7 +85,6 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.heads.attach(base)
         self.heads.init_projections_from(lm_weight)
         self.generation_config = greedy_generation_config(getattr(base, "generation_config", None))
-        self.generation_stats: GenerationStats | None = None
         self.ngram: NgramModel | None = None  # the lattice rescorer's n-gram model, when the folder has one
         self.rescorer: Drafter | None = None  # the lattice rescorer's small LM (a Kangaroo drafter), when it has one
         self.rescorer_config: CerberusConfig | None = None
@@ -138,16 +144,21 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
             # Remote code can load the config class from another module copy than this one.
             config = CerberusConfig.from_dict(config.to_dict())
+        # every file of the folder is read and checked before the base loads: a bad one fails fast
         state_dict = _read_heads(path, config, hub_kwargs)
+        generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
+        generation_config = None
+        if generation_file is not None:
+            generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
+            _check_calibration(generation_config, config, generation_file)
+        ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
+        ngram = NgramModel.load(ngram_file, vocab_size=config.vocab_size) if ngram_file is not None else None
 
         model = cls(config, base_model=base_model, **kwargs)
         model.heads.load_state_dict(state_dict, strict=True)
-        generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
-        if generation_file is not None:
-            model.generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
-        ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
-        if ngram_file is not None:
-            model.load_ngram(ngram_file)
+        if generation_config is not None:
+            model.generation_config = generation_config
+        model.ngram = ngram
         rescorer_file = resolve_file(path, f"{RESCORER_FOLDER}/config.json", required=False, **hub_kwargs)
         if rescorer_file is not None:
             resolve_file(path, f"{RESCORER_FOLDER}/{HEADS_WEIGHTS_NAME}", **hub_kwargs)  # beside it (from the Hub too)
@@ -352,6 +363,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         settings = self.decoding_settings(strict=strict)
         # each prompt-lookup setting on its own: the call's (or its generation config's), else the heads'
         lookup_tokens = effective.prompt_lookup_num_tokens
+        check_int("prompt_lookup_num_tokens", lookup_tokens, 0, optional=True)
+        check_int("max_matching_ngram_size", effective.max_matching_ngram_size, 1, optional=True)
+        check_number("exit_confidence", exit_confidence, 0.0, 1.0, optional=True)
         if lookup_tokens is None:
             lookup_tokens = settings["prompt_lookup_num_tokens"]
         lookup_ngram = effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
@@ -444,25 +458,43 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 exit_confidence=settings["exit_confidence"] if exit_confidence is None else float(exit_confidence),
             ),
         )
-        with self._base_generation_defaults():
-            results = [
-                self.base.generate(
-                    row,
-                    generation_config=generation_config,
-                    logits_processor=logits_processor,
-                    stopping_criteria=stopping_criteria,
-                    streamer=streamer,
-                    custom_generate=decode,
-                    **kwargs,
-                )
-                for row in rows
-            ]
+        # The base's generate() fills unset settings from this model's generation config (greedy by default), as
+        # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
+        # its generation config stay as they are for other threads (`module_views`).
+        base = module_view(self.base, generation_config=_without_lookup(self.generation_config))
+        results = [
+            base.generate(
+                row,
+                generation_config=generation_config,
+                logits_processor=logits_processor,
+                stopping_criteria=stopping_criteria,
+                streamer=streamer,
+                custom_generate=decode,
+                **kwargs,
+            )
+            for row in rows
+        ]
         if profiler is not None:
             stats.phase_seconds = profiler.close(time.perf_counter() - started)
         self.generation_stats = stats
-        if len(results) == 1:
-            return results[0]
-        return _pad_batch(input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
+        output = results[0] if len(results) == 1 else _pad_batch(
+            input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
+        if isinstance(output, torch.Tensor):
+            return output
+        return CerberusGenerateOutput(**output, generation_stats=stats)
+
+    @property
+    def generation_stats(self) -> GenerationStats | None:
+        """The `GenerationStats` of this thread's latest `generate()` call on this model (None before one).
+        Each thread sees its own calls' statistics; ``return_dict_in_generate=True`` returns them with the output
+        (``output.generation_stats``) too, which also serves a caller that hands calls to other threads."""
+        return getattr(_thread_stats, "by_model", {}).get(self)
+
+    @generation_stats.setter
+    def generation_stats(self, stats: GenerationStats | None) -> None:
+        if not hasattr(_thread_stats, "by_model"):
+            _thread_stats.by_model = weakref.WeakKeyDictionary()
+        _thread_stats.by_model[self] = stats
 
     def has_rescorers(self, rescoring: dict | Rescoring | None) -> bool:
         """Whether this model has every rescorer the ``rescoring`` settings give a weight (None: False)."""
@@ -499,17 +531,6 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             "exit_confidence": stored.get("exit_confidence", self.config.exit_confidence),
         }
 
-    @contextmanager
-    def _base_generation_defaults(self) -> Iterator[None]:
-        """Let the base's generate() fill unset settings from this model's generation config (greedy by
-        default), as it would from its own."""
-        own = self.base.generation_config
-        self.base.generation_config = _without_lookup(self.generation_config)
-        try:
-            yield
-        finally:
-            self.base.generation_config = own
-
     def _candidate_generator(
         self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
         dynamic: DynamicTree | None, rescoring: Rescoring | None, stats: GenerationStats, lookup_tokens: int,
@@ -523,6 +544,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             exit_confidence=exit_confidence,
         )
 
+
+
+@dataclass
+class CerberusGenerateOutput(GenerateDecoderOnlyOutput):
+    """`generate()`'s output with ``return_dict_in_generate=True``: the base's fields, plus the call's
+    `GenerationStats`."""
+
+    generation_stats: GenerationStats | None = None
 
 
 def _read_heads(path: str, config: CerberusConfig, hub_kwargs: dict) -> dict[str, torch.Tensor]:
@@ -544,10 +573,63 @@ def _check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.
         for k, v in expected.items()
         if k in state_dict and state_dict[k].shape != v.shape
     ]
+    for key, value in state_dict.items():
+        if key not in expected:
+            continue
+        if expected[key].is_floating_point() != value.is_floating_point():
+            problems.append(f"{key} is {str(value.dtype).removeprefix('torch.')}, config implies "
+                            f"{'a floating dtype' if expected[key].is_floating_point() else 'integer ids'}")
+        elif value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            problems.append(f"{key} holds NaN or infinite values")
+    vocab = state_dict.get("draft_vocab")
+    if vocab is not None and "draft_vocab" in expected and not vocab.is_floating_point() and vocab.numel():
+        if int(vocab.min()) < 0 or int(vocab.max()) >= config.vocab_size:
+            problems.append(f"draft_vocab holds token ids outside [0, {config.vocab_size}) (from {int(vocab.min())} "
+                            f"to {int(vocab.max())})")
+        elif vocab.unique().numel() != vocab.numel():
+            problems.append(f"draft_vocab lists {vocab.numel() - vocab.unique().numel()} token ids twice")
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise ValueError(f"{path} does not match its config ({config.head_type}, {config.num_heads} heads, "
                          f"hidden {config.hidden_size}, vocab {config.vocab_size}): {shown}.")
+
+
+def _check_calibration(generation_config: GenerationConfig, config: CerberusConfig, path: str) -> None:
+    """Refuse a generation config whose stored calibration (`cerberus-hf calibrate`) `generate()` could not use:
+    each entry's settings are built as a call builds them (trees, gate, rescoring), strict halves included, so a
+    bad entry fails on load with the file and the entry named, not at some later call on that machine."""
+    entries = getattr(generation_config, "cerberus_calibration", None)
+    if entries is None:
+        return
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: cerberus_calibration must map device keys to settings, got {type(entries).__name__}.")
+    for key, entry in entries.items():
+        for label, settings in ((key, entry), (f"{key} (strict)", (entry or {}).get("strict") if isinstance(entry, dict) else None)):
+            if settings is None and label != key:
+                continue
+            try:
+                _check_settings(settings, config.num_heads)
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"{path}: calibration entry {label!r}: {error}") from None
+
+
+def _check_settings(settings: dict, num_heads: int) -> None:
+    """Build what `generate()` builds from one calibration entry's settings (raises on anything it would refuse)."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"settings must be a mapping, got {type(settings).__name__}")
+    EntropyGate(settings.get("gate_threshold"), settings.get("gate_signal", "base_entropy"))
+    if settings.get("draft_tree") is not None:
+        TreeSpec.from_paths(settings["draft_tree"], num_heads)
+    if settings.get("dynamic_tree") is not None:
+        DynamicTree.from_dict(settings["dynamic_tree"], num_heads)
+    if settings.get("rescoring") is not None:
+        Rescoring.from_dict(settings["rescoring"], num_heads)
+    for options in (settings.get("rescoring_options") or {}).values():
+        Rescoring.from_dict(options, num_heads)
+    if settings.get("tree_kind", "static") not in ("static", "dynamic", "rescored"):
+        raise ValueError(f"tree_kind must be static, dynamic or rescored, got {settings['tree_kind']!r}")
+    check_int("prompt_lookup_num_tokens", settings.get("prompt_lookup_num_tokens"), 0, optional=True)
+    check_number("exit_confidence", settings.get("exit_confidence"), 0.0, 1.0, optional=True)
 
 
 # Prompt-lookup settings are ours to honour (grafted into the heads' drafts): left in what the base's

@@ -28,9 +28,8 @@ already. What strict mode costs is one attention call per verified row and layer
 
 from __future__ import annotations
 
+import threading
 import weakref
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -38,13 +37,16 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
+from .module_views import config_view, with_configs
+
 STRICT_ATTENTION = "cerberus_strict_sdpa"
 MAX_STRICT_ROWS = 64  # the tallest verification whose row invariance is measured
 
 _invariant_rows: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, int]]" = weakref.WeakKeyDictionary()
 
 
-_last_plan: tuple[weakref.ref, list[tuple[int, int]]] | None = None  # the plan of the mask of the forward running
+# per thread, the plan of the mask of the forward it is running (threads verify concurrently)
+_last_plan = threading.local()
 
 
 def _tree_plan(attention_mask: torch.Tensor, queries: int) -> list[tuple[int, int]]:
@@ -53,9 +55,9 @@ def _tree_plan(attention_mask: torch.Tensor, queries: int) -> list[tuple[int, in
     (the cache before them is visible to every row). A row sees the root, its ancestors and itself, which come
     in that order among the fed positions (a tree lists parents before children), so its parent is the last
     position it sees before itself. One plan serves every layer of a forward: it is kept for its mask."""
-    global _last_plan
-    if _last_plan is not None and _last_plan[0]() is attention_mask:
-        return _last_plan[1]
+    last = getattr(_last_plan, "value", None)
+    if last is not None and last[0]() is attention_mask:
+        return last[1]
     fed = attention_mask[0, 0, :, -queries:]
     visible = [row.nonzero()[:, 0].tolist() for row in (fed if fed.dtype == torch.bool else fed == 0)]
     children: list[list[int]] = [[] for _ in visible]
@@ -67,7 +69,7 @@ def _tree_plan(attention_mask: torch.Tensor, queries: int) -> list[tuple[int, in
         row = stack.pop()
         plan.append((row, len(visible[row])))
         stack.extend(reversed(children[row]))
-    _last_plan = (weakref.ref(attention_mask), plan)
+    _last_plan.value = (weakref.ref(attention_mask), plan)
     return plan
 
 
@@ -174,16 +176,14 @@ def row_invariant_rows(model: nn.Module, limit: int = MAX_STRICT_ROWS) -> int:
     return known[key]
 
 
-@contextmanager
-def strict_attention(model: nn.Module) -> Iterator[None]:
-    """Within the block, ``model``'s attention layers run `strict_attention_forward`. The base then builds no
-    mask of its own (a tree's 4D mask passes through; a chain arrives as None, read as causal)."""
-    configs = _configs(model)
-    saved = [config._attn_implementation for config in configs]
-    for config in configs:
-        config._attn_implementation = STRICT_ATTENTION
-    try:
-        yield
-    finally:
-        for config, implementation in zip(configs, saved):
-            config._attn_implementation = implementation
+def strict_view(model: nn.Module) -> nn.Module:
+    """A view of ``model`` (`module_views`) whose attention layers run `strict_attention_forward`; the base
+    itself, which other threads may be running, is left as it is. The view builds no mask of its own (a tree's
+    4D mask passes through; a chain arrives as None, read as causal)."""
+    configs = {id(config): config_view(config, _attn_implementation_internal=STRICT_ATTENTION)
+               for config in _configs(model)}
+    for config in _configs(model):  # a config's sub-config (the text config) is viewed with it
+        for name, value in config.__dict__.items():
+            if id(value) in configs and value is not config:
+                configs[id(config)].__dict__[name] = configs[id(value)]
+    return with_configs(model, configs)

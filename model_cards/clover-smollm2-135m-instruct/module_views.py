@@ -1,0 +1,75 @@
+"""Views of a model: per-call variants of a shared base that leave the base itself untouched.
+
+A decoding call sometimes needs the base to compute differently: only its first layers (Kangaroo drafting),
+some layers standing aside (Kangaroo verification reusing its drafting work), another attention function
+(strict verification), another generation config (the heads' defaults). Changing the base for the duration
+of the call would change it for every other thread calling it meanwhile, so a call instead runs a *view*:
+a shallow copy of each module on the way from the root to what differs, sharing every parameter, buffer,
+hook and untouched submodule with the base. Building one costs microseconds; nothing of it outlives the
+call unless the caller keeps it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+from torch import nn
+
+
+def module_view(module: nn.Module, children: dict[str, nn.Module] | None = None, **attributes: Any) -> nn.Module:
+    """A copy of ``module`` that shares its parameters, buffers, hooks and submodules, except for the
+    ``children`` given (submodules by name) and the plain ``attributes`` set on the copy only (e.g.
+    ``config``, ``generation_config``, or ``forward`` for an instance forward)."""
+    view = copy.copy(module)
+    view.__dict__["_modules"] = {**module._modules, **(children or {})}
+    for name, value in attributes.items():
+        view.__dict__[name] = value
+    return view
+
+
+def replace_modules(root: nn.Module, replacements: dict[nn.Module, nn.Module]) -> nn.Module:
+    """A view of ``root`` in which each module of ``replacements`` (keys: the base's modules, by identity) is
+    replaced by its value; every module on the way to one is viewed (`module_view`), the rest is shared."""
+    return _rebuilt(root, lambda module, children: replacements.get(module))
+
+
+def with_forward(module: nn.Module, forward: Callable[..., Any]) -> nn.Module:
+    """A view of ``module`` whose forward is ``forward`` (called with the view's arguments; hooks still run)."""
+    return module_view(module, forward=forward)
+
+
+def config_view(config: Any, **values: Any) -> Any:
+    """A shallow copy of a transformers config with ``values`` set on the copy only. Set plain fields (e.g.
+    ``_attn_implementation_internal``, not the ``_attn_implementation`` property, whose setter also writes the
+    sub-configs the copy shares with the original)."""
+    view = copy.copy(config)
+    for name, value in values.items():
+        setattr(view, name, value)
+    return view
+
+
+def with_configs(root: nn.Module, configs: dict[int, Any]) -> nn.Module:
+    """A view of ``root`` in which every module whose ``config`` is one of ``configs``' keys (by ``id``) reads
+    the config mapped to it instead."""
+
+    def make(module: nn.Module, children: dict[str, nn.Module]) -> nn.Module | None:
+        config = configs.get(id(getattr(module, "config", None)))
+        return module_view(module, children, config=config) if config is not None else None
+
+    return _rebuilt(root, make)
+
+
+def _rebuilt(module: nn.Module, make: Callable[[nn.Module, dict[str, nn.Module]], nn.Module | None]) -> nn.Module:
+    """``module`` rebuilt bottom-up: ``make(module, children)`` gives a module's replacement (None: keep it),
+    ``children`` being its submodules that changed below it; a kept module with changed children is viewed."""
+    children = {}
+    for name, child in module._modules.items():
+        if child is not None:
+            new = _rebuilt(child, make)
+            if new is not child:
+                children[name] = new
+    made = make(module, children)
+    if made is not None:
+        return made
+    return module_view(module, children) if children else module
