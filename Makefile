@@ -3,7 +3,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast
+.PHONY: install demo test test-fast test-range
 
 install:
 	$(PIP) torch==2.13.0
@@ -22,3 +22,15 @@ test: install
 # Inner loop while developing: tiny random models only.
 test-fast:
 	$(PYTHON) -m pytest -p no:cacheprovider -m "not real_model" -q
+
+# The tiny exactness and generate tests on the lowest and the newest transformers pyproject.toml admits, each in a
+# venv of its own beside the installed package (CI runs it after `make test`, so a new release shows up there).
+TRANSFORMERS_RANGE ?= 5.18.0 5.24.0
+test-range: install
+	for version in $(TRANSFORMERS_RANGE); do \
+	  venv=.venv-transformers-$$version; \
+	  $(PYTHON) -m venv --system-site-packages $$venv && \
+	  $$venv/bin/python -m pip install -q --disable-pip-version-check transformers==$$version && \
+	  $$venv/bin/python -m pytest -p no:cacheprovider -q -m "not real_model" tests/test_exactness.py tests/test_generate.py \
+	    || exit 1; \
+	done

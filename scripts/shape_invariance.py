@@ -35,6 +35,7 @@ from cerberus_hf.decoding.strict import row_invariant_rows, strict_view
 
 from cerberus_hf.decoding.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
+from cerberus_hf.compat import cache_argument
 from cerberus_hf.tools.bench import DEFAULT_PROMPTS, encode_prompts, load_bench_prompts
 
 DTYPES = ("float32", "bfloat16")
@@ -66,11 +67,11 @@ def chunked_logits(model, prompt: torch.Tensor, continuation: torch.Tensor, chun
     next continuation token) when the continuation is fed after the prompt's prefill in cached forwards of
     ``chunk`` tokens (with strict verification's attention when ``strict``)."""
     cache = DynamicCache(config=model.config)
-    model(prompt, past_key_values=cache, use_cache=True)
+    model(prompt, **cache_argument(cache), use_cache=True)
     rows = []
     for start in range(0, continuation.shape[1] - 1, chunk):
         piece = continuation[:, start : min(start + chunk, continuation.shape[1] - 1)]
-        out = (strict_view(model) if strict else model)(piece, past_key_values=cache, use_cache=True)
+        out = (strict_view(model) if strict else model)(piece, **cache_argument(cache), use_cache=True)
         rows.append(out.logits[0])
     return torch.cat(rows).float()
 

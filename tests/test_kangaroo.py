@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from cerberus_hf.drafters.base import decoder_layers
+from cerberus_hf.compat import cache_argument
 from cerberus_hf.drafters.kangaroo import capture_exit_states, first_layers
 from helpers import ARCHITECTURES, NEW_TOKENS, check_stats, fresh_model, get_base, get_prompt, install_oracle, reference
 
@@ -27,7 +28,7 @@ def _prefilled(model, arch):
     prompt = get_prompt(arch)
     cache = DynamicCache(config=model.base.config)
     with capture_exit_states(model.base, model.heads.exit_layer) as captured:
-        model.base(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
+        model.base(input_ids=prompt[:, :-1], **cache_argument(cache), use_cache=True)
         cache.activate_past_recording()
         state = model.heads.start(model.base, cache)
         state.observe(captured, None)
@@ -78,10 +79,10 @@ def test_verification_from_the_exit_layer_equals_the_whole_forward(arch):
         tokens = torch.tensor([prompt[0, -1:].tolist() + drafted], device=prompt.device)
         positions = torch.arange(prompt.shape[1] - 1, prompt.shape[1] + len(drafted), device=prompt.device)[None]
         whole_cache = copy.deepcopy(cache)
-        whole = model.base(input_ids=tokens, past_key_values=whole_cache, position_ids=positions, use_cache=True)
+        whole = model.base(input_ids=tokens, **cache_argument(whole_cache), position_ids=positions, use_cache=True)
         whole_exit = fresh["exit"].clone()
         with _shallow_layer_lengths(model) as lengths, state.verifying(model.base, tokens) as verifier:
-            reused = verifier(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+            reused = verifier(input_ids=tokens, **cache_argument(cache), position_ids=positions, use_cache=True)
     assert lengths == [] and state.shallow is None
     torch.testing.assert_close(reused.logits, whole.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fresh["exit"], whole_exit, rtol=1e-5, atol=1e-5)

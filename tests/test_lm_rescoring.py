@@ -14,6 +14,7 @@ from cerberus_hf.checkpoint import HEADS_WEIGHTS_NAME
 from cerberus_hf.decoding.rescoring import lm_rescore
 from cerberus_hf.modeling_cerberus import RESCORER_FOLDER
 from cerberus_hf.tools.bench import build_methods
+from cerberus_hf.compat import cache_argument
 from cerberus_hf.tools.calibrate import calibrate, format_report
 from helpers import ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 from tiny_models import DEVICE
@@ -39,7 +40,7 @@ def test_path_scores_are_the_drafters_own_over_the_whole_path(arch):
     for visible in (sequence.shape[1] - 1, PROMPT_LEN - 3):  # everything cached is visible / the end is hidden
         cache = DynamicCache(config=base.config)
         with torch.no_grad(), drafter.capture(base) as captured:
-            base(input_ids=sequence[:, :-1], past_key_values=cache, use_cache=True)
+            base(input_ids=sequence[:, :-1], **cache_argument(cache), use_cache=True)
             state = drafter.start(base, cache)
             state.observe(captured, None)
             scorer = drafter.path_scorer(state, sequence, visible=visible)
@@ -59,7 +60,7 @@ def test_path_scorer_refuses_more_than_a_sliding_window_can_attend_to():
     sequence = reference("mistral")[:, : PROMPT_LEN + 7]  # 14 cached positions: 3 nodes go past the window of 16
     cache = DynamicCache(config=base.config)
     with torch.no_grad(), drafter.capture(base) as captured:
-        base(input_ids=sequence[:, :-1], past_key_values=cache, use_cache=True)
+        base(input_ids=sequence[:, :-1], **cache_argument(cache), use_cache=True)
         cache.activate_past_recording()  # as the decoding loop does after the prefill, so that crop can roll back
         state = drafter.start(base, cache)
         state.observe(captured, None)

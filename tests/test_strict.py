@@ -17,6 +17,7 @@ from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.candidate_generator import Draft
 from cerberus_hf.decoding.strict import row_invariant_rows, strict_view
 from cerberus_hf.decoding.tree import TreeSpec
+from cerberus_hf.compat import cache_argument
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import NEW_TOKENS, PROMPT_LEN, check_stats, get_base, get_prompt, install_oracle, randomize_heads
 from tiny_models import DEVICE
@@ -96,10 +97,10 @@ def test_strict_verification_logits_are_bitwise_those_of_one_token_forwards(arch
     def logits(size: int, strict: bool) -> torch.Tensor:
         cache, rows = DynamicCache(config=base.config), []
         with torch.no_grad():
-            base(prompt, past_key_values=cache, use_cache=True)
+            base(prompt, **cache_argument(cache), use_cache=True)
             for start in range(0, continuation.shape[1], size):
                 piece = continuation[:, start : start + size]
-                rows.append((strict_view(base) if strict else base)(piece, past_key_values=cache, use_cache=True).logits[0])
+                rows.append((strict_view(base) if strict else base)(piece, **cache_argument(cache), use_cache=True).logits[0])
         return torch.cat(rows)
 
     assert torch.equal(logits(chunk, strict=True), logits(1, strict=False))
@@ -116,15 +117,15 @@ def test_strict_attention_follows_a_tree_mask():
     tokens = torch.tensor([[5, 7, 9, 11, 13]], device=prompt.device)  # root, then nodes (0,), (1,), (0, 0), (1, 0)
     with torch.no_grad():
         cache = DynamicCache(config=base.config)
-        base(prompt, past_key_values=cache, use_cache=True)
+        base(prompt, **cache_argument(cache), use_cache=True)
         mask = tree.attention_mask(prompt.shape[1], dtype, prompt.device)
         positions = (prompt.shape[1] + tree.position_offsets.to(prompt.device))[None]
-        tree_logits = strict_view(base)(tokens, past_key_values=cache, position_ids=positions, attention_mask=mask).logits[0]
+        tree_logits = strict_view(base)(tokens, **cache_argument(cache), position_ids=positions, attention_mask=mask).logits[0]
         for path in ([0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]):
             chain = DynamicCache(config=base.config)
-            base(prompt, past_key_values=chain, use_cache=True)
+            base(prompt, **cache_argument(chain), use_cache=True)
             for index in path:
-                last = base(tokens[:, index : index + 1], past_key_values=chain, use_cache=True).logits[0, -1]
+                last = base(tokens[:, index : index + 1], **cache_argument(chain), use_cache=True).logits[0, -1]
             assert torch.equal(tree_logits[path[-1]], last)
 
 

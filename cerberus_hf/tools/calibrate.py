@@ -61,6 +61,7 @@ from ..training.data import Record, frequent_tokens, read_records
 from ..training.hidden_cache import split_record_ids
 from . import arguments
 from ..decoding.profiling import synchronize
+from ..compat import cache_argument
 
 
 @dataclass
@@ -94,7 +95,7 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
     cache = DynamicCache(config=base.config)
-    base(input_ids=prefix, past_key_values=cache, use_cache=True)
+    base(input_ids=prefix, **cache_argument(cache), use_cache=True)
     verifier = strict_view(base) if strict else base
     times: dict[int, list[float]] = {n: [] for n in range(1, max_tokens + 1)}
     for _ in tqdm(range(repeats), desc="cost curve", unit="pass"):
@@ -103,7 +104,7 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
             positions = torch.arange(context, context + n, device=device)[None]
             synchronize(device)
             start = time.perf_counter()
-            verifier(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+            verifier(input_ids=tokens, **cache_argument(cache), position_ids=positions, use_cache=True)
             synchronize(device)
             times[n].append(time.perf_counter() - start)
             cache.crop(-n)
@@ -157,7 +158,7 @@ def rescorer_state(model, ids: torch.LongTensor) -> Iterator:
     base = model.base
     cache = DynamicCache(config=base.config)
     with torch.no_grad(), model.rescorer.capture(base) as captured:
-        base(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        base(input_ids=ids[:, :-1], **cache_argument(cache), use_cache=True)
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()  # sliding-window layers must be able to drop the scored nodes again
         state = model.rescorer.start(base, cache)
@@ -585,7 +586,7 @@ def measure_chain_steps(model, context: int = 300, repeats: int = 5) -> dict[str
     cache = DynamicCache(config=base.config)
     times = {part: {n: [] for n in range(1, depth + 1)} for part in ("draft", "verify")}
     with model.heads.capture(base) as captured:
-        base(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        base(input_ids=ids[:, :-1], **cache_argument(cache), use_cache=True)
         state = model.heads.start(base, cache)
         state.observe(captured, None)
         for _ in tqdm(range(repeats), desc="chain steps", unit="pass"):
@@ -598,7 +599,7 @@ def measure_chain_steps(model, context: int = 300, repeats: int = 5) -> dict[str
                 tokens = torch.cat([ids[:, -1:], torch.tensor([drafted], device=device, dtype=ids.dtype)], dim=-1)
                 positions = torch.arange(context, context + n + 1, device=device)[None]
                 with state.verifying(base, tokens) as verifier:
-                    verifier(input_ids=tokens, past_key_values=cache, position_ids=positions, use_cache=True)
+                    verifier(input_ids=tokens, **cache_argument(cache), position_ids=positions, use_cache=True)
                 synchronize(device)
                 times["draft"][n].append(middle - start)
                 times["verify"][n].append(time.perf_counter() - middle)

@@ -59,6 +59,7 @@ from typing import Iterable
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from ..compat import cache_argument, output_cache
 from ..real_models import load_named_model
 from ..tools import arguments
 from .data import MT_BENCH_QUESTIONS, PACKAGED_PROMPTS, TURNS, Decontaminator, load_prompts, read_records
@@ -179,7 +180,7 @@ def _plain_dynamic_cache(model) -> bool:
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
     except Exception:  # noqa: BLE001 - any failure means: use generate()
         return False
-    cache = out.past_key_values
+    cache = output_cache(out)
     return isinstance(cache, DynamicCache) and len(cache.layers) > 0 and \
         all(type(layer) is DynamicLayer for layer in cache.layers)
 
@@ -296,16 +297,16 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
                 new_mask[i, width - len(t[3]):] = 1
             positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
             out = model(input_ids=ids.to(device), attention_mask=new_mask.to(device),
-                        position_ids=positions.to(device), past_key_values=DynamicCache(config=model.config),
+                        position_ids=positions.to(device), **cache_argument(DynamicCache(config=model.config)),
                         use_cache=True, logits_to_keep=1)
             if cache is None:
                 cache = Cache(layers=[_SlotLayer(*(torch.zeros((batch_size, *t.shape[1:2], capacity, t.shape[3]),
                                                                dtype=t.dtype, device=device)
                                                    for t in (layer.keys, layer.values)), window)
-                                      for layer in out.past_key_values.layers])
+                                      for layer in output_cache(out).layers])
             index = torch.tensor(free[: len(new)], device=device)
             begin = window.end - width
-            for layer, new_layer in zip(cache.layers, out.past_key_values.layers):
+            for layer, new_layer in zip(cache.layers, output_cache(out).layers):
                 layer.buffer_keys[index, :, begin: window.end] = new_layer.keys
                 layer.buffer_values[index, :, begin: window.end] = new_layer.values
             mask[index] = 0
@@ -331,7 +332,7 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
                 slots[i].next_position += 1
             mask[:, window.end] = 1  # a free slot attends to its own column only, so its row stays finite
             out = model(input_ids=feed.to(device), attention_mask=mask[:, window.start: window.end + 1],
-                        position_ids=positions.to(device), past_key_values=cache, use_cache=True)
+                        position_ids=positions.to(device), **cache_argument(cache), use_cache=True)
             window.end += 1
             sample = torch.tensor([row is not None and row.sample for row in slots], device=device)
             chosen = _choose(out.logits[:, -1, :], sample, temperature, top_p, generator).tolist()

@@ -31,6 +31,7 @@ from .decoding_acceptance import TypicalAcceptance
 from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
 from .decoding_candidate_generator import CerberusCandidateGenerator
 from .checkpoint import HEADS_WEIGHTS_NAME, load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
+from .compat import cache_argument, default_generation_params
 from .configuration_cerberus import CerberusConfig
 from .errors import check_int, check_number
 from .decoding_lookup import DEFAULT_MAX_NGRAM
@@ -272,12 +273,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ):
-        """The base model's forward, unchanged: heads never alter what the model computes."""
+        """The base model's forward, unchanged: heads never alter what the model computes. The KV cache may be
+        given under either name (``past_key_values``, or ``cache`` from transformers 5.24 on)."""
+        if past_key_values is not None:
+            kwargs.update(cache_argument(past_key_values))
         return self.base(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             labels=labels,
             use_cache=use_cache,
@@ -387,7 +390,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         rows = _unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
         if any(row.shape[1] != input_ids.shape[1] for row in rows):
             # generate() counts max_length / min_length over the padded width; rows decode without padding.
-            defaults = effective._get_default_generation_params()
+            defaults = default_generation_params(effective)
             max_length = effective.max_length if effective.max_length is not None else defaults["max_length"]
             if effective.max_new_tokens is None:
                 kwargs["max_new_tokens"] = max_length - input_ids.shape[1]

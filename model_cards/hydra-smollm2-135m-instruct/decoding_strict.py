@@ -37,6 +37,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
+from .compat import ATTN_IMPLEMENTATION_FIELD, attn_implementation
 from .module_views import config_view, with_configs
 
 STRICT_ATTENTION = "cerberus_strict_sdpa"
@@ -121,7 +122,7 @@ def _configs(model: nn.Module) -> list:
 
 def check_strict_support(model: nn.Module) -> None:
     """Refuse a base whose one-token forward is not what `strict_attention_forward` reproduces."""
-    implementation = model.config._attn_implementation
+    implementation = attn_implementation(model.config)
     if implementation != "sdpa":
         raise ValueError(
             f"strict=True needs the base's attention to be 'sdpa' (it is {implementation!r}): strict verification "
@@ -180,7 +181,7 @@ def strict_view(model: nn.Module) -> nn.Module:
     """A view of ``model`` (`module_views`) whose attention layers run `strict_attention_forward`; the base
     itself, which other threads may be running, is left as it is. The view builds no mask of its own (a tree's
     4D mask passes through; a chain arrives as None, read as causal)."""
-    configs = {id(config): config_view(config, _attn_implementation_internal=STRICT_ATTENTION)
+    configs = {id(config): config_view(config, **{ATTN_IMPLEMENTATION_FIELD: STRICT_ATTENTION})
                for config in _configs(model)}
     for config in _configs(model):  # a config's sub-config (the text config) is viewed with it
         for name, value in config.__dict__.items():

@@ -22,6 +22,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .compat import cache_argument, handed_cache, prefill
 from .decoding_acceptance import TypicalAcceptance, pick_token
 from .decoding_candidate_generator import CerberusCandidateGenerator, Draft
 from .decoding_profiling import StepProfiler, phase_timer
@@ -34,12 +35,12 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
         raise ValueError("The draft-verify loop decodes one sequence at a time; CerberusForCausalLM.generate splits batches.")
     if not generation_config.use_cache:
         raise ValueError("Speculative decoding needs the KV cache: use_cache=False is not supported.")
-    cache = model_kwargs.get("past_key_values")
+    cache = handed_cache(model_kwargs)
     if not isinstance(cache, DynamicCache):
         raise ValueError(
             f"Speculative decoding needs a DynamicCache it can roll back; got {type(cache).__name__}. "
             "Static, quantized and offloaded caches are not supported: drop `cache_implementation` / "
-            "`past_key_values` from the call."
+            "`cache` / `past_key_values` from the call."
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
         raise ValueError(
@@ -60,7 +61,7 @@ def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, 
         mask = None if draft.tree.is_chain else draft.tree.attention_mask(past, model.dtype, input_ids.device)
     position_ids = (past + offsets.to(input_ids.device))[None]
     return model(
-        input_ids=step_input, past_key_values=cache, position_ids=position_ids, attention_mask=mask, use_cache=True
+        input_ids=step_input, position_ids=position_ids, attention_mask=mask, use_cache=True, **cache_argument(cache)
     )
 
 
@@ -113,7 +114,7 @@ def speculative_generate(
     """
     _check_supported(model, input_ids, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
-    cache: DynamicCache = model_kwargs["past_key_values"]
+    cache: DynamicCache = handed_cache(model_kwargs)
     do_sample = generation_config.do_sample
     want_dict = generation_config.return_dict_in_generate
     scores = () if (want_dict and generation_config.output_scores) else None
@@ -125,7 +126,7 @@ def speculative_generate(
     with candidate_generator.capture(model) as captured:
         candidate_generator.start(model, cache)
         with phase("prefill"):
-            outputs = model._prefill(input_ids, generation_config, model_kwargs)
+            outputs = prefill(model, input_ids, generation_config, model_kwargs)
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()  # sliding-window layers must be able to roll back
         step_logits = outputs.logits[:, -1:]
@@ -188,6 +189,6 @@ def speculative_generate(
         streamer.end()
     if want_dict:
         return GenerateDecoderOnlyOutput(
-            sequences=input_ids, scores=scores, logits=raw_logits, past_key_values=cache
+            sequences=input_ids, scores=scores, logits=raw_logits, **cache_argument(cache)
         )
     return input_ids

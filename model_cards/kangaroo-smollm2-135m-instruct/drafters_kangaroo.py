@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from .configuration_cerberus import CerberusConfig
+from .compat import cache_argument
 from .drafters_base import Drafter, SequenceState, capture_lm_head_input, decoder_layers, in_this_thread
 from .drafters_layers import AttentionAdapter
 from .decoding_tree import tree_attention_ok
@@ -196,7 +197,7 @@ class PathScorer:
         mask = torch.zeros(1, 1, count, total, dtype=model.dtype, device=device)
         mask.masked_fill_(~attend, torch.finfo(model.dtype).min)
         with first_layers(model, self.drafter.exit_layer) as decoder:
-            decoder(input_ids=tokens, past_key_values=self.state.cache, position_ids=positions[None],
+            decoder(input_ids=tokens, **cache_argument(self.state.cache), position_ids=positions[None],
                     attention_mask=mask, use_cache=True)
         exit_states = self.state.captured["exit"].to(self.drafter.dtype)
         adapted, self.state.past = self.drafter.adapter(exit_states, positions, self.state.past, attend=attend)
@@ -271,7 +272,7 @@ class KangarooDrafter(Drafter):
             """The token at the next position through the first layers; their output there ``[1, 1, hidden]``."""
             length = start + len(exits)
             decoder(input_ids=torch.tensor([[token]], device=input_ids.device, dtype=input_ids.dtype),
-                    past_key_values=state.cache, use_cache=True,
+                    **cache_argument(state.cache), use_cache=True,
                     position_ids=torch.tensor([[length]], device=input_ids.device),
                     attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=input_ids.device))
             exits.append(state.captured["exit"][:, -1:])
