@@ -152,8 +152,8 @@ def test_the_base_generation_config_is_never_swapped():
     model.generation_config.max_new_tokens = plain.shape[1] - PROMPTS[0].shape[1] + 7  # differs from the base's
     seen, stop = set(), threading.Event()
 
-    def watch() -> None:
-        while not stop.is_set():
+    def watch() -> None:  # samples every half millisecond (a busy loop would starve the decoding thread of the GIL)
+        while not stop.wait(0.0005):
             seen.add(id(base.generation_config))
 
     watcher = threading.Thread(target=watch)
