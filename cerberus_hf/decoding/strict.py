@@ -181,9 +181,9 @@ def strict_view(model: nn.Module) -> nn.Module:
     """A view of ``model`` (`module_views`) whose attention layers run `strict_attention_forward`; the base
     itself, which other threads may be running, is left as it is. The view builds no mask of its own (a tree's
     4D mask passes through; a chain arrives as None, read as causal)."""
-    configs = {id(config): config_view(config, **{ATTN_IMPLEMENTATION_FIELD: STRICT_ATTENTION})
-               for config in _configs(model)}
-    for config in _configs(model):  # a config's sub-config (the text config) is viewed with it
+    originals = _configs(model)
+    configs = {id(config): config_view(config, **{ATTN_IMPLEMENTATION_FIELD: STRICT_ATTENTION}) for config in originals}
+    for config in originals:  # a config's sub-config (the text config) is viewed with it
         for name, value in config.__dict__.items():
             if id(value) in configs and value is not config:
                 configs[id(config)].__dict__[name] = configs[id(value)]

@@ -94,7 +94,8 @@ def exited_forward(model: nn.Module, shallow: ShallowPass, as_tuple: bool) -> nn
     leave the cache alone; their KV entries are appended after the forward. Everything else the forward builds
     (positions, masks, the cache's lengths) is the model's own, so this works for any decoder whose layers
     take the hidden states first and return them (first, in a tuple, when ``as_tuple``)."""
-    layers = decoder_layers(model)[2][: len(shallow.keys_values)]
+    decoder, name, layers = decoder_layers(model)
+    count = len(shallow.keys_values)
 
     def passthrough(hidden_states, *args, **kwargs):
         return (hidden_states,) if as_tuple else hidden_states
@@ -103,9 +104,10 @@ def exited_forward(model: nn.Module, shallow: ShallowPass, as_tuple: bool) -> nn
         states = shallow.exit_states.to(hidden_states.device, hidden_states.dtype)
         return (states,) if as_tuple else states
 
-    stand_ins = {layer: with_forward(layer, passthrough) for layer in layers[:-1]}
-    stand_ins[layers[-1]] = with_forward(layers[-1], exited)
-    return replace_modules(model, stand_ins)
+    # built each verification step: the decoder is replaced as a whole, so only the way to it is walked
+    stand_ins = {str(i): with_forward(layers[i], passthrough) for i in range(count - 1)}
+    stand_ins[str(count - 1)] = with_forward(layers[count - 1], exited)
+    return replace_modules(model, {decoder: module_view(decoder, {name: module_view(layers, stand_ins)})})
 
 
 class KangarooState(SequenceState):

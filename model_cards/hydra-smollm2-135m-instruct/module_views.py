@@ -30,8 +30,13 @@ def module_view(module: nn.Module, children: dict[str, nn.Module] | None = None,
 
 def replace_modules(root: nn.Module, replacements: dict[nn.Module, nn.Module]) -> nn.Module:
     """A view of ``root`` in which each module of ``replacements`` (keys: the base's modules, by identity) is
-    replaced by its value; every module on the way to one is viewed (`module_view`), the rest is shared."""
-    return _rebuilt(root, lambda module, children: replacements.get(module))
+    replaced by its value; every module on the way to one is viewed (`module_view`), the rest is shared. The walk
+    stops at a replaced module: replacing a module high in the tree (the decoder rather than its layers) keeps it
+    short, which matters where a view is built every decoding step."""
+    if root in replacements:
+        return replacements[root]
+    children = _changed_children(root, lambda child: replace_modules(child, replacements))
+    return module_view(root, children) if children else root
 
 
 def with_forward(module: nn.Module, forward: Callable[..., Any]) -> nn.Module:
@@ -51,25 +56,20 @@ def config_view(config: Any, **values: Any) -> Any:
 
 def with_configs(root: nn.Module, configs: dict[int, Any]) -> nn.Module:
     """A view of ``root`` in which every module whose ``config`` is one of ``configs``' keys (by ``id``) reads
-    the config mapped to it instead."""
+    the config mapped to it instead (its submodules first: they may read the config too)."""
+    children = _changed_children(root, lambda child: with_configs(child, configs))
+    config = configs.get(id(getattr(root, "config", None)))
+    if config is not None:
+        return module_view(root, children, config=config)
+    return module_view(root, children) if children else root
 
-    def make(module: nn.Module, children: dict[str, nn.Module]) -> nn.Module | None:
-        config = configs.get(id(getattr(module, "config", None)))
-        return module_view(module, children, config=config) if config is not None else None
 
-    return _rebuilt(root, make)
-
-
-def _rebuilt(module: nn.Module, make: Callable[[nn.Module, dict[str, nn.Module]], nn.Module | None]) -> nn.Module:
-    """``module`` rebuilt bottom-up: ``make(module, children)`` gives a module's replacement (None: keep it),
-    ``children`` being its submodules that changed below it; a kept module with changed children is viewed."""
-    children = {}
+def _changed_children(module: nn.Module, rebuild: Callable[[nn.Module], nn.Module]) -> dict[str, nn.Module]:
+    """``{name: rebuild(child)}`` for ``module``'s children that ``rebuild`` changed."""
+    changed = {}
     for name, child in module._modules.items():
         if child is not None:
-            new = _rebuilt(child, make)
+            new = rebuild(child)
             if new is not child:
-                children[name] = new
-    made = make(module, children)
-    if made is not None:
-        return made
-    return module_view(module, children) if children else module
+                changed[name] = new
+    return changed
