@@ -11,9 +11,9 @@ import argparse
 import math
 import os
 
-from ..checkpoint import check_source
+from transformers.utils import CONFIG_NAME
 
-CONFIG_NAME = "config.json"
+from ..checkpoint import check_source
 
 
 def _number(text: str, kind: type, what: str, valid) -> int | float:
@@ -81,14 +81,12 @@ def device(text: str) -> str:
             raise argparse.ArgumentTypeError(f"device {text} is not available here (torch.cuda.device_count() is "
                                              f"{count})")
         return text
-    if parsed.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise argparse.ArgumentTypeError(f"device {text} is not available here "
-                                             "(torch.backends.mps.is_available() is False)")
-        return text
-    if parsed.type == "xpu":
-        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-            raise argparse.ArgumentTypeError(f"device {text} is not available here (torch.xpu.is_available() is False)")
+    checks = {"mps": ("torch.backends.mps.is_available()", lambda: torch.backends.mps.is_available()),
+              "xpu": ("torch.xpu.is_available()", lambda: hasattr(torch, "xpu") and torch.xpu.is_available())}
+    if parsed.type in checks:
+        check, available = checks[parsed.type]
+        if not available():
+            raise argparse.ArgumentTypeError(f"device {text} is not available here ({check} is False)")
         return text
     raise argparse.ArgumentTypeError(f"device {text} is not supported here (expected cpu, cuda, cuda:N, mps or xpu)")
 
