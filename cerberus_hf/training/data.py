@@ -280,11 +280,7 @@ def jsonl_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
 
     A missing file, or a line that is not a JSON object, is a one-line error naming the file and the line
     (1-based, as editors count): ``prompts.jsonl line 3: not JSON (Expecting value)``."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder; expected a JSONL file")
-    if not path.is_file():
-        raise FileNotFoundError(f"no file {path}")
+    path = _existing_file(path)
     try:
         with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as handle:
             for number, raw in enumerate(handle):
@@ -335,6 +331,16 @@ def read_prompt_file(path: str | os.PathLike) -> list[tuple[str, dict]]:
     return prompts
 
 
+def _existing_file(path: str | os.PathLike) -> Path:
+    """``path`` as a Path, when it is a file: a folder or a missing path is an error saying which."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; expected a JSONL file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}")
+    return path
+
+
 def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
 
@@ -377,10 +383,7 @@ def read_records(path: str | os.PathLike, *, repair: bool = False, allow_empty: 
     error naming the line. Records whose answer is empty are kept (they yield no training positions). An
     empty file is an error unless ``allow_empty``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise IsADirectoryError(f"{path} is a folder; expected a JSONL file") if path.is_dir() else \
-            FileNotFoundError(f"no file {path}")
+    path = _existing_file(path)
     with _open_text(path) as handle:
         lines = handle.read().split("\n")
     while lines and not lines[-1].strip():
