@@ -23,7 +23,7 @@ test: install
 test-fast:
 	$(PYTHON) -m pytest -p no:cacheprovider -m "not real_model" -q
 
-# The tiny exactness and generate tests on the lowest and the newest transformers pyproject.toml admits, each in a
+# The tiny exactness, generate and persistence (remote code, custom_generate) tests on the lowest and the newest transformers pyproject.toml admits, each in a
 # venv of its own beside the installed package (CI runs it after `make test`, so a new release shows up there).
 TRANSFORMERS_RANGE ?= 5.18.0 5.24.0
 test-range: install
@@ -31,6 +31,6 @@ test-range: install
 	  venv=.venv-transformers-$$version; \
 	  $(PYTHON) -m venv --system-site-packages $$venv && \
 	  $$venv/bin/python -m pip install -q --disable-pip-version-check transformers==$$version && \
-	  $$venv/bin/python -m pytest -p no:cacheprovider -q -m "not real_model" tests/test_exactness.py tests/test_generate.py \
+	  $$venv/bin/python -m pytest -p no:cacheprovider -q -m "not real_model" tests/test_exactness.py tests/test_generate.py tests/test_persistence.py \
 	    || exit 1; \
 	done

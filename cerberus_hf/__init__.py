@@ -12,7 +12,7 @@ from .decoding.stats import GenerationStats
 AutoConfig.register(CerberusConfig.model_type, CerberusConfig, exist_ok=True)
 AutoModelForCausalLM.register(CerberusConfig, CerberusForCausalLM, exist_ok=True)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "HEAD_TYPES",

@@ -9,10 +9,14 @@ Checked on transformers 5.18.0, 5.23.0 and 5.24.0.
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
 from typing import Any
 
 import transformers
 from packaging.version import Version
+from transformers import GenerationMixin
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 
@@ -60,3 +64,20 @@ def attn_implementation(config: Any) -> str | None:
 # ``_attn_implementation_internal``: the plain field behind `attn_implementation`'s property, whose setter also
 # writes sub-configs; a view of a config (`module_views.config_view`) sets this field on the copy only.
 ATTN_IMPLEMENTATION_FIELD = "_attn_implementation_internal"
+
+
+_GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
+
+
+def custom_generate_source() -> str | None:
+    """The folder or Hub id named by the ``generate(custom_generate=..., trust_remote_code=True)`` call that is running
+    a repository's ``custom_generate/generate.py`` (None outside one). transformers hands that function the model and
+    generate()'s arguments but not the repository it came from, which the heads' function needs to find its weights:
+    it is read from ``GenerationMixin.generate``'s local ``custom_generate`` in the calling frame (5.18-5.24)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _GENERATE_CODE:
+            source = frame.f_locals.get("custom_generate")
+            return os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
+        frame = frame.f_back
+    return None

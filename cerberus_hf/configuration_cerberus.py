@@ -12,7 +12,7 @@ from .checkpoint import check_source
 from .decoding.gate import GATE_SIGNALS
 from .decoding.tree import DynamicTree, TreeSpec
 from .errors import UserError, check_number
-from .remote_code import auto_map_entry, write_remote_code
+from .remote_code import AUTO_MAP, write_loading_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
 HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover")
@@ -188,16 +188,9 @@ class CerberusConfig(PreTrainedConfig):
             raise UserError(f"{where}: {error}") from error
 
     def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
-        """Write ``config.json``; when registered for an Auto class, also the code that loads it as remote
-        code, as flat modules (`remote_code`: transformers' own copier cannot follow subpackages)."""
-        auto_class = type(self)._auto_class
-        if auto_class is None:
-            return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        """Write ``config.json`` with the ``auto_map`` of `remote_code`, and the two stub modules it names, which
+        import the installed package (so the folder loads with ``trust_remote_code=True``)."""
         os.makedirs(save_directory, exist_ok=True)
-        self.auto_map = {**(getattr(self, "auto_map", None) or {}), auto_class: auto_map_entry(type(self))}
-        write_remote_code(save_directory, type(self).__module__)
-        type(self)._auto_class = None  # the base class would copy the package's modules as they are
-        try:
-            super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-        finally:
-            type(self)._auto_class = auto_class
+        self.auto_map = dict(AUTO_MAP)
+        write_loading_code(save_directory, custom_generate=False)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)

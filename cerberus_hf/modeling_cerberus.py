@@ -3,8 +3,8 @@
 The wrapper computes exactly the base's logits in `forward`; only `generate()` differs, and only in
 speed: it runs the base's own `generate()` preparation with a draft-verify loop as the decoding method
 (`decoding.speculative_generate`), fed by a `CerberusCandidateGenerator`. Checkpoints hold only the
-heads (safetensors), a config naming the base, and this code, so they load with
-`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` without cerberus_hf installed.
+heads (safetensors), a config naming the base, and two stub modules that import this package (`remote_code`),
+so they load with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` where it is installed.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .decoding.profiling import StepProfiler, phase_timer
 from .real_models import describe_source
 from .module_views import module_view
-from .remote_code import auto_map_entry, write_remote_code
+from .remote_code import copied_code, write_loading_code
 from .decoding.stats import GenerationStats
 from .decoding.strict import check_strict_support, row_invariant_rows
 from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
@@ -138,6 +138,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         """
         path = str(pretrained_model_name_or_path)
         hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if kwargs.get(k) is not None}
+        copied = copied_code(path)
+        if copied:
+            logger.warning_once(
+                f"cerberus-hf: {path} carries {len(copied)} modules of package code an earlier release copied into it. "
+                "Loading here ignores them, but trust_remote_code=True would run that frozen copy: "
+                f"`cerberus-hf refresh-folder {path}` replaces it with two stubs that import the installed package."
+            )
         if config is None:
             config = CerberusConfig.from_pretrained(path, **hub_kwargs)
         elif not isinstance(config, CerberusConfig):
@@ -168,18 +175,16 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return model
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
-        """Write the heads (safetensors), ``config.json`` with ``auto_map``, the modeling code and
-        ``generation_config.json``. The base's weights are never written."""
+        """Write the heads (safetensors), ``config.json`` with ``auto_map``, the loading code (`remote_code`: two stub
+        modules and ``custom_generate/``) and ``generation_config.json``. The base's weights are never written."""
         if kwargs.get("push_to_hub"):
             raise ValueError("Use model.push_to_hub(repo_id) to upload; save_pretrained only writes a folder.")
         if not is_main_process:
             return
         os.makedirs(save_directory, exist_ok=True)
         self.config.architectures = [type(self).__name__]
-        if self._auto_class is not None:
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), self._auto_class: auto_map_entry(type(self))}
-            write_remote_code(save_directory, type(self).__module__)
         self.config.save_pretrained(save_directory)
+        write_loading_code(save_directory)
         self.generation_config.save_pretrained(save_directory)
         save_heads_state_dict(self.heads.state_dict(), save_directory)
         if self.ngram is not None:
@@ -465,6 +470,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
         # its generation config stay as they are for other threads (`module_views`).
         base = module_view(self.base, generation_config=_without_lookup(self.generation_config))
+        if generation_config is not None:
+            # the call's generation settings (and those set above) go into its config, as generate() would put them:
+            # passing both is deprecated from transformers 5.24 on (one warning per call)
+            generation_config = copy.deepcopy(generation_config)
+            kwargs = generation_config.update(**kwargs)
         results = [
             base.generate(
                 row,
@@ -709,6 +719,3 @@ def _pad_batch(padded_inputs: torch.Tensor, rows: list, results: list, config: G
         out[i, padded_inputs.shape[1] : padded_inputs.shape[1] + tokens.shape[0]] = tokens
     return GenerateDecoderOnlyOutput(sequences=out) if as_dict else out
 
-
-CerberusConfig.register_for_auto_class()
-CerberusForCausalLM.register_for_auto_class("AutoModelForCausalLM")

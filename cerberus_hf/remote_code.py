@@ -1,77 +1,143 @@
-"""The code a saved folder carries so that it loads with ``trust_remote_code=True``, written as flat modules.
+"""The code a saved folder carries so that it loads with ``trust_remote_code=True``: two short modules that import
+the installed package, and transformers' ``custom_generate/`` folder.
 
-transformers' remote-code loader copies the module named in ``auto_map`` and, recursively, every module it
-imports relatively into one flat folder, resolving ``from .x import`` to ``x.py`` beside it. It cannot
-follow a subpackage (``from .decoding.tree import``) or a parent (``from ..gate import``), so the package's
-own layout cannot be copied as it is. Instead the modules the model needs are written flat:
-``decoding/tree.py`` becomes ``decoding_tree.py`` and every relative import is rewritten to the flat name.
-Only modules reachable from the entry module are written (no CLI, training or benchmark code). Applied to
-an already-flat copy (a model loaded as remote code and saved again) it reproduces the same files.
+Why imports and not the code itself: release 0.1 copied 27 to 30 package modules into every saved folder,
+flattened so that transformers' copier could follow them. A copy is frozen when it is saved: it carries no version
+pin, so it broke on the day its user upgraded transformers (5.24 renamed the cache argument), it cannot be mended
+by upgrading the package, and it made every Hub repository of heads a fork of the package. With the two stubs the
+code lives in one place, the installed package, which pip versions; a folder holds weights, config, card and
+calibration. A user who lacks the package is told by transformers' own import check what to install
+(``pip install cerberus_hf``; pip reads the underscore as the hyphen).
+
+``custom_generate/generate.py`` serves ``base.generate(**inputs, custom_generate=<folder or Hub id>,
+trust_remote_code=True)`` for a base the user has loaded already (`cerberus_hf.custom_generate`);
+``custom_generate/requirements.txt`` makes transformers name the release that has it when an older one is installed.
+
+Folders saved by 0.1 still load with `CerberusForCausalLM.from_pretrained`, which notes their copied code;
+``cerberus-hf refresh-folder FOLDER`` (`refresh_folder`) swaps that code for the stubs.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import re
-import sys
 from pathlib import Path
 
-_RELATIVE_IMPORT = re.compile(r"^(\s*)from\s+(\.+)([\w.]*)\s+import\b", re.M)
+from transformers.utils import CONFIG_NAME
+
+from .checkpoint import HEADS_WEIGHTS_NAME
+from .errors import UserError
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_cerberus.CerberusConfig",
+    "AutoModelForCausalLM": "modeling_cerberus.CerberusForCausalLM",
+}
+
+# The first release whose package has every module the stubs import.
+REQUIRES = "cerberus-hf>=0.2.0"
+
+_STUB = '''"""{what} from the installed cerberus-hf package (`pip install cerberus-hf`).
+
+This folder holds draft heads; the code that runs them is the package's, so it follows the package's releases.
+"""
+
+from cerberus_hf.{module} import {name}
+
+__all__ = ["{name}"]
+'''
+
+LOADING_CODE = {
+    "configuration_cerberus.py": _STUB.format(
+        what="The configuration of these draft heads", module="configuration_cerberus", name="CerberusConfig"),
+    "modeling_cerberus.py": _STUB.format(
+        what="The base model with these draft heads", module="modeling_cerberus", name="CerberusForCausalLM"),
+}
+
+CUSTOM_GENERATE_CODE = {
+    "custom_generate/generate.py": '''"""Speculative decoding with the draft heads of this repository, for a base model loaded already:
+
+    base.generate(**inputs, custom_generate="<this repository or folder>", trust_remote_code=True)
+
+Output equals the same call without ``custom_generate`` (greedy: token for token); the heads only make it sooner.
+The decoding loop is the installed cerberus-hf package's (`pip install cerberus-hf`).
+"""
+
+from cerberus_hf.custom_generate import generate
+
+__all__ = ["generate"]
+''',
+    "custom_generate/requirements.txt": REQUIRES + "\n",
+}
+
+# Python files that release 0.1 (and the lab versions before it) copied into saved folders.
+_COPIED_MODULE = re.compile(
+    r"^(?:(?:decoding|drafters)(?:_\w+)?|acceptance|base_model|candidate_generator|checkpoint|compat|"
+    r"context_lookup|errors|gate|heads|module_views|profiling|real_models|remote_code|stats|tree)\.py$"
+)
 
 
-def _flat_stem(path: Path, root: Path) -> str:
-    relative = path.relative_to(root)
-    parts = relative.parent.parts if relative.name == "__init__.py" else relative.with_suffix("").parts
-    if not parts:
-        raise ValueError(f"{path}: the package root's __init__ cannot be part of remote code.")
-    return "_".join(parts)
-
-
-def _resolve(importer: Path, dots: str, dotted: str) -> Path:
-    """The file of the module ``from <dots><dotted> import`` names, seen from ``importer``."""
-    folder = importer.parent
-    for _ in range(len(dots) - 1):
-        folder = folder.parent
-    target = folder.joinpath(*dotted.split(".")) if dotted else folder
-    if target.is_dir():
-        return target / "__init__.py"
-    return target.with_suffix(".py")
-
-
-def remote_code_files(entry_module: str) -> dict[str, str]:
-    """``{flat file name: source}`` for the module ``entry_module`` (imported) and all it imports relatively.
-
-    The root of the flat layout is the entry module's folder, so its siblings keep their names.
-    """
-    entry = Path(sys.modules[entry_module].__file__).resolve()
-    root = entry.parent
-    pending, files = [entry], {}
-    while pending:
-        path = pending.pop()
-        name = _flat_stem(path, root) + ".py"
-        if name in files:
-            continue
-
-        def rewrite(match: re.Match, importer: Path = path) -> str:
-            target = _resolve(importer, match.group(2), match.group(3))
-            if not target.is_file():
-                raise FileNotFoundError(f"{importer} imports {match.group(2)}{match.group(3)}, which is not {target}.")
-            pending.append(target)
-            return f"{match.group(1)}from .{_flat_stem(target, root)} import"
-
-        files[name] = _RELATIVE_IMPORT.sub(rewrite, path.read_text(encoding="utf-8"))
-    return files
-
-
-def write_remote_code(folder: str | Path, entry_module: str) -> list[Path]:
-    """Write `remote_code_files` of ``entry_module`` into ``folder``; returns the paths written."""
+def write_loading_code(folder: str | os.PathLike, custom_generate: bool = True) -> list[Path]:
+    """Write the two stub modules (and, with ``custom_generate``, the ``custom_generate/`` folder) into ``folder``;
+    returns the paths written. The matching ``auto_map`` is `AUTO_MAP`, which the config writes."""
+    files = {**LOADING_CODE, **(CUSTOM_GENERATE_CODE if custom_generate else {})}
     written = []
-    for name, source in sorted(remote_code_files(entry_module).items()):
+    for name, text in files.items():
         path = Path(folder) / name
-        path.write_text(source, encoding="utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
 
 
-def auto_map_entry(cls: type) -> str:
-    """``"<flat module>.<Class>"``: how ``auto_map`` names a class whose module sits at the flat root."""
-    return f"{Path(sys.modules[cls.__module__].__file__).stem}.{cls.__name__}"
+def copied_code(folder: str | os.PathLike) -> list[Path]:
+    """The package modules an earlier release copied into ``folder`` (empty for a folder of this layout)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stubs = (folder / "modeling_cerberus.py", folder / "configuration_cerberus.py")
+    copied = sorted(path for path in folder.glob("*.py") if _COPIED_MODULE.match(path.name))
+    # a 0.1 folder's modeling/configuration modules are the copies themselves, not the stubs
+    copied += [path for path in stubs if path.is_file() and path.read_text(encoding="utf-8") != LOADING_CODE[path.name]]
+    return copied
+
+
+def refresh_folder(folder: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Bring a saved folder to this layout: remove the code an earlier release copied into it, write the stubs and
+    ``custom_generate/``, and set ``auto_map`` in its config; the same in a subfolder that holds draft heads of its
+    own (a lattice rescorer). Weights, configs, calibration and card are kept. Returns (removed, written)."""
+    folder = Path(folder)
+    config_path = folder / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder}: no {CONFIG_NAME}; not a saved folder of draft heads")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if config.get("model_type") != "cerberus":
+        raise UserError(f"{config_path}: model_type is {config.get('model_type')!r}, not 'cerberus'")
+    removed = copied_code(folder)
+    for path in removed:
+        path.unlink()
+    written = write_loading_code(folder, custom_generate=(folder / HEADS_WEIGHTS_NAME).is_file())
+    if config.get("auto_map") != AUTO_MAP:
+        config["auto_map"] = AUTO_MAP
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for sub in sorted(path.parent for path in folder.glob(f"*/{CONFIG_NAME}")):
+        if json.loads((sub / CONFIG_NAME).read_text(encoding="utf-8")).get("model_type") == "cerberus":
+            more_removed, more_written = refresh_folder(sub)
+            removed, written = removed + more_removed, written + more_written
+    return removed, written
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "refresh-folder", help="replace the code an earlier release copied into saved heads by the current stubs",
+        description=refresh_folder.__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", metavar="FOLDER", help="saved heads (a folder with config.json)")
+    parser.set_defaults(func=_run_cli)
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    for folder in args.folders:
+        removed, written = refresh_folder(folder)
+        print(f"{folder}: removed {len(removed)} copied modules, wrote {len(written)} files")
+    return 0

@@ -12,7 +12,7 @@ from cerberus_hf.real_models import load_packaged_model
 
 folder = sys.argv[1] if len(sys.argv) > 1 else "/tmp/cerberus-smollm2-heads"
 base, tokenizer = load_packaged_model()
-CerberusForCausalLM.from_base(base).save_pretrained(folder)  # heads + config + code, no base weights
+CerberusForCausalLM.from_base(base).save_pretrained(folder)  # heads, config, stubs importing cerberus_hf; no base weights
 tokenizer.save_pretrained(folder)  # so the pipeline finds a tokenizer next to the heads
 
 generator = pipeline("text-generation", model=folder, trust_remote_code=True)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import cerberus_hf
-from cerberus_hf.remote_code import remote_code_files
+from cerberus_hf.remote_code import CUSTOM_GENERATE_CODE, LOADING_CODE, refresh_folder
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
 from helpers import NEW_TOKENS, PROMPT_LEN, randomize_heads
 from tiny_models import DEVICE, tiny_model, tiny_tokenizer, prompt_ids
@@ -80,8 +81,8 @@ def test_save_writes_heads_config_code_and_generation_config(saved, base_dir):
     model, folder = saved
     files = set(os.listdir(folder))
     assert {HEADS_FILE, "config.json", "generation_config.json"} <= files
-    # the modeling code and everything it imports, so that trust_remote_code works without the package
-    assert {"modeling_cerberus.py", "configuration_cerberus.py"} <= files
+    # the two stubs that import the installed package (trust_remote_code) and transformers' custom_generate folder
+    assert {"modeling_cerberus.py", "configuration_cerberus.py", "custom_generate"} <= files
     # never the base's weights
     weights = [f for f in files if f.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json"))]
     assert weights == [HEADS_FILE]
@@ -119,43 +120,22 @@ def test_heads_file_holds_only_heads(saved):
         assert torch.equal(tensors[name].to(tensor.device), tensor), name
 
 
-def _assert_is_the_remote_code(folder: str) -> None:
-    """``folder`` holds exactly the package's flat remote code (`remote_code`), whose every relative
-    import names a module beside it, and no other Python file."""
-    expected = remote_code_files("cerberus_hf.modeling_cerberus")
-    saved_code = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
-    assert saved_code == sorted(expected)
-    assert {"modeling_cerberus.py", "configuration_cerberus.py", "drafters.py", "drafters_base.py"} <= set(saved_code)
-    assert not any(name.startswith(("tools_", "training_")) for name in saved_code), "CLI/training code shipped"
-    for name in saved_code:
-        source = open(os.path.join(folder, name)).read()
-        assert source == expected[name], name
-        assert not re.findall(r"^\s*from \.\.", source, flags=re.M), f"{name} imports from a parent package"
-        for module in re.findall(r"^\s*from \.([\w.]+) import", source, flags=re.M):
-            assert f"{module}.py" in saved_code, f"{name} imports .{module}, which was not saved"
+def _assert_is_the_loading_code(folder: str, custom_generate: bool = True) -> None:
+    """``folder`` holds the two stub modules of `remote_code` and, with ``custom_generate``, its
+    ``custom_generate/`` folder, exactly, and no other code: the package's code lives in the package."""
+    code = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*") if p.suffix in (".py", ".txt"))
+    expected = {**LOADING_CODE, **(CUSTOM_GENERATE_CODE if custom_generate else {})}
+    assert code == sorted(expected)
+    for name, text in expected.items():
+        assert (Path(folder) / name).read_text() == text, name
+    for name in LOADING_CODE:  # each stub imports one name from the package, nothing relative
+        imports = re.findall(r"^\s*(?:from|import)\s+(\S+)", expected[name], flags=re.M)
+        assert imports == [f"cerberus_hf.{name[:-3]}"], (name, imports)
 
 
-def test_saved_code_is_the_package_code_and_complete(saved):
-    """The modeling code ships as the package's modules, flattened, with every module it imports."""
-    _assert_is_the_remote_code(saved[1])
-
-
-def test_flattening_a_flat_copy_gives_the_same_files(saved, tmp_path):
-    """A model loaded as remote code and saved again writes the same code (flattening is idempotent)."""
-    flat = tmp_path / "flatpkg"
-    flat.mkdir()
-    (flat / "__init__.py").write_text("")
-    for name in os.listdir(saved[1]):
-        if name.endswith(".py"):
-            shutil.copy(os.path.join(saved[1], name), flat / name)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        importlib.import_module("flatpkg.modeling_cerberus")
-        assert remote_code_files("flatpkg.modeling_cerberus") == remote_code_files("cerberus_hf.modeling_cerberus")
-    finally:
-        sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m == "flatpkg" or m.startswith("flatpkg.")]:
-            del sys.modules[name]
+def test_saved_code_is_two_stubs_and_custom_generate(saved):
+    """No package module is copied into a saved folder."""
+    _assert_is_the_loading_code(saved[1])
 
 
 # ---------------------------------------------------------------------------------------------- round trips
@@ -244,35 +224,57 @@ def run_python(script: str, cwd: str, env_extra: dict, *args: str, timeout: int 
     return json.load(open(result_path))
 
 
-REMOTE_CODE_SCRIPT = """
+BLOCKED_SCRIPT = """
     import json, sys
 
-    class BlockCerberus:
-        # cerberus_hf must not be importable here: the checkpoint's own code has to do the work.
+    class BlockCerberus:  # as if cerberus_hf were not installed
         def find_spec(self, name, path=None, target=None):
             if name == "cerberus_hf" or name.startswith("cerberus_hf."):
-                raise ImportError(f"{name} is blocked in this test")
+                raise ImportError(f"No module named {name!r}")
             return None
 
     sys.meta_path.insert(0, BlockCerberus())
     repo_root = sys.argv[3]
     sys.path[:] = [p for p in sys.path if p not in ("", ".") and not p.startswith(repo_root)]
+    import torch
+    from transformers import AutoModelForCausalLM
 
+    heads_dir, base_dir, _, result_path = sys.argv[1:5]
+    errors = {}
+    try:
+        AutoModelForCausalLM.from_pretrained(heads_dir, trust_remote_code=True)
+    except ImportError as error:
+        errors["auto"] = str(error)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    try:
+        base.generate(torch.tensor([[5, 17, 33]]), custom_generate=heads_dir, trust_remote_code=True)
+    except ImportError as error:
+        errors["custom_generate"] = str(error)
+    json.dump(errors, open(result_path, "w"))
+"""
+
+
+def test_remote_code_without_cerberus_hf_says_what_to_install(saved, base_dir, tmp_path):
+    """Without the package, trust_remote_code and custom_generate stop at transformers' import check, which names it."""
+    result = run_python(BLOCKED_SCRIPT, str(tmp_path), {}, saved[1], base_dir, ROOT)
+    assert set(result) == {"auto", "custom_generate"}
+    for message in result.values():
+        assert "pip install cerberus_hf" in message, message
+
+
+REMOTE_CODE_SCRIPT = """
+    import json, sys
     import torch
     from transformers import AutoModelForCausalLM, pipeline
 
-    heads_dir, base_dir, _, result_path = sys.argv[1:5]
-    try:
-        import cerberus_hf  # noqa: F401
-        blocked = False
-    except ImportError:
-        blocked = True
-
+    heads_dir, base_dir, result_path = sys.argv[1:4]
     model = AutoModelForCausalLM.from_pretrained(heads_dir, trust_remote_code=True)
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     prompt = torch.tensor([PROMPT])
     out = model.generate(prompt, max_new_tokens=NEW)
     ref = base.generate(prompt, max_new_tokens=NEW, do_sample=False)
+    custom = base.generate(prompt, max_new_tokens=NEW, custom_generate=heads_dir, trust_remote_code=True)
+    from cerberus_hf.custom_generate import heads_for
 
     pipe = pipeline("text-generation", model=heads_dir, trust_remote_code=True)
     text = pipe("w5 w17 w33 w41 w8 w60", max_new_tokens=12, return_full_text=False)[0]["generated_text"]
@@ -280,33 +282,79 @@ REMOTE_CODE_SCRIPT = """
     base_text = base_pipe("w5 w17 w33 w41 w8 w60", max_new_tokens=12, return_full_text=False,
                           do_sample=False)[0]["generated_text"]
     json.dump({
-        "blocked": blocked,
         "model_module": type(model).__module__,
         "pipe_model_module": type(pipe.model).__module__,
-        "cerberus_modules": sorted(m for m in sys.modules if m.startswith("cerberus_hf")),
-        "out": out.tolist(), "ref": ref.tolist(),
+        "out": out.tolist(), "ref": ref.tolist(), "custom": custom.tolist(),
         "steps": model.generation_stats.steps, "drafted": model.generation_stats.drafted_tokens,
+        "custom_drafted": heads_for(base, heads_dir).generation_stats.drafted_tokens,
         "pipe_steps": pipe.model.generation_stats.steps,
         "text": text, "base_text": base_text,
     }, open(result_path, "w"))
 """
 
 
-def test_remote_code_without_cerberus_hf_installed(saved, base_dir, tmp_path):
-    """AutoModelForCausalLM(..., trust_remote_code=True) and pipeline() from the checkpoint alone."""
+def test_remote_code_runs_the_installed_package(saved, base_dir, tmp_path):
+    """AutoModelForCausalLM(..., trust_remote_code=True), pipeline() and base.generate(custom_generate=...) in a fresh
+    interpreter that never imported cerberus_hf: the stubs load the installed package, which decodes exactly."""
     _, folder = saved
     script = REMOTE_CODE_SCRIPT.replace("PROMPT", str(prompt()[0].tolist())).replace("NEW", str(NEW_TOKENS))
-    result = run_python(script, str(tmp_path), {}, folder, base_dir, ROOT)
-    assert result["blocked"] is True
-    assert result["cerberus_modules"] == []
-    assert result["model_module"].startswith("transformers_modules")
-    assert result["pipe_model_module"].startswith("transformers_modules")
-    assert result["out"] == result["ref"]
+    result = run_python(script, str(tmp_path), {"PYTHONPATH": ROOT}, folder, base_dir)
+    assert result["model_module"] == result["pipe_model_module"] == "cerberus_hf.modeling_cerberus"
+    assert result["out"] == result["ref"] == result["custom"]
     assert len(result["out"][0]) == PROMPT_LEN + NEW_TOKENS
     assert result["drafted"] > 0 and result["steps"] >= 1  # it decoded with drafts
+    assert result["custom_drafted"] > 0
     assert result["pipe_steps"] >= 1  # the pipeline went through the wrapper's generate()
     assert result["text"] == result["base_text"]
     assert len(result["text"].split()) >= 6
+
+
+def test_custom_generate_on_a_loaded_base(saved, base):
+    """base.generate(custom_generate=<heads>, trust_remote_code=True) equals the same call without it, greedy and
+    sampled with one seed, reuses one wrapper around the very base, and needs trust_remote_code."""
+    from cerberus_hf.custom_generate import generate as custom_generate_function, heads_for
+
+    _, folder = saved
+    out = base.generate(prompt(), max_new_tokens=NEW_TOKENS, custom_generate=folder, trust_remote_code=True)
+    assert out.tolist() == greedy(base)
+    wrapper = heads_for(base, folder)
+    assert wrapper.base is base and wrapper.generation_stats.drafted_tokens > 0
+    assert heads_for(base, folder) is wrapper
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        base.generate(prompt(), max_new_tokens=NEW_TOKENS, custom_generate=folder, trust_remote_code=False)
+    with pytest.raises(ValueError, match="custom_generate="):
+        custom_generate_function(base, prompt())
+
+
+def test_a_folder_of_the_previous_layout_loads_and_refreshes(saved, base, tmp_path, capsys):
+    """A folder saved by 0.1 (package modules copied into it) loads with from_pretrained, with a note that names the
+    command to refresh it; ``cerberus-hf refresh-folder`` swaps the copies for the stubs and keeps the rest."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    from cerberus_hf.tools.cli import main
+
+    old = tmp_path / "old"
+    shutil.copytree(saved[1], old)
+    shutil.rmtree(old / "custom_generate")
+    for name in ("decoding_loop.py", "drafters_base.py", "compat.py", "modeling_cerberus.py"):
+        (old / name).write_text("raise ImportError('a frozen 0.1 copy')\n")
+    (old / "notes.py").write_text("# the user's own file\n")
+    with CaptureLogger(logging.get_logger("cerberus_hf.modeling_cerberus")) as captured:
+        loaded = CerberusForCausalLM.from_pretrained(old, base_model=base)
+    assert f"cerberus-hf refresh-folder {old}" in captured.out
+    assert "4 modules" in captured.out
+    assert loaded.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)
+
+    assert main(["refresh-folder", str(old)]) == 0
+    assert "removed 4 copied modules, wrote 4 files" in capsys.readouterr().out
+    (old / "notes.py").unlink()
+    _assert_is_the_loading_code(str(old))
+    for name in (HEADS_FILE, "config.json", "generation_config.json"):
+        assert (old / name).read_bytes() == (Path(saved[1]) / name).read_bytes(), name
+    refreshed = AutoModelForCausalLM.from_pretrained(old, base_model=base, trust_remote_code=True)
+    assert type(refreshed) is CerberusForCausalLM
+    assert refreshed.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)
 
 
 HUB_SCRIPT = """
@@ -368,7 +416,7 @@ SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "model_
 
 
 @pytest.mark.parametrize("config_path", SHIPPED, ids=[os.path.basename(os.path.dirname(p)) for p in SHIPPED])
-def test_shipped_checkpoints_carry_the_current_code(config_path):
-    """A shipped folder loads with trust_remote_code from its own copy of the code: that copy must be the
-    package's current code (after changing the package: python scripts/refresh_shipped_code.py)."""
-    _assert_is_the_remote_code(os.path.dirname(config_path))
+def test_shipped_folders_hold_no_package_code(config_path):
+    """A shipped folder holds weights, config, calibration, card and the stubs of `remote_code`, not a copy of the
+    package (after changing the stubs: cerberus-hf refresh-folder model_cards/*/)."""
+    _assert_is_the_loading_code(os.path.dirname(config_path))

@@ -220,10 +220,16 @@ def render_card(
                      "into each draft (`generate(prompt_lookup_num_tokens=0)` switches it off)")
     lines += [
         "",
+        "The code that runs the heads is the `cerberus-hf` package's (`pip install cerberus-hf`); this repository "
+        "holds two stub modules that import it.",
+        "",
         "```python",
         "from transformers import AutoModelForCausalLM",
         "model = AutoModelForCausalLM.from_pretrained(\"<this folder or repo>\", trust_remote_code=True)",
         "out = model.generate(input_ids, max_new_tokens=128)  # identical to the base's greedy output",
+        "",
+        "# or, with the base loaded already, transformers' custom_generate convention:",
+        "out = base.generate(input_ids, max_new_tokens=128, custom_generate=\"<this folder or repo>\", trust_remote_code=True)",
         "```",
         "",
     ]
