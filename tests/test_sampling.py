@@ -92,11 +92,14 @@ TREES = {
 }
 
 
-# Kangaroo drafts its own chain only (through the base's first layer of two).
-FAMILY_TREES = [(h, tree) for h in (*HEAD_TYPES, *VARIANTS) if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains
-                for tree in TREES] + [
-    (h, "chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains
-]
+# Every family with every tree kind; Kangaroo drafts its own chain only (through the base's first layer of two).
+# Each case costs about 20 s (2,500 draws), so `make test` runs a diagonal of the matrix, every family once and
+# every tree kind once; the other cases are marked slow (`make test-slow`, which CI runs too).
+_TREE_FAMILIES = [h for h in (*HEAD_TYPES, *VARIANTS) if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains]
+FAMILY_TREES = [
+    pytest.param(h, tree, id=f"{h}-{tree}", marks=() if i % len(TREES) == j else pytest.mark.slow)
+    for i, h in enumerate(_TREE_FAMILIES) for j, tree in enumerate(TREES)
+] + [pytest.param(h, "chain", id=f"{h}-chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains]
 
 
 @pytest.mark.parametrize("head_type, tree", FAMILY_TREES)
