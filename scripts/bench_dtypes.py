@@ -32,8 +32,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--lookup", action="store_true", help="keep each calibration's prompt lookup (default off)")
     parser.add_argument("--strict", action="store_true", help="also each family in bf16 with strict verification")
-    parser.add_argument("--json", default="benchmarks/mt_bench_dtypes_cpu.json")
-    parser.add_argument("--plot", default="benchmarks/mt_bench_dtypes_cpu.png")
+    parser.add_argument("--json", default="benchmarks/mt_bench_dtypes_cpu/mt_bench_dtypes_cpu.json")
+    parser.add_argument("--plot", default="benchmarks/mt_bench_dtypes_cpu/mt_bench_dtypes_cpu.png")
     args = parser.parse_args()
 
     bases = {dtype: load_named_model("smollm2-135m-instruct", getattr(torch, dtype))

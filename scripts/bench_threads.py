@@ -61,8 +61,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--json", default="benchmarks/threads_hydra_cpu.json")
-    parser.add_argument("--plot", default="benchmarks/threads_hydra_cpu.png")
+    parser.add_argument("--json", default="benchmarks/threads_hydra_cpu/threads_hydra_cpu.json")
+    parser.add_argument("--plot", default="benchmarks/threads_hydra_cpu/threads_hydra_cpu.png")
     args = parser.parse_args()
 
     call = {"max_new_tokens": args.max_new_tokens, "do_sample": False}

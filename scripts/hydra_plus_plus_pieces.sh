@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Which of Hydra++'s pieces pay for themselves (issue 10), as measured on 2026-11-23 (README, "Training heads"):
+# Which of Hydra++'s pieces pay for themselves (issue 10), as measured on 2026-11-23 (docs/families.md, "Hydra and Hydra++"):
 #   prefix  the prefix layer at the shipped Hydra's full budget (2 epochs), its calibration, and a 20-prompt bench
 #           beside the shipped Hydra heads;
 #   pieces  250-step runs of the same recipe and seed: plain Hydra, the teacher loss, head dropout, and the prefix

@@ -29,8 +29,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--exit-confidence", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--json", default="benchmarks/kangaroo_reuse_cpu.json")
-    parser.add_argument("--plot", default="benchmarks/kangaroo_reuse_cpu.png")
+    parser.add_argument("--json", default="benchmarks/kangaroo_reuse_cpu/kangaroo_reuse_cpu.json")
+    parser.add_argument("--plot", default="benchmarks/kangaroo_reuse_cpu/kangaroo_reuse_cpu.png")
     args = parser.parse_args()
 
     base, tokenizer = load_named_model("smollm2-135m-instruct", torch.float32)

@@ -16,7 +16,7 @@ way, and where they do not, the argmax can flip at a near tie. Per dtype, on thi
    one-token forward computes it), in chunks no taller than the base's row-invariant height on this machine
    (`row_invariant_rows`, printed per dtype; a height of 1 leaves nothing to compare).
 
-    python scripts/shape_invariance.py [--prompts 8] [--tokens 32] [--json benchmarks/shape_invariance_cpu.json]
+    python scripts/shape_invariance.py [--prompts 8] [--tokens 32] [--json benchmarks/shape_invariance_cpu/shape_invariance_cpu.json]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=8, help="the first N MT-Bench prompts (every 10th question)")
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
-    parser.add_argument("--json", default="benchmarks/shape_invariance_cpu.json")
+    parser.add_argument("--json", default="benchmarks/shape_invariance_cpu/shape_invariance_cpu.json")
     args = parser.parse_args()
 
     machine = describe_device("cpu")

@@ -11,17 +11,21 @@ SHAREGPT=${SHAREGPT:-data/sharegpt_selfdistill.jsonl}    # issue 11's data: the 
 FULL="--data $DATA --data $SHAREGPT"                    # 2.05M answer tokens: the families retrained on it use both
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
 STEPS=${STEPS:-"distill cache train ngram calibrate calibrate-bf16 bench card"}
-FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
-RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
-KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
-CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
-KANGAROO_FULL=${KANGAROO_FULL:-benchmarks/mt_bench_kangaroo_full_data_cpu}  # the Kangaroo adapter retrained on 2.05M tokens, 10 prompts
-HEADS_FULL=${HEADS_FULL:-benchmarks/mt_bench_heads_full_data_cpu}  # Medusa and Cerberus retrained on 2.05M tokens, 10 prompts
-HYDRA_TREES=${HYDRA_TREES:-benchmarks/mt_bench_hydra_full_data_bf16_amx_cpu}  # Hydra retrained on 2.05M tokens: heads only, bf16
-HYDRA_FULL=${HYDRA_FULL:-benchmarks/mt_bench_hydra_full_data_default_bf16_amx_cpu}  # ... and its default (the card's), bf16
-CLOVER_FULL=${CLOVER_FULL:-benchmarks/mt_bench_clover_full_data_bf16_amx_cpu}  # Clover retrained on 2.05M tokens: trees and default, bf16, 10 prompts
-LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
+FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
+RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
+KANGAROO=${KANGAROO:-benchmarks/mt_bench_kangaroo_cpu/mt_bench_kangaroo_cpu}    # every family's calibrated tree (Kangaroo: its chain) in one run, 20 prompts
+CLOVER=${CLOVER:-benchmarks/mt_bench_clover_cpu/mt_bench_clover_cpu}          # the same with Clover (the five shipped families), 20 prompts
+KANGAROO_FULL=${KANGAROO_FULL:-benchmarks/mt_bench_kangaroo_full_data_cpu/mt_bench_kangaroo_full_data_cpu}  # the Kangaroo adapter retrained on 2.05M tokens, 10 prompts
+HEADS_FULL=${HEADS_FULL:-benchmarks/mt_bench_heads_full_data_cpu/mt_bench_heads_full_data_cpu}  # Medusa and Cerberus retrained on 2.05M tokens, 10 prompts
+HYDRA_TREES=${HYDRA_TREES:-benchmarks/mt_bench_hydra_full_data_bf16_amx_cpu/mt_bench_hydra_full_data_bf16_amx_cpu}  # Hydra retrained on 2.05M tokens: heads only, bf16
+HYDRA_FULL=${HYDRA_FULL:-benchmarks/mt_bench_hydra_full_data_default_bf16_amx_cpu/mt_bench_hydra_full_data_default_bf16_amx_cpu}  # ... and its default (the card's), bf16
+CLOVER_FULL=${CLOVER_FULL:-benchmarks/mt_bench_clover_full_data_bf16_amx_cpu/mt_bench_clover_full_data_bf16_amx_cpu}  # Clover retrained on 2.05M tokens: trees and default, bf16, 10 prompts
+LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
 LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
+for run in "$FAMILIES" "$RESCORING" "$KANGAROO" "$CLOVER" "$KANGAROO_FULL" "$HEADS_FULL" "$HYDRA_TREES" "$HYDRA_FULL" \
+    "$CLOVER_FULL" "$LMRESCORING"; do
+  mkdir -p "$(dirname "$run")"  # one folder per run (benchmarks/README.md)
+done
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
 TYPES=${TYPES:-"medusa cerberus hydra kangaroo clover"}   # head types to train / describe
@@ -110,7 +114,6 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
           --dtype bfloat16 --report "$OUT/$type-smollm2-135m-instruct/calibration_cuda_bfloat16_h200.json" --write
       done ;;
     bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles
-      mkdir -p "$(dirname "$FAMILIES")" "$(dirname "$RESCORING")"
       cerberus-hf bench $(for type in $TYPES; do if [ "$type" != kangaroo ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
         --prompts "$PROMPTS_EVAL" --every 2 --max-new-tokens 128 --profile \
         --variants tree dtree tree+gate+lookup dtree+gate+lookup \

@@ -38,9 +38,9 @@ def add_cli(subparsers) -> None:
                         help="override the heads' entropy gate")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="compute dtype of base and heads; without --strict, identity is promised in float32 only "
-                             "(README: precision)")
+                             "(docs/precision.md)")
     parser.add_argument("--strict", action="store_true",
-                        help="strict verification: identical to plain generate() in any dtype (README: precision)")
+                        help="strict verification: identical to plain generate() in any dtype (docs/precision.md)")
     parser.set_defaults(func=run_cli)
 
 
@@ -103,6 +103,6 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     if args.dtype != "float32" and not args.strict:
         print(f"({args.dtype}: verifying several tokens at once rounds differently from one at a time, so identity "
-              "is measured here, not promised; see the README's section on precision)")
+              "is measured here, not promised; see docs/precision.md)")
         return 0
     return 0 if identical == len(rows) else 1
