@@ -8,7 +8,6 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from .configuration_cerberus import CerberusConfig
-from .real_models import resolve_source
 
 # from_pretrained keywords that concern how the base is loaded (the rest of what AutoModel passes is its own).
 BASE_LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "low_cpu_mem_usage")
@@ -20,6 +19,8 @@ def load_base_model(config: CerberusConfig, **kwargs) -> nn.Module:
     if not name:
         raise ValueError("This CerberusConfig names no base model: pass base_model=<a loaded model> instead.")
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOADING_KWARGS}
+    from .real_models import resolve_source  # the packaged-base loader, off the package's import path
+
     try:
         location, source_kwargs = resolve_source(name)
     except (ModuleNotFoundError, FileNotFoundError) as error:

@@ -61,6 +61,16 @@ def attn_implementation(config: Any) -> str | None:
     return getattr(config, "_attn_implementation", None)
 
 
+def tree_attention_ok(model, length: int) -> bool:
+    """Whether ``model`` can attend under a tree mask over a sequence of ``length`` positions (the cached
+    ones plus those fed with the mask): it needs a 4D mask, which flash-attention kernels do not take, and one
+    mask serves every layer, so sliding-window layers must still see the whole sequence."""
+    if "flash" in str(attn_implementation(model.config) or ""):
+        return False
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    return window is None or length <= window
+
+
 # ``_attn_implementation_internal``: the plain field behind `attn_implementation`'s property, whose setter also
 # writes sub-configs; a view of a config (`module_views.config_view`) sets this field on the copy only.
 ATTN_IMPLEMENTATION_FIELD = "_attn_implementation_internal"

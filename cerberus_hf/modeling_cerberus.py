@@ -17,41 +17,55 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from huggingface_hub import HfApi
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
+from transformers.generation.stopping_criteria import (
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .decoding.acceptance import TypicalAcceptance
-from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
-from .decoding.candidate_generator import CerberusCandidateGenerator
-from .checkpoint import HEADS_WEIGHTS_NAME, load_heads_state_dict, resolve_file, resolve_heads_file, save_heads_state_dict
-from .compat import cache_argument, default_generation_params
+from .base_model import (
+    base_shape,
+    check_base_compatible,
+    greedy_generation_config,
+    load_base_model,
+)
+from .checkpoint import HEADS_WEIGHTS_NAME, resolve_file, save_heads_state_dict
+from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
-from .errors import check_int, check_number
+from .decoding.acceptance import TypicalAcceptance
+from .decoding.batching import pad_batch, unpadded_length_limits, unpadded_rows
+from .decoding.candidate_generator import CerberusCandidateGenerator
+from .decoding.gate import EntropyGate
 from .decoding.lookup import DEFAULT_MAX_NGRAM
 from .decoding.loop import speculative_generate
-from .decoding.gate import EntropyGate
-from .decoding.hardware import HardwareKey, bf16_matmul, select_calibration
-from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
+from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from .decoding.profiling import StepProfiler, phase_timer
-from .real_models import describe_source
-from .module_views import module_view
-from .remote_code import copied_code, write_loading_code
+from .decoding.rescoring import Rescoring
+from .decoding.settings import (
+    UNSET,
+    DecodingSettings,
+    resolve_settings,
+    stored_settings,
+)
 from .decoding.stats import GenerationStats
 from .decoding.strict import check_strict_support, row_invariant_rows
-from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
-from .decoding.rescoring import Rescoring
-from .decoding.tree import DynamicTree, TreeSpec
+from .decoding.tree import DynamicTree
+from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
+from .errors import check_int
+from .hardware import HardwareKey, bf16_matmul, select_calibration
+from .loading import check_calibration, read_heads
+from .module_views import module_view
+from .remote_code import copied_code, write_loading_code
 
 logger = logging.get_logger(__name__)
 _thread_stats = threading.local()  # per thread: each model's latest generate() statistics
-_UNSET = object()
 RESCORER_FOLDER = "rescorer"  # where a checkpoint keeps its neural lattice rescorer
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
 
@@ -106,6 +120,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         """Fresh (untrained, identity) heads on a loaded base. ``config_kwargs`` go to `CerberusConfig`
         (e.g. ``base_model_name_or_path`` when the base was loaded from somewhere its config does not say)."""
         model_type, hidden_size, vocab_size = base_shape(base_model)
+        from .real_models import (
+            describe_source,  # the packaged-base loader, off the package's import path
+        )
+
         for key, value in describe_source(getattr(base_model, "name_or_path", None)).items():
             config_kwargs.setdefault(key, value)
         config = CerberusConfig(
@@ -153,12 +171,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             # Remote code can load the config class from another module copy than this one.
             config = CerberusConfig.from_dict(config.to_dict())
         # every file of the folder is read and checked before the base loads: a bad one fails fast
-        state_dict = _read_heads(path, config, hub_kwargs)
+        state_dict = read_heads(path, config, hub_kwargs)
         generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
         generation_config = None
         if generation_file is not None:
             generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
-            _check_calibration(generation_config, config, generation_file)
+            check_calibration(generation_config, config, generation_file)
         ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
         ngram = NgramModel.load(ngram_file, vocab_size=config.vocab_size) if ngram_file is not None else None
 
@@ -209,7 +227,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         else:
             where = str(source)
             config = CerberusConfig.from_pretrained(where, **hub_kwargs)
-            state_dict = _read_heads(where, config, hub_kwargs)
+            state_dict = read_heads(where, config, hub_kwargs)
         drafter_class = DRAFTER_CLASSES[config.head_type]
         if not drafter_class.drafts_chains:
             raise ValueError(f"{where} holds {config.head_type} heads, which guess from the base's state alone; a "
@@ -323,10 +341,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         logits_processor=None,
         stopping_criteria: StoppingCriteriaList | None = None,
         streamer=None,
-        gate_threshold: float | None = _UNSET,
-        draft_tree: list[list[int]] | None = _UNSET,
-        dynamic_tree: dict | DynamicTree | None = _UNSET,
-        rescoring: dict | Rescoring | None = _UNSET,
+        gate_threshold: float | None = UNSET,
+        draft_tree: list[list[int]] | None = UNSET,
+        dynamic_tree: dict | DynamicTree | None = UNSET,
+        rescoring: dict | Rescoring | None = UNSET,
         typical_acceptance: TypicalAcceptance | bool = False,
         profile: bool = False,
         exit_confidence: float | None = None,
@@ -368,15 +386,29 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         model_kwargs = effective.update(**kwargs)
         _refuse_unsupported(effective, model_kwargs)
-        settings = self.decoding_settings(strict=strict)
-        # each prompt-lookup setting on its own: the call's (or its generation config's), else the heads'
-        lookup_tokens = effective.prompt_lookup_num_tokens
-        check_int("prompt_lookup_num_tokens", lookup_tokens, 0, optional=True)
         check_int("max_matching_ngram_size", effective.max_matching_ngram_size, 1, optional=True)
-        check_number("exit_confidence", exit_confidence, 0.0, 1.0, optional=True)
-        if lookup_tokens is None:
-            lookup_tokens = settings["prompt_lookup_num_tokens"]
-        lookup_ngram = effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM
+        strict_rows = None
+        if strict:
+            check_strict_support(self.base)
+            strict_rows = row_invariant_rows(self.base)
+        # the call's settings, else the calibration for this device, dtype and processor, else the config's; each
+        # prompt-lookup setting on its own (the call's or its generation config's, else the heads')
+        settings = resolve_settings(
+            self.decoding_settings(strict=strict), self.config.num_heads, gate_threshold=gate_threshold,
+            draft_tree=draft_tree, dynamic_tree=dynamic_tree, rescoring=rescoring,
+            lookup_tokens=effective.prompt_lookup_num_tokens,
+            lookup_ngram=effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM,
+            exit_confidence=exit_confidence, typical=typical_acceptance, strict_rows=strict_rows,
+            has_rescorers=self.has_rescorers,
+        )
+        self._check_rescorers(settings.rescoring)
+        if strict_rows == 1:
+            logger.warning_once(
+                f"cerberus-hf: strict=True: this base's linear layers in {self.base.dtype} on {self.device} give "
+                "a row computed in a batch other bits than the row alone, so no draft can be verified strictly "
+                "and decoding is plain."
+            )
+            settings = replace(settings, gate=EntropyGate(0.0, settings.gate.signal), lookup_tokens=0)
         for name in _LOOKUP_FIELDS:
             kwargs.pop(name, None)
         generation_config = _without_lookup(generation_config)
@@ -392,16 +424,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         if input_ids is None or input_ids.dim() != 2:
             raise ValueError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
-        rows = _unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
+        rows = unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
         if any(row.shape[1] != input_ids.shape[1] for row in rows):
-            # generate() counts max_length / min_length over the padded width; rows decode without padding.
-            defaults = default_generation_params(effective)
-            max_length = effective.max_length if effective.max_length is not None else defaults["max_length"]
-            if effective.max_new_tokens is None:
-                kwargs["max_new_tokens"] = max_length - input_ids.shape[1]
-            if effective.min_new_tokens is None and effective.min_length:
-                kwargs["min_new_tokens"] = max(0, effective.min_length - input_ids.shape[1])
-                kwargs["min_length"] = 0
+            kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
         copies = effective.num_return_sequences or 1
         rows = [row for row in rows for _ in range(copies)]
         kwargs["num_return_sequences"] = 1
@@ -413,58 +438,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 "at a time); generate each row on its own to get its scores."
             )
 
-        gate = EntropyGate(
-            settings["gate_threshold"] if gate_threshold is _UNSET else gate_threshold, settings["gate_signal"]
-        )
-        tree_paths = settings["draft_tree"] if draft_tree is _UNSET else draft_tree
-        tree = TreeSpec.from_paths(tree_paths, self.config.num_heads) if tree_paths is not None else None
-        if rescoring is _UNSET:
-            use = draft_tree is _UNSET and dynamic_tree is _UNSET and settings["tree_kind"] == "rescored"
-            rescoring = settings["rescoring"] if use and self.has_rescorers(settings["rescoring"]) else None
-        if isinstance(rescoring, dict):
-            rescoring = Rescoring.from_dict(rescoring, self.config.num_heads)
-        elif rescoring is not None and not isinstance(rescoring, Rescoring):
-            raise TypeError(f"rescoring must be a dict, a Rescoring or None, got {type(rescoring).__name__}.")
-        if rescoring is not None and rescoring.weight > 0 and self.ngram is None:
-            raise ValueError("rescoring with an n-gram weight needs an n-gram model next to the heads "
-                             "(ngram.safetensors): build one with `cerberus-hf ngram --heads FOLDER --data DATA`, or "
-                             "load it with model.load_ngram(path).")
-        if rescoring is not None and rescoring.lm_weight > 0 and self.rescorer is None:
-            raise ValueError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
-                             "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
-        if dynamic_tree is _UNSET:
-            use = draft_tree is _UNSET and settings["tree_kind"] == "dynamic"
-            dynamic_tree = settings["dynamic_tree"] if use else None
-        if isinstance(dynamic_tree, dict):
-            dynamic_tree = DynamicTree.from_dict(dynamic_tree, self.config.num_heads)
-        elif dynamic_tree is not None and not isinstance(dynamic_tree, DynamicTree):
-            raise TypeError(f"dynamic_tree must be a dict, a DynamicTree or None, got {type(dynamic_tree).__name__}.")
-        if typical_acceptance is True:
-            typical_acceptance = TypicalAcceptance()
-        strict_rows = None
-        if strict:
-            check_strict_support(self.base)
-            strict_rows = row_invariant_rows(self.base)
-            if strict_rows == 1:
-                logger.warning_once(
-                    f"cerberus-hf: strict=True: this base's linear layers in {self.base.dtype} on {self.device} give "
-                    "a row computed in a batch other bits than the row alone, so no draft can be verified strictly "
-                    "and decoding is plain."
-                )
-                gate, lookup_tokens = EntropyGate(0.0, settings["gate_signal"]), 0
-        stats = GenerationStats(calibration=settings["calibration"], strict_rows=strict_rows)
+        stats = GenerationStats(calibration=settings.calibration, strict_rows=strict_rows)
         profiler = StepProfiler(self.device) if profile else None
         decode = functools.partial(
             speculative_generate,
             streamer=streamer,
-            typical=typical_acceptance or None,
+            settings=settings,
             profiler=profiler,
-            strict_rows=strict_rows,
             make_candidate_generator=functools.partial(
-                self._candidate_generator, gate=gate, tree=tree, dynamic=dynamic_tree, rescoring=rescoring, stats=stats,
-                lookup_tokens=lookup_tokens or 0, lookup_ngram=lookup_ngram, profiler=profiler,
-                exit_confidence=settings["exit_confidence"] if exit_confidence is None else float(exit_confidence),
-            ),
+                self._candidate_generator, settings=settings, stats=stats, profiler=profiler),
         )
         # The base's generate() fills unset settings from this model's generation config (greedy by default), as
         # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
@@ -490,7 +472,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if profiler is not None:
             stats.phase_seconds = profiler.close(time.perf_counter() - started)
         self.generation_stats = stats
-        output = results[0] if len(results) == 1 else _pad_batch(
+        output = results[0] if len(results) == 1 else pad_batch(
             input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
         if isinstance(output, torch.Tensor):
             return output
@@ -517,6 +499,16 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return (settings.weight == 0 or self.ngram is not None) and (settings.lm_weight == 0 or
                                                                      self.rescorer is not None)
 
+    def _check_rescorers(self, rescoring: Rescoring | None) -> None:
+        """Refuse rescoring that weighs a rescorer this model does not have, saying how to get it."""
+        if rescoring is not None and rescoring.weight > 0 and self.ngram is None:
+            raise ValueError("rescoring with an n-gram weight needs an n-gram model next to the heads "
+                             "(ngram.safetensors): build one with `cerberus-hf ngram --heads FOLDER --data DATA`, or "
+                             "load it with model.load_ngram(path).")
+        if rescoring is not None and rescoring.lm_weight > 0 and self.rescorer is None:
+            raise ValueError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
+                             "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
+
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                           strict: bool = False) -> dict:
         """Gate threshold, gate signal, draft tree (static, dynamic or rescored) and prompt lookup used by
@@ -531,30 +523,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                                          bf16=bf16_matmul(device))
         if strict and "strict" in stored:
             key, stored = f"{key} (strict)", stored["strict"]
-        return {
-            "calibration": key,
-            "gate_threshold": stored.get("gate_threshold", self.config.gate_threshold),
-            "gate_signal": stored.get("gate_signal", self.config.gate_signal),
-            "draft_tree": stored.get("draft_tree", self.config.draft_tree),
-            "dynamic_tree": stored.get("dynamic_tree", self.config.dynamic_tree),
-            "tree_kind": stored.get("tree_kind", "dynamic" if self.config.dynamic_tree else "static"),
-            "rescoring": stored.get("rescoring"),
-            "rescoring_options": stored.get("rescoring_options", {}),
-            "prompt_lookup_num_tokens": stored.get("prompt_lookup_num_tokens", self.config.prompt_lookup_num_tokens),
-            "exit_confidence": stored.get("exit_confidence", self.config.exit_confidence),
-        }
+        return stored_settings(stored, self.config, key)
 
-    def _candidate_generator(
-        self, generation_config: GenerationConfig, gate: EntropyGate, tree: TreeSpec | None,
-        dynamic: DynamicTree | None, rescoring: Rescoring | None, stats: GenerationStats, lookup_tokens: int,
-        lookup_ngram: int, profiler: StepProfiler | None = None, exit_confidence: float = 0.0,
-    ) -> CerberusCandidateGenerator:
+    def _candidate_generator(self, generation_config: GenerationConfig, settings: DecodingSettings,
+                             stats: GenerationStats, profiler: StepProfiler | None = None) -> CerberusCandidateGenerator:
+        rescoring = settings.rescoring is not None
         return CerberusCandidateGenerator(
-            self.heads, gate, tree, generation_config.max_length, stats,
-            lookup_tokens=lookup_tokens, lookup_ngram=lookup_ngram, dynamic=dynamic, rescoring=rescoring,
-            ngram=self.ngram if rescoring is not None else None,
-            rescorer=self.rescorer if rescoring is not None else None, phase=phase_timer(profiler),
-            exit_confidence=exit_confidence,
+            self.heads, settings, generation_config.max_length, stats, ngram=self.ngram if rescoring else None,
+            rescorer=self.rescorer if rescoring else None, phase=phase_timer(profiler),
         )
 
 
@@ -565,84 +541,6 @@ class CerberusGenerateOutput(GenerateDecoderOnlyOutput):
     `GenerationStats`."""
 
     generation_stats: GenerationStats | None = None
-
-
-def _read_heads(path: str, config: CerberusConfig, hub_kwargs: dict) -> dict[str, torch.Tensor]:
-    """The heads' weights in the checkpoint at ``path`` (folder or Hub id), checked against ``config``."""
-    heads_file = resolve_heads_file(path, **hub_kwargs)
-    state_dict = load_heads_state_dict(heads_file)
-    _check_heads_state_dict(config, state_dict, heads_file)
-    return state_dict
-
-
-def _check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.Tensor], path: str) -> None:
-    """Compare a heads file with the heads its config describes, before anything heavy is loaded."""
-    with torch.device("meta"):
-        expected = build_drafter(config).state_dict()
-    problems = [f"missing {k}" for k in expected if k not in state_dict]
-    problems += [f"unexpected {k}" for k in state_dict if k not in expected]
-    problems += [
-        f"{k} has shape {tuple(state_dict[k].shape)}, config implies {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state_dict and state_dict[k].shape != v.shape
-    ]
-    for key, value in state_dict.items():
-        if key not in expected:
-            continue
-        if expected[key].is_floating_point() != value.is_floating_point():
-            problems.append(f"{key} is {str(value.dtype).removeprefix('torch.')}, config implies "
-                            f"{'a floating dtype' if expected[key].is_floating_point() else 'integer ids'}")
-        elif value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            problems.append(f"{key} holds NaN or infinite values")
-    vocab = state_dict.get("draft_vocab")
-    if vocab is not None and "draft_vocab" in expected and not vocab.is_floating_point() and vocab.numel():
-        if int(vocab.min()) < 0 or int(vocab.max()) >= config.vocab_size:
-            problems.append(f"draft_vocab holds token ids outside [0, {config.vocab_size}) (from {int(vocab.min())} "
-                            f"to {int(vocab.max())})")
-        elif vocab.unique().numel() != vocab.numel():
-            problems.append(f"draft_vocab lists {vocab.numel() - vocab.unique().numel()} token ids twice")
-    if problems:
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise ValueError(f"{path} does not match its config ({config.head_type}, {config.num_heads} heads, "
-                         f"hidden {config.hidden_size}, vocab {config.vocab_size}): {shown}.")
-
-
-def _check_calibration(generation_config: GenerationConfig, config: CerberusConfig, path: str) -> None:
-    """Refuse a generation config whose stored calibration (`cerberus-hf calibrate`) `generate()` could not use:
-    each entry's settings are built as a call builds them (trees, gate, rescoring), strict halves included, so a
-    bad entry fails on load with the file and the entry named, not at some later call on that machine."""
-    entries = getattr(generation_config, "cerberus_calibration", None)
-    if entries is None:
-        return
-    if not isinstance(entries, dict):
-        raise ValueError(f"{path}: cerberus_calibration must map device keys to settings, got {type(entries).__name__}.")
-    for key, entry in entries.items():
-        for label, settings in ((key, entry), (f"{key} (strict)", (entry or {}).get("strict") if isinstance(entry, dict) else None)):
-            if settings is None and label != key:
-                continue
-            try:
-                _check_settings(settings, config.num_heads)
-            except (ValueError, TypeError) as error:
-                raise ValueError(f"{path}: calibration entry {label!r}: {error}") from None
-
-
-def _check_settings(settings: dict, num_heads: int) -> None:
-    """Build what `generate()` builds from one calibration entry's settings (raises on anything it would refuse)."""
-    if not isinstance(settings, dict):
-        raise ValueError(f"settings must be a mapping, got {type(settings).__name__}")
-    EntropyGate(settings.get("gate_threshold"), settings.get("gate_signal", "base_entropy"))
-    if settings.get("draft_tree") is not None:
-        TreeSpec.from_paths(settings["draft_tree"], num_heads)
-    if settings.get("dynamic_tree") is not None:
-        DynamicTree.from_dict(settings["dynamic_tree"], num_heads)
-    if settings.get("rescoring") is not None:
-        Rescoring.from_dict(settings["rescoring"], num_heads)
-    for options in (settings.get("rescoring_options") or {}).values():
-        Rescoring.from_dict(options, num_heads)
-    if settings.get("tree_kind", "static") not in ("static", "dynamic", "rescored"):
-        raise ValueError(f"tree_kind must be static, dynamic or rescored, got {settings['tree_kind']!r}")
-    check_int("prompt_lookup_num_tokens", settings.get("prompt_lookup_num_tokens"), 0, optional=True)
-    check_number("exit_confidence", settings.get("exit_confidence"), 0.0, 1.0, optional=True)
 
 
 # Prompt-lookup settings are ours to honour (grafted into the heads' drafts): left in what the base's
@@ -674,48 +572,3 @@ def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:
         )
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("inputs_embeds is not supported with draft heads: pass input_ids.")
-
-
-def _pad_token_id(config: GenerationConfig) -> int | None:
-    """The pad id generate() uses: pad_token_id, else the first eos id."""
-    if config.pad_token_id is not None:
-        return config.pad_token_id
-    eos = config.eos_token_id
-    return eos[0] if isinstance(eos, list) and eos else eos
-
-
-def _unpadded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: GenerationConfig):
-    """Each row without its left padding. Without a mask, padding is inferred from the pad id as
-    generate() infers it (only when the pad id is not also an eos id)."""
-    pad = config.pad_token_id
-    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    if attention_mask is None and pad is not None and pad not in eos and bool((input_ids == pad).any()):
-        attention_mask = (input_ids != pad).long()
-    if attention_mask is None:
-        return [row[None] for row in input_ids]
-    if attention_mask.dim() != 2 or attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask must be 2D with the shape of input_ids {tuple(input_ids.shape)}.")
-    rows = []
-    for ids, mask in zip(input_ids, attention_mask.bool()):
-        start = int((~mask).sum())
-        if not bool(mask[start:].all()):
-            raise ValueError("Only left padding is supported: set tokenizer.padding_side = 'left'.")
-        if start == ids.shape[0]:
-            raise ValueError("A row of the batch is all padding.")
-        rows.append(ids[start:][None])
-    return rows
-
-
-def _pad_batch(padded_inputs: torch.Tensor, rows: list, results: list, config: GenerationConfig):
-    """Reassemble per-row results as batched generate() returns them: prompt (with its left padding),
-    then the new tokens, right-padded with the pad id to the longest row."""
-    as_dict = not isinstance(results[0], torch.Tensor)
-    new_tokens = [(r.sequences if as_dict else r)[0, row.shape[1] :] for r, row in zip(results, rows)]
-    width = max(t.shape[0] for t in new_tokens)
-    pad = _pad_token_id(config)
-    out = padded_inputs.new_full((len(rows), padded_inputs.shape[1] + width), pad if pad is not None else 0)
-    out[:, : padded_inputs.shape[1]] = padded_inputs
-    for i, tokens in enumerate(new_tokens):
-        out[i, padded_inputs.shape[1] : padded_inputs.shape[1] + tokens.shape[0]] = tokens
-    return GenerateDecoderOnlyOutput(sequences=out) if as_dict else out
-

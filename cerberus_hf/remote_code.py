@@ -19,7 +19,6 @@ Folders saved by 0.1 still load with `CerberusForCausalLM.from_pretrained`, whic
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -127,17 +126,3 @@ def refresh_folder(folder: str | os.PathLike) -> tuple[list[Path], list[Path]]:
             removed, written = removed + more_removed, written + more_written
     return removed, written
 
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "refresh-folder", help="replace the code an earlier release copied into saved heads by the current stubs",
-        description=refresh_folder.__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", metavar="FOLDER", help="saved heads (a folder with config.json)")
-    parser.set_defaults(func=_run_cli)
-
-
-def _run_cli(args: argparse.Namespace) -> int:
-    for folder in args.folders:
-        removed, written = refresh_folder(folder)
-        print(f"{folder}: removed {len(removed)} copied modules, wrote {len(written)} files")
-    return 0

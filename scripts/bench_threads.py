@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.decoding.hardware import describe_device
+from cerberus_hf.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.tools.bench import DEFAULT_PROMPTS, encode_prompts, load_bench_prompts
 

@@ -21,9 +21,8 @@ from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.training.chain_trainer import _Batch, _batches, evaluate_adapter, exit_states, heldout_members
 from cerberus_hf.training.data import frequent_tokens, read_records
-from cerberus_hf.training.hidden_cache import _sequence
-from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_ids
-from cerberus_hf.training.trainer import EVAL_SUBSET_SEED, _subset, default_cache_dir, evaluate_heads
+from cerberus_hf.training.hidden_cache import build_hidden_cache, default_cache_dir, record_sequence, split_record_ids
+from cerberus_hf.training.evaluation import EVAL_SUBSET_SEED, evaluate_heads, position_subset
 
 
 def chain_heldout(model, states: list[torch.Tensor], lengths: list[int], records, answers: list[int], members,
@@ -54,7 +53,7 @@ def main() -> None:
     records = [r for part in files for r in part]
     models = {folder: CerberusForCausalLM.from_pretrained(folder, base_model=base).float() for folder in args.heads}
     max_seq_len = getattr(base.config, "max_position_embeddings", None)
-    answers = [_sequence(r, max_seq_len)[1] for r in records]
+    answers = [record_sequence(r, max_seq_len)[1] for r in records]
     chains = {folder for folder, m in models.items() if getattr(m.heads, "drafts_chains", False)}
     states = {layer: exit_states(base, records, layer, default_cache_dir(), max_seq_len)
               for layer in {models[folder].heads.exit_layer for folder in chains}}
@@ -76,7 +75,7 @@ def main() -> None:
                 result = chain_heldout(model, states[layer], lengths[layer], records, answers, members, held_out,
                                        vocab)
             else:
-                positions = _subset(cache.positions(record_ids=held_out), args.positions, EVAL_SUBSET_SEED)
+                positions = position_subset(cache.positions(record_ids=held_out), args.positions, EVAL_SUBSET_SEED)
                 result = evaluate_heads(model, cache, positions, vocab=vocab)
             start += len(part)
             cells += [" / ".join(f"{v:.3f}" for v in torch.atleast_1d(torch.tensor(result[key])).tolist())

@@ -14,7 +14,7 @@ import time
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.decoding.hardware import describe_device
+from cerberus_hf.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.tools.bench import (DEFAULT_PROMPTS, Method, build_methods, encode_prompts, load_bench_prompts,
                                      markdown_profile, markdown_table, run_methods, save_result)

@@ -33,7 +33,7 @@ from transformers import DynamicCache
 
 from cerberus_hf.decoding.strict import row_invariant_rows, strict_view
 
-from cerberus_hf.decoding.hardware import describe_device
+from cerberus_hf.hardware import describe_device
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.compat import cache_argument
 from cerberus_hf.tools.bench import DEFAULT_PROMPTS, encode_prompts, load_bench_prompts

@@ -9,13 +9,15 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from cerberus_hf.decoding.hardware import HardwareKey, bf16_matmul
+from cerberus_hf.hardware import HardwareKey, bf16_matmul
 from cerberus_hf.errors import UserError
-from cerberus_hf.tools.calibrate import (
-    ChainPosition, PositionRecord, accepted_length, build_tree, calibrate, calibrate_chain, collect_chain_positions,
-    dynamic_accepted, fit_dynamic_tree, fit_gate, format_chain_report, format_report, parse_budgets,
-    path_frequencies, static_accepted,
+from cerberus_hf.calibration import calibrate, calibrate_chain, format_chain_report, format_report
+from cerberus_hf.calibration.pipeline import store_calibration
+from cerberus_hf.calibration.fit import (
+    accepted_length, build_tree, dynamic_accepted, fit_dynamic_tree, fit_gate, path_frequencies, static_accepted,
 )
+from cerberus_hf.calibration.positions import ChainPosition, PositionRecord, collect_chain_positions
+from cerberus_hf.tools.calibrate import parse_budgets
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 from tiny_models import DEVICE
 
@@ -281,7 +283,7 @@ def test_calibrate_cli_in_bfloat16_writes_its_entry_and_leaves_the_weights_as_st
         "output_ids": sequence[PROMPT_LEN:], "finished": True}) + "\n")
     def measured(model, sequences, **options):  # what this test is about is what --write keeps, not the fit
         assert next(model.heads.parameters()).dtype == torch.bfloat16
-        return {"key": str(calibrate_tool._store(model, {"draft_tree": [[0], [1]]}))}
+        return {"key": str(store_calibration(model, {"draft_tree": [[0], [1]]}))}
 
     monkeypatch.setattr(calibrate_tool, "calibrate", measured)
     monkeypatch.setattr(calibrate_tool, "format_report", lambda report: "")

@@ -16,10 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cerberus_hf.training import trainer as training
-from cerberus_hf.training.trainer import (
-    OPTIMIZER_NAME, RNG_JSON_NAME, RNG_TENSORS_NAME, STATE_NAME, WEIGHTS_NAME, is_pickle_file, train_heads,
+from cerberus_hf.tools import train as train_cli
+from cerberus_hf.training import checkpointing
+from cerberus_hf.training.batches import HeadStates
+from cerberus_hf.training.checkpointing import (
+    OPTIMIZER_NAME, RNG_JSON_NAME, RNG_TENSORS_NAME, STATE_NAME, WEIGHTS_NAME, is_pickle_file,
 )
+from cerberus_hf.training.trainer import train_heads
 
 from test_training import FAST, KANGAROO_FAST, base, cache_dir, data_path, fresh, fresh_kangaroo  # noqa: F401
 
@@ -127,9 +130,9 @@ def test_a_checkpoint_written_by_accelerate_is_refused(base, data_path, cache_di
 
     model = fresh(base)
     optimizer = torch.optim.AdamW(model.heads.parameters(), lr=1e-3)
-    scheduler = training._cosine_with_warmup(optimizer, 1, 10)
+    scheduler = checkpointing.cosine_with_warmup(optimizer, 1, 10)
     accelerator = Accelerator()
-    accelerator.prepare(training._HeadStates(model.heads), optimizer)
+    accelerator.prepare(HeadStates(model.heads), optimizer)
     accelerator.register_for_checkpointing(scheduler)
     folder = tmp_path / "run" / "checkpoints" / STEP
     accelerator.save_state(str(folder))
@@ -169,7 +172,7 @@ def test_the_history_entry_a_resume_splits_averages_all_its_steps(base, data_pat
         if step == 4:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(training, "_on_step_end", kill)
+    monkeypatch.setattr(checkpointing, "on_step_end", kill)
     with pytest.raises(KeyboardInterrupt):
         train_heads(fresh(base, "hydra", head_dropout=0.3), data_path, tmp_path / "killed", **settings)
     monkeypatch.undo()
@@ -184,7 +187,7 @@ def test_rerunning_a_finished_run_says_it_is_complete(base, data_path, tmp_path,
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     parser = argparse.ArgumentParser()
-    training.add_cli(parser.add_subparsers(dest="command"))
+    train_cli.add_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", "medusa", "--num-heads", "2",
                               "--data", str(data_path), "--output", str(tmp_path / "out"), "--max-steps", "2",
                               "--batch-size", "16", "--no-progress"])

@@ -14,7 +14,8 @@ from cerberus_hf import CerberusConfig
 from cerberus_hf.errors import UserError
 from cerberus_hf.tools import ngram
 from cerberus_hf.tools.cli import main
-from cerberus_hf.training import distill, trainer
+from cerberus_hf.tools import distill as distill_cli
+from cerberus_hf.tools import train as train_cli
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +24,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the error was found")
 
-    for module in (real_models, distill, trainer):
+    for module in (real_models, distill_cli, train_cli):
         monkeypatch.setattr(module, "load_named_model", refuse)
     monkeypatch.setattr(real_models, "load_packaged_model", refuse)
     monkeypatch.delenv("CERBERUS_HF_DEBUG", raising=False)

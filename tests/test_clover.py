@@ -118,7 +118,7 @@ def test_decoding_reads_the_window_that_training_and_calibration_read(arch, fami
 
 @pytest.mark.parametrize("family", WINDOWED)
 def test_calibration_draft_time_pays_for_the_window(family):
-    from cerberus_hf.tools.calibrate import measure_draft_time
+    from cerberus_hf.calibration.measure import measure_draft_time
 
     model = fresh_model("llama", family, num_heads=3, context_window=4)
     calls = []

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from cerberus_hf.tools import distill as distill_cli
 from cerberus_hf.training import distill
 from cerberus_hf.training.data import load_prompts, read_records
 from cerberus_hf.training.distill import generate_distillation_data, sampled_ids
@@ -186,10 +187,10 @@ def test_load_prompts(tmp_path):
 def test_cli(model_and_tokenizer, tmp_path):
     model, tokenizer = model_and_tokenizer
     parser = argparse.ArgumentParser()
-    distill.add_cli(parser.add_subparsers(dest="command"))
+    distill_cli.add_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["distill", "--output", str(tmp_path / "o.jsonl")])
-    assert args.prompts == str(distill.PACKAGED_PROMPTS) and args.batch_size == 16 and args.max_new_tokens == 256
-    assert args.func is distill.run_cli
+    assert args.prompts == str(distill_cli.PACKAGED_PROMPTS) and args.batch_size == 16 and args.max_new_tokens == 256
+    assert args.func is distill_cli.run_cli
 
     folder = tmp_path / "tiny"
     model.save_pretrained(folder)

@@ -9,8 +9,8 @@ from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.decoding import hardware
-from cerberus_hf.decoding.hardware import (HardwareKey, bf16_matmul, describe_device, processor_name,
+from cerberus_hf import hardware
+from cerberus_hf.hardware import (HardwareKey, bf16_matmul, describe_device, processor_name,
                                           select_calibration, stored_bf16_matmul)
 from helpers import NEW_TOKENS, fresh_model, get_prompt, reference
 from tiny_models import DEVICE, tiny_model
@@ -84,7 +84,7 @@ def test_the_closest_entry_is_chosen(wanted, bf16, expected):
 
 
 def test_a_legacy_entry_serves_when_it_is_the_only_one_and_the_choice_is_logged():
-    logger = logging.get_logger("cerberus_hf.decoding.hardware")
+    logger = logging.get_logger("cerberus_hf.hardware")
     logging.set_verbosity_warning()
     wanted = HardwareKey("cpu", "float32", "A CPU only this test has")
     with CaptureLogger(logger) as captured:

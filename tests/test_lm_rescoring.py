@@ -16,7 +16,7 @@ from cerberus_hf.decoding.rescoring import lm_rescore
 from cerberus_hf.modeling_cerberus import RESCORER_FOLDER
 from cerberus_hf.tools.bench import build_methods
 from cerberus_hf.compat import cache_argument
-from cerberus_hf.tools.calibrate import calibrate, format_report
+from cerberus_hf.calibration import calibrate, format_report
 from helpers import ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 from tiny_models import DEVICE
 

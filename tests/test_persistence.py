@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import json
-import importlib
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import cerberus_hf
-from cerberus_hf.remote_code import CUSTOM_GENERATE_CODE, LOADING_CODE, refresh_folder
+from cerberus_hf.remote_code import CUSTOM_GENERATE_CODE, LOADING_CODE
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
 from helpers import NEW_TOKENS, PROMPT_LEN, randomize_heads
 from tiny_models import DEVICE, tiny_model, tiny_tokenizer, prompt_ids

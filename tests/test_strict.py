@@ -187,18 +187,21 @@ def test_strict_refuses_bases_whose_one_token_forward_it_cannot_reproduce(arch):
 def test_strict_calibration_is_stored_beside_the_entry_and_used_by_strict_generate(monkeypatch):
     """`calibrate(strict=True)` fits trees no larger than strict verification can verify, stores them under the
     entry's "strict" key without touching the entry's own settings, and only generate(strict=True) reads them."""
-    from cerberus_hf.tools import calibrate as calibrate_tool
+    from cerberus_hf.calibration import calibrate, format_report
+    from cerberus_hf.calibration import pipeline
+    from cerberus_hf.calibration.pipeline import store_calibration
+    from cerberus_hf.hardware import HardwareKey
 
-    monkeypatch.setattr(calibrate_tool, "row_invariant_rows", lambda base: 4)
+    monkeypatch.setattr(pipeline, "row_invariant_rows", lambda base: 4)
     model = drafting_model("llama", torch.bfloat16, "medusa")
     sequence = plain_output("llama", torch.bfloat16, NEW_TOKENS + 8)
     install_oracle(model, [sequence], tolerance=5e-2)  # heads that are right, so that some tree pays
     own = {"draft_tree": [[0], [1]], "gate_threshold": None}
-    key = str(calibrate_tool.HardwareKey.of(DEVICE, torch.bfloat16))
+    key = str(HardwareKey.of(DEVICE, torch.bfloat16))
     model.generation_config.cerberus_calibration = {key: dict(own)}
-    report = calibrate_tool.calibrate(model, [(sequence[0].tolist(), PROMPT_LEN - 1)], max_nodes=8,
+    report = calibrate(model, [(sequence[0].tolist(), PROMPT_LEN - 1)], max_nodes=8,
                                       repeats=1, dynamic_budgets=(), strict=True)
-    assert "strict verification: at most 4 positions a forward" in calibrate_tool.format_report(report)
+    assert "strict verification: at most 4 positions a forward" in format_report(report)
     entry = model.generation_config.cerberus_calibration[key]
     assert {k: entry[k] for k in own} == own and entry["strict"]["strict_rows"] == 4
     assert len(entry["strict"]["draft_tree"]) <= 3 and entry["strict"]["dynamic_tree"]["nodes"] <= 3
@@ -209,5 +212,5 @@ def test_strict_calibration_is_stored_beside_the_entry_and_used_by_strict_genera
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)
     assert torch.equal(out, plain_output("llama", torch.bfloat16))
     assert model.generation_stats.calibration == f"{key} (strict)"
-    calibrate_tool._store(model, {"draft_tree": [[0]]})  # calibrating again without --strict keeps the strict half
+    store_calibration(model, {"draft_tree": [[0]]})  # calibrating again without --strict keeps the strict half
     assert model.generation_config.cerberus_calibration[key]["strict"] == entry["strict"]

@@ -10,11 +10,14 @@ import torch
 from safetensors.torch import load_file
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.training import trainer as training
+from cerberus_hf.tools import train as train_cli
+from cerberus_hf.training import checkpointing
 from cerberus_hf.drafters.base import capture_lm_head_input
 from cerberus_hf.training.data import frequent_tokens, read_records
 from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_ids
-from cerberus_hf.training.trainer import evaluate_heads, projection_loss, train_heads
+from cerberus_hf.training.evaluation import evaluate_heads
+from cerberus_hf.training.loss import projection_loss
+from cerberus_hf.training.trainer import train_heads
 
 from tiny_models import VOCAB, prompt_ids, tiny_model
 from helpers import family_options
@@ -323,7 +326,7 @@ def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, c
             f.write(json.dumps({"id": f"t{i:03d}", "mode": "text", "input_ids": prompt_ids(seed=100 + i)[0].tolist(),
                                 "output_ids": torch.randint(3, VOCAB, (30,), generator=g).tolist()}) + "\n")
     seen = []
-    original = trainer_module._Rows
+    original = trainer_module.Rows
 
     class Spy(original):
         def __init__(self, cache, remaining, positions, num_heads, distill_weight, device, context_window=0):
@@ -332,12 +335,12 @@ def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, c
                 text = cache.position_modes("text")[positions[self.batch_index.cpu()] + self.head.cpu() + 1]
                 seen.append((text, self.target_probs[:, 0].clone().cpu(), self.target_probs[:, 1:].sum(-1).cpu()))
 
-    trainer_module._Rows = Spy
+    trainer_module.Rows = Spy
     try:
         metrics = train_heads(fresh(base), [data_path, text_path], tmp_path / "mixed", epochs=1, cache_dir=cache_dir,
                               teacher_topk=4, eval_fraction=0.25, **FAST)
     finally:
-        trainer_module._Rows = original
+        trainer_module.Rows = original
     text = torch.cat([s[0] for s in seen])
     label_share, teacher_share = torch.cat([s[1] for s in seen]), torch.cat([s[2] for s in seen])
     assert text.any() and (~text).any()
@@ -366,7 +369,7 @@ def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_
         if step == 13:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(training, "_on_step_end", kill)
+    monkeypatch.setattr(checkpointing, "on_step_end", kill)
     with pytest.raises(KeyboardInterrupt):
         train_heads(fresh_dropout(), data_path, tmp_path / "killed", **settings)
     monkeypatch.undo()
@@ -377,12 +380,12 @@ def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_
     metrics = train_heads(resumed, data_path, tmp_path / "killed", **settings)
     assert metrics["steps"] == 20
     assert heads_equal(resumed, uninterrupted)
-    for name in (training.OPTIMIZER_NAME, training.WEIGHTS_NAME, training.RNG_TENSORS_NAME.format(0)):
+    for name in (checkpointing.OPTIMIZER_NAME, checkpointing.WEIGHTS_NAME, checkpointing.RNG_TENSORS_NAME.format(0)):
         final = {run: load_file(tmp_path / run / "checkpoints" / "step-00000020" / name)
                  for run in ("uninterrupted", "killed")}  # AdamW's moments and steps, the heads, the RNG state
         assert final["killed"].keys() == final["uninterrupted"].keys() and final["killed"]
         assert all(torch.equal(final["killed"][k], final["uninterrupted"][k]) for k in final["killed"])
-    optimizer = load_file(tmp_path / "killed" / "checkpoints" / "step-00000020" / training.OPTIMIZER_NAME)
+    optimizer = load_file(tmp_path / "killed" / "checkpoints" / "step-00000020" / checkpointing.OPTIMIZER_NAME)
     assert {key.split(".", 1)[1] for key in optimizer} == {"exp_avg", "exp_avg_sq", "step"}
 
     # A checkpoint in the files of older versions is refused with what to do.
@@ -473,7 +476,7 @@ def test_a_run_starts_from_saved_heads_and_refuses_other_ones(base, data_path, c
 
 def test_accuracy_among_a_draft_vocabulary_ranks_only_its_tokens():
     """``top_hits`` with a vocabulary: the top-1 is the best token inside it, and a label outside it is a miss."""
-    from cerberus_hf.training.trainer import outside_of, top_hits
+    from cerberus_hf.training.evaluation import outside_of, top_hits
 
     logits = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 2.0]])
     labels = torch.tensor([3, 0])
@@ -488,7 +491,7 @@ def test_cli_trains_from_a_base_folder(base, data_path, tmp_path, capsys, monkey
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     parser = argparse.ArgumentParser()
-    training.add_cli(parser.add_subparsers(dest="command"))
+    train_cli.add_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", "medusa", "--num-heads", "2",
                               "--data", str(data_path), "--output", str(tmp_path / "out"), "--max-steps", "4",
                               "--batch-size", "16", "--distill-weight", "0.5", "--head-weight-decay", "0.8",
@@ -550,7 +553,7 @@ def test_killed_kangaroo_run_resumes_to_the_same_weights(base, data_path, cache_
         if step == 10:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(training, "_on_step_end", kill)
+    monkeypatch.setattr(checkpointing, "on_step_end", kill)
     with pytest.raises(KeyboardInterrupt):
         train_chain_drafter(fresh_kangaroo(base), data_path, tmp_path / "killed", **settings)
     monkeypatch.undo()
@@ -565,7 +568,7 @@ def test_killed_kangaroo_run_resumes_to_the_same_weights(base, data_path, cache_
 
 def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
     parser = argparse.ArgumentParser()
-    training.add_cli(parser.add_subparsers(dest="command"))
+    train_cli.add_cli(parser.add_subparsers(dest="command"))
     common = ["train", "--data", "x.jsonl", "--output", str(tmp_path / "out")]
     for head_type, option in (("kangaroo", ["--batch-size", "64"]), ("medusa", ["--exit-layer", "4"]),
                               ("medusa", ["--adapter-heads", "4"]), ("kangaroo", ["--context-window", "8"]),
@@ -573,12 +576,12 @@ def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
                               ("kangaroo", ["--head-dropout", "0.2"]), ("kangaroo", ["--init-from", "heads"])):
         args = parser.parse_args(common + ["--head-type", head_type] + option)
         with pytest.raises(SystemExit, match=f"{option[0]} do\\(es\\) not apply to --head-type {head_type}"):
-            training._refuse_options_of_other_head_types(args)
+            train_cli._refuse_options_of_other_head_types(args)
     for option in (["--adapter-heads", "4"], ["--context-window", "8"]):  # Hydra reads them for its prefix layer only
         args = parser.parse_args(common + ["--head-type", "hydra"] + option)
         with pytest.raises(SystemExit, match=f"{option[0]} shape\\(s\\) Hydra's prefix layer: add --prefix-layer"):
-            training._refuse_options_of_other_head_types(args)
+            train_cli._refuse_options_of_other_head_types(args)
     for head_type, option in (("kangaroo", ["--adapter-heads", "4"]), ("clover", ["--adapter-heads", "4"]),
                               ("clover", ["--context-window", "8", "--batch-size", "64"]),
                               ("hydra", ["--prefix-layer", "--adapter-heads", "4", "--head-dropout", "0.2"])):
-        training._refuse_options_of_other_head_types(parser.parse_args(common + ["--head-type", head_type] + option))
+        train_cli._refuse_options_of_other_head_types(parser.parse_args(common + ["--head-type", head_type] + option))

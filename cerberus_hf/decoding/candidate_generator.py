@@ -19,15 +19,16 @@ from typing import Callable, ContextManager, Iterator
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .lookup import DEFAULT_MAX_NGRAM, context_continuation
-from .gate import EntropyGate
+from ..compat import tree_attention_ok
 from ..drafters.base import Drafter
-from .drafting import DynamicTree, StepDrafts, dynamic_draft, static_draft
+from .drafting import StepDrafts, dynamic_draft, static_draft
+from .lookup import context_continuation
 from .ngram import NgramModel
 from .profiling import phase_timer
 from .rescoring import Rescoring, lattice_rescore
+from .settings import DecodingSettings
 from .stats import GenerationStats
-from .tree import TreeSpec, graft_chain, tree_attention_ok
+from .tree import TreeSpec, graft_chain
 
 
 @dataclass
@@ -72,23 +73,18 @@ class CerberusCandidateGenerator(CandidateGenerator):
 
     Args:
         drafter: the drafter (its family does not matter here).
-        gate: decides per step whether to draft at all.
-        tree: the static tree shape to draft (a chain of all heads when None and no dynamic tree is given).
+        settings: the call's `DecodingSettings`: the gate; the static tree (a chain of all heads when None and
+            no dynamic tree is given), or the dynamic (EAGLE-2) tree grown per step instead, or the tree grown
+            from the drafter's guesses rescored by ``ngram`` and ``rescorer``; prompt lookup; a chain drafter's
+            exit confidence.
         max_length: total length the sequence may reach; drafts never run past it.
         stats: where per-step figures are recorded.
-        lookup_tokens: how many tokens prompt lookup may copy from the context per step (0: off).
-        lookup_ngram: the longest suffix n-gram prompt lookup matches.
-        dynamic: grow an EAGLE-2-style tree per step instead of drafting ``tree``.
-        rescoring: grow the tree from the drafter's guesses rescored by ``ngram`` and ``rescorer`` instead
-            (overrides ``tree`` and ``dynamic``).
-        ngram: the n-gram model ``rescoring`` reads (needed when its ``weight`` is above 0).
-        rescorer: the neural rescorer ``rescoring`` reads (a drafter that scores paths, `Drafter.path_scorer`;
+        ngram: the n-gram model rescoring reads (needed when its ``weight`` is above 0).
+        rescorer: the neural rescorer rescoring reads (a drafter that scores paths, `Drafter.path_scorer`;
             needed when its ``lm_weight`` is above 0). Where the base cannot attend under a tree mask (flash
             attention, a sequence past a sliding window) it sits the step out, as tree verification does.
         phase: the profiler's phase timer (`profiling.phase_timer`), which charges the rescorers' scoring to
             the ``rescore`` phase.
-        exit_confidence: for drafters that draft their own chain (``drafts_chains``), end a draft after a
-            token drafted with probability below this.
     """
 
     requires_model_outputs = True
@@ -96,19 +92,15 @@ class CerberusCandidateGenerator(CandidateGenerator):
     def __init__(
         self,
         drafter: Drafter,
-        gate: EntropyGate,
-        tree: TreeSpec | None,
+        settings: DecodingSettings,
         max_length: int,
         stats: GenerationStats,
-        lookup_tokens: int = 0,
-        lookup_ngram: int = DEFAULT_MAX_NGRAM,
-        dynamic: DynamicTree | None = None,
-        rescoring: Rescoring | None = None,
         ngram: NgramModel | None = None,
         rescorer: Drafter | None = None,
         phase: Callable[[str], ContextManager[None]] = phase_timer(None),
-        exit_confidence: float = 0.0,
     ):
+        gate, tree, rescoring = settings.gate, settings.tree, settings.rescoring
+        dynamic = None if rescoring is not None else settings.dynamic
         self.drafter = drafter
         self.gate = gate
         self.tree = tree if tree is not None else TreeSpec.chain(drafter.num_heads)
@@ -131,7 +123,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
             if gate.needs_heads:
                 raise ValueError(f"The {gate.signal!r} gate reads parallel heads' first guess, which "
                                  f"{drafter.drafter_type} does not make: use 'base_entropy' or 'base_top1'.")
-        self.exit_confidence = exit_confidence
+        self.exit_confidence = settings.exit_confidence
         self.dynamic = rescoring if rescoring is not None else dynamic
         self.ngram = ngram if rescoring is not None and rescoring.weight > 0 else None
         self.rescorer = rescorer if rescoring is not None and rescoring.lm_weight > 0 else None
@@ -140,8 +132,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         self._model = None
         self.max_length = max_length
         self.stats = stats
-        self.lookup_tokens = lookup_tokens
-        self.lookup_ngram = lookup_ngram
+        self.lookup_tokens = settings.lookup_tokens
+        self.lookup_ngram = settings.lookup_ngram
         self.phase = phase
         self._last: Draft | None = None
         self.state = None

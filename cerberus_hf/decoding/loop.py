@@ -22,12 +22,12 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..compat import cache_argument, handed_cache, prefill
-from .acceptance import TypicalAcceptance, pick_token
+from ..compat import cache_argument, handed_cache, prefill, tree_attention_ok
+from .acceptance import pick_token
 from .candidate_generator import CerberusCandidateGenerator, Draft
 from .profiling import StepProfiler, phase_timer
+from .settings import DecodingSettings
 from .strict import strict_view
-from .tree import tree_attention_ok
 
 
 def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):
@@ -97,9 +97,8 @@ def speculative_generate(
     synced_gpus: bool = False,
     streamer=None,
     make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
-    typical: TypicalAcceptance | None = None,
+    settings: DecodingSettings | None = None,
     profiler: StepProfiler | None = None,
-    strict_rows: int | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
@@ -107,11 +106,14 @@ def speculative_generate(
     Signature and return value follow transformers' `_sample`; ``streamer`` and
     ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
     final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
-    streamer to a custom decoding callable. ``typical`` opts into Medusa's (lossy) typical acceptance.
-    ``profiler`` collects wall time per phase of the loop. ``strict_rows`` (strict verification, see
-    `strict`) verifies at most that many positions per forward (the root included), with each position's
-    attention computed as a one-token forward computes it.
+    streamer to a custom decoding callable. Of the call's ``settings`` (`settings.DecodingSettings`), the loop
+    reads ``typical`` (Medusa's lossy typical acceptance, opt-in) and ``strict_rows`` (strict verification, see
+    `strict`: at most that many positions per forward, the root included, each position's attention computed as a
+    one-token forward computes it); the candidate generator reads the rest. ``profiler`` collects wall time per
+    phase of the loop.
     """
+    typical = settings.typical if settings is not None else None
+    strict_rows = settings.strict_rows if settings is not None else None
     _check_supported(model, input_ids, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
     cache: DynamicCache = handed_cache(model_kwargs)

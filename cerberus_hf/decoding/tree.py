@@ -18,8 +18,6 @@ from functools import cached_property, lru_cache
 
 import torch
 
-from ..compat import attn_implementation
-
 CONTEXT_RANK = -1  # path entry of a token copied from the context rather than guessed by a head
 
 
@@ -127,16 +125,6 @@ class TreeSpec:
         blocked = ~self.ancestor_mask.to(device)
         mask[0, 0, :, past_length:].masked_fill_(blocked, torch.finfo(dtype).min)
         return mask
-
-
-def tree_attention_ok(model, length: int) -> bool:
-    """Whether ``model`` can attend under a tree mask over a sequence of ``length`` positions (the cached
-    ones plus those fed with the mask): it needs a 4D mask, which flash-attention kernels do not take, and one
-    mask serves every layer, so sliding-window layers must still see the whole sequence."""
-    if "flash" in str(attn_implementation(model.config) or ""):
-        return False
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
-    return window is None or length <= window
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,9 @@ import torch
 from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
-from ..compat import cache_argument
+from ..compat import cache_argument, tree_attention_ok
 from .base import Drafter, SequenceState, capture_lm_head_input, decoder_layers, in_this_thread
 from .layers import AttentionAdapter
-from ..decoding.tree import tree_attention_ok
 from ..module_views import config_view, module_view, replace_modules, with_forward
 
 

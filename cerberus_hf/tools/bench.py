@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..configuration_cerberus import HEAD_TYPES
-from ..decoding.hardware import describe_device, reduced_precision_note
+from ..hardware import describe_device, reduced_precision_note
 from ..decoding.profiling import PHASES, synchronize
 from ..errors import UserError
 from ..training.data import read_prompt_file

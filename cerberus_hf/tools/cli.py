@@ -18,8 +18,8 @@ from ..errors import UserError
 
 # Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
 SUBCOMMAND_MODULES = (
-    "tools.demo", "training.distill", "training.trainer", "tools.calibrate", "tools.ngram", "tools.model_card",
-    "tools.bench", "tools.divergence", "remote_code",
+    "tools.demo", "tools.distill", "tools.train", "tools.calibrate", "tools.ngram", "tools.model_card",
+    "tools.bench", "tools.divergence", "tools.refresh_folder",
 )
 DEBUG_VARIABLE = "CERBERUS_HF_DEBUG"
 EXIT_USER_ERROR = 2  # as argparse exits on a bad argument

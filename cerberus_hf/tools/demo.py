@@ -52,7 +52,7 @@ def _timed(fn):
 
 def run_cli(args: argparse.Namespace) -> int:
     from .bench import encode_prompts
-    from ..decoding.hardware import describe_device, reduced_precision_note
+    from ..hardware import describe_device, reduced_precision_note
     from ..modeling_cerberus import CerberusForCausalLM
     from ..real_models import load_packaged_model
 

@@ -172,7 +172,7 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ..decoding.hardware import describe_device
+    from ..hardware import describe_device
     from ..modeling_cerberus import CerberusForCausalLM
     from ..real_models import load_named_model
     from .bench import encode_prompts, load_bench_prompts

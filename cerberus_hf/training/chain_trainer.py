@@ -38,16 +38,29 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..decoding.hardware import describe_device
 from ..drafters.kangaroo import capture_exit_states, first_layers
-from .data import Record, frequent_tokens, read_records
-from .hidden_cache import _batches as batches_by_length
-from .hidden_cache import _sequence, base_fingerprint, build_hidden_cache, right_padded, split_record_ids
-from . import trainer as trainer_module  # its _on_step_end is looked up at each step (tests replace it)
-from .trainer import (
-    METRICS_NAME, _cosine_with_warmup, default_cache_dir, outside_of, projection_loss, resume_checkpoint,
-    save_checkpoint, top_hits,
+from ..hardware import describe_device
+from . import (
+    checkpointing,  # its on_step_end is looked up at each step (tests replace it)
 )
+from .checkpointing import (
+    METRICS_NAME,
+    cosine_with_warmup,
+    resume_checkpoint,
+    save_checkpoint,
+)
+from .data import Record, frequent_tokens, read_records
+from .evaluation import outside_of, top_hits
+from .hidden_cache import (
+    base_fingerprint,
+    batches_by_length,
+    build_hidden_cache,
+    default_cache_dir,
+    record_sequence,
+    right_padded,
+    split_record_ids,
+)
+from .loss import projection_loss
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +74,7 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
     digest = hashlib.sha256(json.dumps([base_fingerprint(base), exit_layer, max_seq_len,
                                         [r.content_hash() for r in records]]).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"exit-states-{digest}.safetensors"
-    sequences = [_sequence(r, max_seq_len)[0] for r in records]
+    sequences = [record_sequence(r, max_seq_len)[0] for r in records]
     if path.is_file():
         flat = load_file(path)["states"]
         return list(flat.split([len(s) for s in sequences]))
@@ -235,7 +248,7 @@ def train_chain_drafter(
 
     cache_started = time.perf_counter()
     states = exit_states(model.base, records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress)
-    answers = [_sequence(r, max_seq_len)[1] for r in records]  # answer tokens kept per record
+    answers = [record_sequence(r, max_seq_len)[1] for r in records]  # answer tokens kept per record
     teacher = None
     if distill_weight > 0:
         cache = build_hidden_cache(model.base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
@@ -275,7 +288,7 @@ def train_chain_drafter(
     drafter.to(device=device, dtype=torch.float32)
     drafter.train()
     optimizer = torch.optim.AdamW(drafter.adapter.parameters(), lr=lr)
-    scheduler = _cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
+    scheduler = cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
     adapter, optimizer = accelerator.prepare(drafter.adapter, optimizer)
 
     state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
@@ -323,7 +336,7 @@ def train_chain_drafter(
         if step % save_every == 0 or step == total_steps:
             state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
             save_checkpoint(accelerator, output_dir, step, state, 2, drafter.adapter, optimizer, scheduler)
-        trainer_module._on_step_end(step)
+        checkpointing.on_step_end(step)
     progress.close()
     if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
         run_eval(state["step"])

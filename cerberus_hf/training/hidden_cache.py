@@ -188,7 +188,7 @@ class ShardPlan:
         return f"shard-{self.digest[:32]}.safetensors"
 
 
-def _sequence(record: Record, max_seq_len: int | None) -> tuple[list[int], int]:
+def record_sequence(record: Record, max_seq_len: int | None) -> tuple[list[int], int]:
     """(the ids the base reads, number of answer tokens kept) for a record, cut to ``max_seq_len``."""
     ids = list(record.input_ids) + list(record.output_ids)
     if max_seq_len is not None:
@@ -213,7 +213,7 @@ def plan_shards(records: Sequence[Record], shard_tokens: int, max_seq_len: int |
         digest = record.content_hash()
         current.append(index)
         hashes.append(digest)
-        length = len(_sequence(record, max_seq_len)[0])
+        length = len(record_sequence(record, max_seq_len)[0])
         tokens += length
         if int(digest[:15], 16) / 16**15 < length / shard_tokens:
             plans.append(_make_plan(len(plans), current, hashes, tokens))
@@ -229,7 +229,7 @@ def _make_plan(index: int, members: list[int], hashes: list[str], tokens: int) -
     return ShardPlan(index=index, records=list(members), digest=digest, tokens=tokens)
 
 
-def _batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+def batches_by_length(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Rows grouped longest first so that each padded batch holds at most ``batch_tokens`` tokens."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
@@ -272,9 +272,9 @@ def _compute_shard(
     state_source: str = "lm_head_input",
 ) -> dict[str, torch.Tensor]:
     device = base.get_output_embeddings().weight.device
-    sequences = [_sequence(records[i], max_seq_len) for i in plan.records]
+    sequences = [record_sequence(records[i], max_seq_len) for i in plan.records]
     per_record: list[dict[str, torch.Tensor] | None] = [None] * len(sequences)
-    for batch in _batches([len(ids) for ids, _ in sequences], batch_tokens):
+    for batch in batches_by_length([len(ids) for ids, _ in sequences], batch_tokens):
         input_ids, mask = right_padded([sequences[i][0] for i in batch], pad_token_id)
         hidden, head_input = base_states(base, input_ids.to(device), mask.to(device), use_decoder, state_source)
         for row, i in enumerate(batch):
@@ -464,7 +464,7 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
         return
     was_training = base.training
     base.eval()
-    sample = torch.tensor([list(_sequence(records[plans[0].records[0]], max_seq_len)[0])])
+    sample = torch.tensor([list(record_sequence(records[plans[0].records[0]], max_seq_len)[0])])
     use_decoder = decoder_output_is_lm_head_input(base, sample.to(base.get_output_embeddings().weight.device))
     if not use_decoder:
         logger.info("%s: the backbone output is not the lm_head input; caching through the full model",
@@ -534,6 +534,13 @@ def _write_json(path: Path, payload: dict) -> None:
 def cache_bytes_per_token(hidden_size: int, teacher_topk: int) -> int:
     """Disk and memory use of one cached position."""
     return 2 * hidden_size + 4 + teacher_topk * (4 + 2)
+
+
+def default_cache_dir() -> Path:
+    """Where hidden-state caches go unless told: ``$CERBERUS_HF_CACHE/hidden_states``."""
+    from ..real_models import cache_dir
+
+    return cache_dir() / "hidden_states"
 
 
 __all__ = [

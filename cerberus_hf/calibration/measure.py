@@ -1,0 +1,128 @@
+"""Wall-time measurements calibration fits to: the verification cost curve, the drafting time, and a chain
+drafter's step times."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import ExitStack
+
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from ..compat import cache_argument
+from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
+from ..decoding.profiling import synchronize
+from ..decoding.rescoring import Rescoring, lattice_rescore
+from ..decoding.strict import strict_view
+from ..decoding.tree import DynamicTree, TreeSpec
+from .positions import rescorer_state
+
+
+@torch.no_grad()
+def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: int = 5,
+                       strict: bool = False) -> dict[int, float]:
+    """Median seconds of one cached forward with ``n`` new tokens for ``n = 1..max_tokens`` after a
+    ``context``-token prefix. Sizes are interleaved across repeats so drifting load hits all alike.
+    ``strict``: the forwards verify as strict verification does (`decoding.strict`), one attention call per
+    position."""
+    device = base.device
+    vocab = base.get_output_embeddings().weight.shape[0]
+    limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
+    if limit:
+        context = max(1, min(context, limit - max_tokens - 1))
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
+    cache = DynamicCache(config=base.config)
+    base(input_ids=prefix, **cache_argument(cache), use_cache=True)
+    verifier = strict_view(base) if strict else base
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_tokens + 1)}
+    for _ in tqdm(range(repeats), desc="cost curve", unit="pass"):
+        for n in times:
+            tokens = torch.randint(0, vocab, (1, n), generator=generator).to(device)
+            positions = torch.arange(context, context + n, device=device)[None]
+            synchronize(device)
+            start = time.perf_counter()
+            verifier(input_ids=tokens, **cache_argument(cache), position_ids=positions, use_cache=True)
+            synchronize(device)
+            times[n].append(time.perf_counter() - start)
+            cache.crop(-n)
+    return {n: statistics.median(values) for n, values in times.items()}
+
+
+@torch.no_grad()
+def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescoring | None = None,
+                       context: int = 300) -> float:
+    """Median seconds for the drafter to draft one step: the chain through every head, or a dynamic tree
+    (a drafter that reads its drafted tokens pays one call per depth), rescored by whichever of
+    ``model.ngram`` and ``model.rescorer`` ``dynamic`` weighs when it is a `Rescoring` (the LM after a
+    ``context``-token prefix, closing its scorer each time as decoding does)."""
+    # a drafter reading a window pays every step for the newest state's row and for reading the window
+    window = max(model.heads.context_window, 1)
+    states = torch.zeros(1, window, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    tokens = torch.zeros(1, window, dtype=torch.long, device=model.device)
+    rows = model.heads.window_rows(states, tokens)
+    valid = torch.ones(1, window, dtype=torch.bool, device=model.device)
+    chain = TreeSpec.chain(model.config.num_heads)
+    history = torch.arange(context, device=model.device) % model.config.vocab_size
+    index_of = model.rescorer.draft_index() if model.rescorer is not None else None
+    values = []
+    with ExitStack() as stack:
+        lm_state = None
+        if isinstance(dynamic, Rescoring) and dynamic.lm_weight > 0:
+            lm_state = stack.enter_context(rescorer_state(model, history[None]))
+        for _ in range(repeats):
+            synchronize(model.device)
+            start = time.perf_counter()
+            newest = model.heads.window_rows(states[:, -1:], tokens[:, -1:])
+            step = StepDrafts(model.heads, model.heads.read_window(torch.cat([rows[:, :-1], newest], dim=1), valid), 0)
+            if dynamic is None:
+                static_draft(step, chain)
+            else:
+                scorer = model.rescorer.path_scorer(lm_state, history[None]) if lm_state is not None else None
+                rescore = (lattice_rescore(dynamic, history, model.ngram, scorer, index_of)
+                           if isinstance(dynamic, Rescoring) else None)
+                dynamic_selection(step, dynamic, model.config.num_heads, rescore)
+                if scorer is not None:
+                    scorer.close()
+            synchronize(model.device)
+            values.append(time.perf_counter() - start)
+    return statistics.median(values)
+
+
+@torch.no_grad()
+def measure_chain_steps(model, context: int = 300, repeats: int = 5) -> dict[str, dict[int, float]]:
+    """Median seconds of a chain drafter's (Kangaroo's) step parts for each draft length ``n`` up to
+    ``num_heads``, after a ``context``-token prefix: ``"draft"``, drafting ``n`` tokens, and ``"verify"``, the
+    base's forward over the newest token and those ``n`` as decoding runs it (from the exit layer on, the
+    shallow layers' work reused). Lengths are interleaved across repeats so drifting load hits all alike."""
+    base, depth, device = model.base, model.config.num_heads, model.device
+    vocab = base.get_output_embeddings().weight.shape[0]
+    limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
+    if limit:
+        context = max(1, min(context, limit - depth - 2))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, context + 1), generator=generator).to(device)
+    cache = DynamicCache(config=base.config)
+    times = {part: {n: [] for n in range(1, depth + 1)} for part in ("draft", "verify")}
+    with model.heads.capture(base) as captured:
+        base(input_ids=ids[:, :-1], **cache_argument(cache), use_cache=True)
+        state = model.heads.start(base, cache)
+        state.observe(captured, None)
+        for _ in tqdm(range(repeats), desc="chain steps", unit="pass"):
+            for n in range(1, depth + 1):
+                synchronize(device)
+                start = time.perf_counter()
+                drafted = model.heads.draft_chain(state, ids, n, confidence=0.0)
+                synchronize(device)
+                middle = time.perf_counter()
+                tokens = torch.cat([ids[:, -1:], torch.tensor([drafted], device=device, dtype=ids.dtype)], dim=-1)
+                positions = torch.arange(context, context + n + 1, device=device)[None]
+                with state.verifying(base, tokens) as verifier:
+                    verifier(input_ids=tokens, **cache_argument(cache), position_ids=positions, use_cache=True)
+                synchronize(device)
+                times["draft"][n].append(middle - start)
+                times["verify"][n].append(time.perf_counter() - middle)
+                cache.crop(-(n + 1))
+    return {part: {n: statistics.median(values) for n, values in by_length.items()} for part, by_length in times.items()}

@@ -1,0 +1,198 @@
+"""`cerberus-hf train`: train draft heads (`training.trainer.train_heads`) or a chain drafter's adapter
+(`training.chain_trainer.train_chain_drafter`) from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import torch
+
+from ..configuration_cerberus import HEAD_TYPES, STATE_SOURCES
+from ..real_models import load_named_model
+from ..training.data import read_records
+from ..training.hidden_cache import build_hidden_cache
+from ..training.trainer import default_cache_dir, train_heads
+
+
+def add_cli(subparsers):
+    """Register the ``train`` subcommand; returns its parser."""
+    parser = subparsers.add_parser(
+        "train", help="train draft heads (Medusa, Cerberus, Hydra, Clover) or a Kangaroo adapter on a frozen base",
+        description=__doc__.split("\n\n")[0])
+    _add_arguments(parser)
+    from ..tools.arguments import (
+        set_types,  # bad counts and sizes: one-line errors while parsing
+    )
+
+    set_types(parser, model_source=("base",), positive_float=("epochs", "lr"), non_negative_int=("teacher_topk",),
+              positive_int=("num_heads", "num_layers", "batch_size", "max_steps", "eval_every", "save_every",
+                            "num_threads", "train_vocab", "exit_layer", "batch_tokens", "adapter_heads",
+                            "adapter_head_dim", "context_window"))
+    # the options only some head types read: the others refuse them rather than ignore them
+    heads = tuple(h for h in HEAD_TYPES if h != "kangaroo")
+    only = {"batch_size": heads, "head_weight_decay": heads, "text_distill_weight": heads, "train_fraction": heads,
+            "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
+            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo",), "adapter_heads": ("kangaroo", "clover", "hydra"),
+            "adapter_head_dim": ("kangaroo", "clover", "hydra"), "context_window": ("clover", "hydra"),
+            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": heads}
+    parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
+    return parser
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base", default="smollm2-135m-instruct",
+                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
+    parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--data", required=True, action="append",
+                        help="distillation JSONL (from `cerberus-hf distill`); repeat to train on several as one set")
+    parser.add_argument("--output", default=None, help="folder for the heads, metrics and checkpoints")
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=256, help="answer positions per step")
+    parser.add_argument("--max-steps", type=int, default=None, help="total steps (overrides --epochs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--distill-weight", type=float, default=0.0,
+                        help="share of the target given to the base's own distribution (0..1)")
+    parser.add_argument("--text-distill-weight", type=float, default=1.0,
+                        help="the same share for 'text' records (a dataset's answers; default: the base's distribution "
+                             "only). Held-out accuracy is then measured on the base's own answers")
+    parser.add_argument("--head-weight-decay", type=float, default=0.8, help="head k's loss weight is this ** k")
+    parser.add_argument("--warmup-ratio", type=float, default=0.05)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--save-every", type=int, default=None)
+    parser.add_argument("--eval-fraction", type=float, default=0.05)
+    parser.add_argument("--train-fraction", type=float, default=1.0,
+                        help="share of the training records used (nested subsets; for data-scaling curves)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="hidden-state cache folder, shared between runs (default: $CERBERUS_HF_CACHE/hidden_states)")
+    parser.add_argument("--teacher-topk", type=int, default=32,
+                        help="base log-probabilities kept per cached position, for --distill-weight (0: none)")
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--projection-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="dtype of the products with the frozen lm_head in the loss (bfloat16: faster)")
+    parser.add_argument("--train-vocab", type=int, default=None, metavar="N",
+                        help="score the loss over the data's N most frequent answer tokens and each batch's targets "
+                             "instead of the whole vocabulary (about N/vocab of the projection's cost); the heads "
+                             "then draft among those N tokens")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="dtype the base is loaded in")
+    parser.add_argument("--init-from", default=None, metavar="FOLDER",
+                        help="start from the heads saved in FOLDER (same head type and shape options) instead of fresh "
+                             "ones: train on one data set, then another, or adapt shipped heads to your data")
+    parser.add_argument("--no-resume", action="store_true", help="discard checkpoints in --output and start over")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="only compute the hidden-state cache (e.g. while distillation data is still being written)")
+    parser.add_argument("--no-progress", action="store_true")
+    kangaroo = parser.add_argument_group("kangaroo", "the adapter on the base's first layers (--head-type kangaroo; "
+                                         "--num-heads is the longest draft)")
+    kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
+    kangaroo.add_argument("--batch-tokens", type=int, default=8192, help="padded sequence tokens per step")
+    parser.add_argument("--state-source", default="lm_head_input", choices=STATE_SOURCES,
+                        help="which of the base's last states the heads read: the lm_head's input (after the final "
+                             "norm) or the last decoder layer's output (before it, as Clover-2 reads it); each has "
+                             "a hidden-state cache of its own")
+    parser.add_argument("--head-dropout", type=float, default=0.0,
+                        help="dropout on what the heads read and project, in training (Hydra++: 0.2)")
+    adapter = parser.add_argument_group("adapter", "Kangaroo's adapter, Clover's augmenting block and Hydra++'s prefix "
+                                        "layer (--head-type kangaroo, clover, or hydra with --prefix-layer)")
+    adapter.add_argument("--adapter-heads", type=int, default=2)
+    adapter.add_argument("--adapter-head-dim", type=int, default=32)
+    adapter.add_argument("--context-window", type=int, default=16,
+                         help="Clover and Hydra++: how many of the newest verified states the augmenting block or "
+                              "the prefix layer reads")
+    adapter.add_argument("--prefix-layer", action="store_true",
+                         help="Hydra: Hydra++'s prefix layer (a decoder layer over the base's states) before the heads")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run the ``train`` subcommand from parsed arguments."""
+    from ..modeling_cerberus import CerberusForCausalLM
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.output is None and not args.cache_only:
+        raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
+    base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
+    if args.cache_only:
+        started = time.perf_counter()
+        records = [record for path in args.data for record in read_records(path)]
+        cache = build_hidden_cache(base, records, args.cache_dir if args.cache_dir is not None else default_cache_dir(),
+                                   teacher_topk=args.teacher_topk, show_progress=not args.no_progress,
+                                   state_source=args.state_source)
+        print(f"{cache.info['folder']}: {len(cache.record_ids)} records, {cache.num_positions} answer positions, "
+              f"{cache.info['shards_computed']} of {cache.info['shards']} shards computed in "
+              f"{time.perf_counter() - started:.0f} s; base top-1 = data token at {cache.base_agreement()}")
+        return 0
+    _refuse_options_of_other_head_types(args)
+    if args.head_type == "kangaroo":
+        return _run_chain_cli(args, base)
+    shape = {name: getattr(args, name) for name in ("num_layers", "adapter_heads", "adapter_head_dim", "context_window",
+                                                    "prefix_layer", "head_dropout", "state_source")
+             if args.head_type in args.only_for[name][0]}  # the drafter's shape options that apply to this head type
+    model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads, **shape)
+    metrics = train_heads(
+        model, args.data if len(args.data) > 1 else args.data[0], args.output, epochs=args.epochs, lr=args.lr,
+        batch_size=args.batch_size,
+        warmup_ratio=args.warmup_ratio, head_weight_decay=args.head_weight_decay, distill_weight=args.distill_weight,
+        text_distill_weight=args.text_distill_weight,
+        eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, max_steps=args.max_steps,
+        eval_fraction=args.eval_fraction, train_fraction=args.train_fraction, cache_dir=args.cache_dir,
+        num_threads=args.num_threads,
+        projection_dtype=args.projection_dtype, teacher_topk=args.teacher_topk, train_vocab=args.train_vocab,
+        init_from=args.init_from, resume=not args.no_resume, show_progress=not args.no_progress,
+    )
+    cost = metrics["cost"]
+    if metrics["eval"] is not None:
+        print("held-out top-1 per head: " + " ".join(f"{v:.3f}" for v in metrics["top1"]))
+        print("held-out top-5 per head: " + " ".join(f"{v:.3f}" for v in metrics["top5"]))
+    if cost["positions_per_s"] is None:  # its last checkpoint was the final step: only evaluated and saved again
+        print(f"the run was already complete: {metrics['steps']} steps ({metrics['epochs']} epochs), nothing left to "
+              f"train ({cost['wall_time_s']:.0f} s on {cost['device']})")
+    else:
+        print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s "
+              f"(cache {cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s, "
+              f"{cost['positions_per_s']} positions/s) on {cost['device']}")
+    print(f"heads saved to {args.output}")
+    return 0
+
+
+def _refuse_options_of_other_head_types(args: argparse.Namespace) -> None:
+    given = [name for name, (types, default) in args.only_for.items()
+             if args.head_type not in types and getattr(args, name) != default]
+    if args.head_type == "hydra" and not args.prefix_layer:  # Hydra reads the attention's shape for its prefix only
+        prefix = [name for name in ("adapter_heads", "adapter_head_dim", "context_window")
+                  if getattr(args, name) != args.only_for[name][1]]
+        if prefix:
+            raise SystemExit(f"cerberus-hf train: {', '.join('--' + n.replace('_', '-') for n in prefix)} shape(s) "
+                             "Hydra's prefix layer: add --prefix-layer")
+    if given:
+        raise SystemExit(f"cerberus-hf train: {', '.join('--' + n.replace('_', '-') for n in given)} do(es) not "
+                         f"apply to --head-type {args.head_type}")
+
+
+def _run_chain_cli(args: argparse.Namespace, base) -> int:
+    """``cerberus-hf train --head-type kangaroo``: the adapter, trained on whole sequences (`chain_trainer`)."""
+    from ..modeling_cerberus import CerberusForCausalLM
+    from .chain_trainer import train_chain_drafter
+
+    model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads,
+                                          exit_layer=args.exit_layer, adapter_heads=args.adapter_heads,
+                                          adapter_head_dim=args.adapter_head_dim)
+    metrics = train_chain_drafter(
+        model, args.data, args.output, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
+        warmup_ratio=args.warmup_ratio, distill_weight=args.distill_weight, teacher_topk=args.teacher_topk,
+        eval_every=args.eval_every, save_every=args.save_every or 50, eval_fraction=args.eval_fraction,
+        seed=args.seed, max_steps=args.max_steps, cache_dir=args.cache_dir, num_threads=args.num_threads,
+        train_vocab=args.train_vocab, resume=not args.no_resume, show_progress=not args.no_progress,
+    )
+    cost = metrics["cost"]
+    if metrics["eval"] is not None:
+        print(f"held-out top-1 {metrics['eval']['top1']:.3f}, top-5 {metrics['eval']['top5']:.3f} "
+              f"({metrics['eval']['positions']} answer positions)")
+    print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s (exit states "
+          f"{cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s) on {cost['device']}")
+    print(f"adapter saved to {args.output}")
+    return 0

@@ -1,0 +1,132 @@
+"""The package's import graph: no cycle, no arrow up the layers below, and no private name imported across modules.
+
+Every ``import`` in the package counts, at module level or inside a function (read from the source, not from
+``sys.modules``). A module may import modules of its own layer or of a layer below; a new module must be placed in
+`LAYERS`, which is the architecture in one table (docs/architecture.md explains it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import cerberus_hf
+
+PACKAGE = Path(cerberus_hf.__file__).resolve().parent
+
+# Lowest first. A name ending in ".*" covers a subpackage's modules; "decoding" alone is its __init__.
+LAYERS = [
+    # foundations: user errors, transformers seams, files, views of a module, calibration keys
+    ["errors", "compat", "checkpoint", "module_views", "hardware"],
+    # decoding's primitives, which know no drafter: trees and masks, the gate, acceptance, lookup, n-grams, rescoring
+    ["decoding.tree", "decoding.gate", "decoding.acceptance", "decoding.lookup", "decoding.ngram", "decoding.stats",
+     "decoding.profiling", "decoding.rescoring", "decoding.strict", "decoding.settings", "decoding.batching"],
+    # what a saved folder is: its config and the code stubs it carries
+    ["configuration_cerberus", "remote_code"],
+    # the drafter interface and the families
+    ["drafters", "drafters.*"],
+    # the draft-verify loop, which knows drafters only through their interface
+    ["decoding", "decoding.drafting", "decoding.candidate_generator", "decoding.loop"],
+    # reading a saved folder and the base it names
+    ["loading", "base_model", "real_models"],
+    # the model users load, and its entry points
+    ["modeling_cerberus", "custom_generate", ""],
+    # training, then calibration (which reads training data's held-out split)
+    ["training", "training.*"],
+    ["calibration", "calibration.*"],
+    # the command line
+    ["tools", "tools.*"],
+]
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str]]]:
+    """(module imported, names taken from it) for every package import in ``path``."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    if name == "":
+        package = []
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == PACKAGE.name:
+                target = node.module.partition(".")[2]
+            else:
+                continue
+            names = [alias.name for alias in node.names]
+            submodules = [f"{target}.{n}".lstrip(".") for n in names if f"{target}.{n}".lstrip(".") in modules]
+            if submodules:
+                found += [(m, []) for m in submodules]
+            else:
+                found.append((target, names))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name.partition(".")[2], []) for alias in node.names
+                      if alias.name.split(".")[0] == PACKAGE.name]
+    return [(target, names) for target, names in found if target != name]
+
+
+def _layer(name: str) -> int:
+    for index, layer in enumerate(LAYERS):
+        for entry in layer:
+            if name == entry or (entry.endswith(".*") and name.startswith(entry[:-1])):
+                return index
+    raise AssertionError(f"cerberus_hf.{name} is in no layer of LAYERS (tests/test_layers.py): place it there")
+
+
+def test_every_module_is_placed_and_imports_only_its_layer_or_below():
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        for target, _ in _imports(name, path, modules):
+            if _layer(target) > _layer(name):
+                upward.append(f"{name or 'cerberus_hf'} -> {target}")
+    assert not upward, "imports up the layers: " + ", ".join(sorted(upward))
+
+
+def test_no_cycle():
+    modules = _modules()
+    graph = {name: {t for t, _ in _imports(name, path, modules)} for name, path in modules.items()}
+    done, on_path = set(), []
+
+    def visit(node: str) -> None:
+        if node in on_path:
+            raise AssertionError("import cycle: " + " -> ".join(on_path[on_path.index(node):] + [node]))
+        if node in done:
+            return
+        on_path.append(node)
+        for target in sorted(graph.get(node, ())):
+            visit(target)
+        on_path.pop()
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name)
+
+
+def test_no_private_name_is_imported_across_modules():
+    modules = _modules()
+    private = [f"{name} imports {n} from {target}" for name, path in modules.items()
+               for target, names in _imports(name, path, modules) for n in names
+               if n.startswith("_") and not n.startswith("__")]
+    assert not private, "; ".join(sorted(private))
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The checks read what they should: a layer-0 module importing the model is caught."""
+    source = PACKAGE / "errors.py"
+    found = _imports("errors", source, _modules())
+    assert found == []
+    fake = tmp_path / "errors.py"
+    fake.write_text("from .modeling_cerberus import CerberusForCausalLM\nfrom .decoding import loop\n")
+    found = _imports("errors", fake, _modules())
+    assert ("modeling_cerberus", ["CerberusForCausalLM"]) in found and ("decoding.loop", []) in found
+    assert all(_layer(target) > _layer("errors") for target, _ in found)
