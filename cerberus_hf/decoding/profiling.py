@@ -71,3 +71,68 @@ def phase_timer(profiler: StepProfiler | None):
         return unprofiled
 
     return phase
+
+
+# Tensor operations that make the host wait for a device's values: a value read back (item, tolist, bool, int,
+# float, numpy, a copy to the CPU), or an output whose shape depends on the values (nonzero, masked selection,
+# unique, boolean-mask indexing). On CUDA each is a synchronisation; on a CPU they cost nothing but are counted the
+# same, so a test can bound what a GPU would pay without one.
+_VALUE_READS = {
+    torch.Tensor.item: "item", torch.Tensor.tolist: "tolist", torch.Tensor.__bool__: "bool",
+    torch.Tensor.__int__: "int", torch.Tensor.__float__: "float", torch.Tensor.__index__: "index",
+    torch.Tensor.numpy: "numpy", torch.Tensor.cpu: "cpu",
+}
+_SHAPE_FROM_VALUES = {
+    torch.nonzero: "nonzero", torch.Tensor.nonzero: "nonzero", torch.argwhere: "nonzero",
+    torch.Tensor.argwhere: "nonzero", torch.masked_select: "masked_select", torch.Tensor.masked_select: "masked_select",
+    torch.unique: "unique", torch.Tensor.unique: "unique", torch.unique_consecutive: "unique",
+}
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the operations that would synchronise a GPU (`_VALUE_READS`, `_SHAPE_FROM_VALUES`, indexing by a
+    boolean tensor), by kind and by the innermost cerberus_hf (else transformers) line that
+    asked, while active. Works on any device: on a CPU nothing waits, but the count is what a GPU would pay."""
+
+    def __init__(self, where: bool = True):
+        super().__init__()
+        self.by_kind: dict[str, int] = {}
+        self.by_line: dict[str, int] = {}
+        self._where = where
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+    def _kind(self, func, args, kwargs) -> str | None:
+        kind = _VALUE_READS.get(func) or _SHAPE_FROM_VALUES.get(func)
+        if kind is not None:
+            return kind
+        if func is torch.Tensor.__getitem__ and len(args) > 1:
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
+                return "bool_index"
+        return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = self._kind(func, args, kwargs)
+        if kind is not None:
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+            if self._where:
+                line = _asking_line()
+                self.by_line[line] = self.by_line.get(line, 0) + 1
+        return func(*args, **kwargs)
+
+
+def _asking_line() -> str:
+    """``file:line (function)`` of the innermost frame in cerberus_hf, else in transformers, else the caller's."""
+    import traceback
+
+    stack = traceback.extract_stack()[:-2]  # without this function and __torch_function__
+    for package in ("cerberus_hf", "transformers"):
+        for frame in reversed(stack):
+            if f"/{package}/" in frame.filename:
+                return f"{frame.filename.split(f'/{package}/')[-1]}:{frame.lineno} ({frame.name})"
+    frame = stack[-1]
+    return f"{frame.filename}:{frame.lineno} ({frame.name})"
