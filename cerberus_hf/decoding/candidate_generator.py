@@ -175,24 +175,27 @@ class CerberusCandidateGenerator(CandidateGenerator):
 
     @torch.no_grad()
     def propose(
-        self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor, next_token_logits: torch.Tensor
+        self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor, next_token_logits: torch.Tensor,
+        last_token: int | None = None,
     ) -> Draft | None:
         """A draft following ``input_ids`` (batch size 1), or None when the gate or the length says no.
 
         ``last_hidden_state`` ([1, hidden]) is the verifier's state at the position that predicted the
         last token of ``input_ids``; ``next_token_logits`` ([1, vocab]) the raw prediction made from it,
         which the gate reads. A verification step emits the accepted drafts plus one token, so drafts
-        are at most ``max_length - len - 1`` deep.
+        are at most ``max_length - len - 1`` deep. ``last_token``: the last token of ``input_ids`` when the caller
+        has it on the host already (it is read from the device otherwise).
         """
         room = self.max_length - input_ids.shape[1] - 1
         static = self.tree.truncated(room) if self.dynamic is None else None
         can_draft = room > 0 and (self.dynamic is not None or static is not None)
         # what the heads read (a windowed drafter's window included) is computed only on steps that read them
-        step = self._step_drafts(input_ids, last_hidden_state) if can_draft and self.gate.needs_heads else None
+        reads_heads = can_draft and self.gate.needs_heads
+        step = self._step_drafts(input_ids, last_hidden_state, last_token) if reads_heads else None
         first_logits = step.root_logits()[None] if step is not None else None
         drafting = can_draft and self.gate.should_draft(next_token_logits, first_logits)
         if drafting and step is None and not self.drafter.drafts_chains:
-            step = self._step_drafts(input_ids, last_hidden_state)
+            step = self._step_drafts(input_ids, last_hidden_state, last_token)
         if can_draft:  # no room left for a draft is not the gate's decision
             self.stats.record_gate(drafting)
         draft = None
@@ -230,10 +233,11 @@ class CerberusCandidateGenerator(CandidateGenerator):
                     scorer.close()
         return Draft(tree, tokens.to(input_ids.dtype))  # room > 0: dynamic_draft never returns None here
 
-    def _step_drafts(self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor) -> StepDrafts:
+    def _step_drafts(self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor,
+                     last_token: int | None = None) -> StepDrafts:
         """This step's drafts from what the heads read after ``input_ids`` (`SequenceState.heads_input`)."""
         heads_input = self.state.heads_input(input_ids, last_hidden_state)
-        return StepDrafts(self.drafter, heads_input, int(input_ids[0, -1]))
+        return StepDrafts(self.drafter, heads_input, int(input_ids[0, -1]) if last_token is None else last_token)
 
     def get_candidates(
         self,

@@ -32,7 +32,9 @@ from .tree import DynamicTree, TreeSpec
 
 @dataclass
 class _Node:
-    tokens: tuple[int, ...]  # the drafted tokens from the root's child down to this node
+    # the drafted tokens from the root's child down to this node: host ints where the tree is chosen on the host
+    # (dynamic trees), a device tensor where it is fixed (static trees, whose tokens are never read back)
+    tokens: tuple[int, ...] | torch.Tensor
     state: torch.Tensor | None  # the drafter's state at this node ([hidden]); None at the root
 
 
@@ -55,9 +57,15 @@ class StepDrafts:
                 self._shared[depth] = self.drafter.draft_level(depth, self.hidden, tokens, previous)
             state, logits = self._shared[depth]
             return state.expand(len(parents), -1), logits.expand(len(parents), -1)
-        tokens = torch.tensor([(self.last_token, *p.tokens) for p in parents], device=self.hidden.device)
         previous = torch.stack([p.state for p in parents]) if depth > 0 else None
-        return self.drafter.draft_level(depth, self.hidden.expand(len(parents), -1), tokens, previous)
+        return self.drafter.draft_level(depth, self.hidden.expand(len(parents), -1), self._path_tokens(parents), previous)
+
+    def _path_tokens(self, parents: list[_Node]) -> torch.Tensor:
+        """``[len(parents), depth + 1]``: the newest token, then each parent's drafted tokens."""
+        if all(isinstance(p.tokens, tuple) for p in parents):
+            return torch.tensor([(self.last_token, *p.tokens) for p in parents], device=self.hidden.device)
+        last = torch.tensor([self.last_token], device=self.hidden.device)
+        return torch.stack([torch.cat([last, p.tokens]) for p in parents])
 
     def root_logits(self) -> torch.Tensor:
         """Depth 0's logits ``[V]`` (what a head-entropy gate reads); reused by the draft that follows."""
@@ -69,21 +77,25 @@ class StepDrafts:
 
 
 def static_draft(step: StepDrafts, tree: TreeSpec) -> torch.LongTensor:
-    """Tokens ``[len(tree)]`` of a fixed tree of ranks."""
+    """Tokens ``[len(tree)]`` of a fixed tree of ranks. The shape is known beforehand, so every token stays on the
+    device: nothing is read back to the host while drafting (each read would stall a GPU)."""
+    device = step.hidden.device
     nodes: list[_Node | None] = [None] * len(tree)
-    tokens: list[int] = [0] * len(tree)
+    tokens = torch.zeros(len(tree), dtype=torch.long, device=device)
+    no_tokens = tokens[:0]
     for depth in range(tree.depth):
         members = [i for i, path in enumerate(tree.paths) if len(path) == depth + 1]
         parents = list(dict.fromkeys(tree.parents[i] for i in members))
         row = {parent: r for r, parent in enumerate(parents)}
         states, logits = step.expand(depth, [step.root if p < 0 else nodes[p] for p in parents])
-        top = step.drafter.token_ids(logits.topk(tree.top_k, dim=-1).indices).tolist()
-        for i in members:
-            r = row[tree.parents[i]]
-            tokens[i] = top[r][tree.paths[i][-1]]
-            parent_tokens = nodes[tree.parents[i]].tokens if tree.parents[i] >= 0 else ()
-            nodes[i] = _Node((*parent_tokens, tokens[i]), states[r])
-    return torch.tensor(tokens, dtype=torch.long, device=step.hidden.device)
+        top = step.drafter.token_ids(logits.topk(tree.top_k, dim=-1).indices)
+        rows = [row[tree.parents[i]] for i in members]
+        picked = top[rows, [tree.paths[i][-1] for i in members]]
+        tokens[members] = picked
+        for j, i in enumerate(members):
+            parent_tokens = nodes[tree.parents[i]].tokens if tree.parents[i] >= 0 else no_tokens
+            nodes[i] = _Node(torch.cat([parent_tokens, picked[j:j + 1]]), states[rows[j]])
+    return tokens
 
 
 @lru_cache(maxsize=4096)

@@ -9,6 +9,11 @@ and go on only while the picked token is one of the current node's drafted child
 token is therefore chosen from the same distribution plain decoding would use at that prefix, so
 greedy output is identical and sampled output is distributed as the base's. The cache is then cut back
 to the accepted branch.
+
+Greedy decoding with nothing to do on the host per token (no logits processor, scores, streamer, or stopping
+criterion other than generate()'s length and end-of-sequence checks) takes the same decisions for the whole tree at
+once on the device and reads the result once a step (`_greedy_walk`); a static tree's tokens are drafted on the
+device too (`drafting.static_draft`), so such a step waits on the host once, which on a GPU is what it costs.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
-from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import cache_argument, handed_cache, prefill, tree_attention_ok
@@ -47,6 +52,41 @@ def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_confi
             "output_attentions / output_hidden_states are not supported with draft heads: a verification "
             "step computes several positions at once. Use the base model for them."
         )
+
+
+def _host_stopping(stopping_criteria: StoppingCriteriaList) -> tuple[int | None, set[int]] | None:
+    """(max_length, end-of-sequence ids) when every criterion is generate()'s own length or end-of-sequence check,
+    which the loop can then apply on the host to tokens it has read anyway; None for any other criterion (a stop
+    string, a time limit, a user's), which is called on every emitted token instead."""
+    max_length, eos = None, set()
+    for criterion in stopping_criteria:
+        if type(criterion) is MaxLengthCriteria:
+            max_length = criterion.max_length if max_length is None else min(max_length, criterion.max_length)
+        elif type(criterion) is EosTokenCriteria:
+            eos.update(criterion.eos_token_id.flatten().tolist())
+        else:
+            return None
+    return max_length, eos
+
+
+def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None) -> tuple[list[int], list[int]]:
+    """Greedy acceptance of a whole tree with one read from the device: (emitted tokens, accepted nodes).
+
+    The base's choice at every fed position is its argmax (in float32, as `pick_token` takes it); a node is accepted
+    when its token is its parent position's choice, it is the first such child of its parent (as the walk takes
+    the first match), and so is every ancestor. The emitted tokens are the root's choice and each accepted node's:
+    exactly what the token-by-token walk emits, before stopping criteria."""
+    choices = step_logits[0].float().argmax(dim=-1)
+    if draft is None:
+        return choices[:1].tolist(), []
+    tree = draft.tree.on(choices.device)
+    match = draft.tokens.to(choices.device) == choices[tree.parent_positions]
+    match &= ~(tree.earlier_siblings & match[None, :]).any(dim=-1)
+    accepted = ~(tree.node_ancestors & ~match[None, :]).any(dim=-1)
+    packed = torch.cat([choices, accepted.long()]).tolist()
+    choices, flags = packed[: len(draft.tree) + 1], packed[len(draft.tree) + 1:]
+    nodes = [node for node, ok in enumerate(flags) if ok]  # an accepted chain, parents listed before children
+    return [choices[0]] + [choices[node + 1] for node in nodes], nodes
 
 
 def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
@@ -124,6 +164,12 @@ def speculative_generate(
     phase = phase_timer(profiler)
     # drafts are verified through a view of the base that attends strictly (the base itself stays as it is)
     strict_model = strict_view(model) if strict_rows is not None else model
+    # Greedy decoding with nothing to do per token on the host (no logits processor, scores, streamer or stopping
+    # criterion beyond length and end of sequence) accepts the whole tree on the device and reads it once a step.
+    host_stopping = _host_stopping(stopping_criteria)
+    one_read = (not do_sample and typical is None and len(logits_processor) == 0 and scores is None
+                and raw_logits is None and streamer is None and host_stopping is not None)
+    last_token: int | None = None
 
     with candidate_generator.capture(model) as captured:
         candidate_generator.start(model, cache)
@@ -139,10 +185,21 @@ def speculative_generate(
             # Walk the tree from the root (input position 0, the last token): each emitted token is picked
             # from the base's prediction at the current node, then matched against that node's children.
             with phase("accept"):
-                draft_tokens = draft.tokens.tolist() if draft is not None else []
-                accepted: list[int] = []
-                node = -1
-                while True:
+                if one_read:
+                    emitted, accepted = _greedy_walk(step_logits, draft)
+                    max_length, eos = host_stopping
+                    finished = False
+                    for count, token in enumerate(emitted, start=1):
+                        if token in eos or (max_length is not None and input_ids.shape[1] + count >= max_length):
+                            emitted, accepted, finished = emitted[:count], accepted[: count - 1], True
+                            break
+                    input_ids = torch.cat([input_ids, input_ids.new_tensor([emitted])], dim=-1)
+                    last_token, next_scores = emitted[-1], None
+                draft_tokens = draft.tokens.tolist() if draft is not None and not one_read else []
+                if not one_read:
+                    accepted: list[int] = []
+                    node, last_token = -1, None
+                while not one_read:
                     position = node + 1
                     next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
                     next_scores = logits_processor(input_ids, next_logits)
@@ -158,7 +215,7 @@ def speculative_generate(
                     finished = bool(stopping_criteria(input_ids, next_scores).any())
                     if finished or draft is None:
                         break
-                    token = next_token.item()
+                    token = last_token = next_token.item()
                     node = next((c for c in children if draft_tokens[c] == token), None)
                     if node is None:
                         break
@@ -175,7 +232,8 @@ def speculative_generate(
                 candidate_generator.observe(captured, None if after_prefill else kept)
                 after_prefill = False
                 draft = candidate_generator.propose(
-                    input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last]
+                    input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last],
+                    last_token=last_token,
                 )
                 if draft is not None and not draft.tree.is_chain and not tree_attention_ok(model, input_ids.shape[1] + len(draft.tokens)):
                     draft = candidate_generator.fall_back_to_chain(draft)

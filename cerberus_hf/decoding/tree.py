@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -103,6 +104,32 @@ class TreeSpec:
         return mask
 
     @cached_property
+    def parent_positions(self) -> torch.Tensor:
+        """[n] each node's parent's position among the fed tokens (0: the root, node ``i``: ``i + 1``)."""
+        return torch.tensor([parent + 1 for parent in self.parents], dtype=torch.long)
+
+    @cached_property
+    def earlier_siblings(self) -> torch.Tensor:
+        """[n, n] bool: column ``j`` is a sibling of node ``i`` (row) listed before it."""
+        parents = torch.tensor(self.parents)
+        n = len(self.parents)
+        return (parents[:, None] == parents[None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
+
+    def on(self, device: torch.device) -> "_TreeTensors":
+        """The tensors greedy acceptance reads (`parent_positions`, `earlier_siblings`, the nodes' part of
+        `ancestor_mask`) on ``device``, copied there once per tree and device."""
+        cached = self._on.get(device)
+        if cached is None:
+            cached = self._on[device] = _TreeTensors(self.parent_positions.to(device),
+                                                     self.earlier_siblings.to(device),
+                                                     self.ancestor_mask[1:, 1:].to(device))
+        return cached
+
+    @cached_property
+    def _on(self) -> dict:
+        return {}
+
+    @cached_property
     def first_path(self) -> list[int]:
         """Nodes reached by always taking the first child: the heads' top-1 chain, or the copied chain."""
         nodes, children = [], self.children[0]
@@ -125,6 +152,12 @@ class TreeSpec:
         blocked = ~self.ancestor_mask.to(device)
         mask[0, 0, :, past_length:].masked_fill_(blocked, torch.finfo(dtype).min)
         return mask
+
+
+class _TreeTensors(NamedTuple):
+    parent_positions: torch.Tensor
+    earlier_siblings: torch.Tensor
+    node_ancestors: torch.Tensor
 
 
 @dataclass(frozen=True)
