@@ -1,11 +1,15 @@
-"""cerberus-hf: draft heads (Cerberus, Medusa) that make Hugging Face decoders generate faster, exactly."""
+"""cerberus-hf: draft heads (Cerberus, Medusa, Hydra, Clover, Kangaroo) that make Hugging Face decoders generate
+faster, with the same output (`CerberusForCausalLM`; docs/architecture.md for the layout)."""
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .decoding.gate import EntropyGate, entropy
-from .drafters import CerberusDrafter, Drafter, HydraDrafter, MedusaDrafter, build_drafter
+from .decoding.settings import DecodingSettings
+from .drafters import (
+    CerberusDrafter, CloverDrafter, Drafter, HydraDrafter, KangarooDrafter, MedusaDrafter, build_drafter,
+)
 from .modeling_cerberus import CerberusForCausalLM
 from .decoding.stats import GenerationStats
 
@@ -20,8 +24,11 @@ __all__ = [
     "CerberusConfig",
     "CerberusForCausalLM",
     "CerberusDrafter",
+    "CloverDrafter",
+    "DecodingSettings",
     "Drafter",
     "HydraDrafter",
+    "KangarooDrafter",
     "EntropyGate",
     "GenerationStats",
     "MedusaDrafter",
