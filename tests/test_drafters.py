@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
-from cerberus_hf.decoding.drafting import StepDrafts, dynamic_draft, dynamic_selection, node_budget, static_draft
+from cerberus_hf.decoding.drafting import (
+    StepDrafts, device_selection, dynamic_draft, dynamic_selection, node_budget, static_draft,
+)
 from cerberus_hf.decoding.tree import DynamicTree, TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from cerberus_hf.drafters.base import capture_lm_head_input, capture_states
@@ -269,3 +271,20 @@ def test_dynamic_tree_settings_are_validated():
     model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, prompt_lookup_num_tokens=0, draft_tree=None)
     stats = model.generation_stats
     assert stats.draft_steps > 0 and stats.drafted_tokens <= 3 * stats.draft_steps
+
+
+@pytest.mark.parametrize("head_type", TREE_FAMILIES)
+def test_the_device_search_chooses_what_the_host_search_chooses(head_type):
+    """`device_selection` (what decoding runs: one read a step) equals `dynamic_selection` (the reference, which
+    calibration also runs) node for node and in order, plain and with Clover's budget, on random heads."""
+    model = fresh_model("llama", head_type, randomize=True, seed=3, num_heads=4)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        hidden = (torch.randn(1, model.config.hidden_size, generator=generator) * 3).to(DEVICE)
+        for settings in (DynamicTree(nodes=6, depth=3, top_k=3), DynamicTree(nodes=12, depth=4, top_k=4),
+                         DynamicTree(nodes=10, depth=4, top_k=4, top_p=0.7, min_ratio=0.2),
+                         DynamicTree(nodes=3, depth=2, top_k=1)):
+            with torch.no_grad():
+                host = dynamic_selection(StepDrafts(model.heads, hidden, 5), settings, 4)
+                device = device_selection(StepDrafts(model.heads, hidden, 5), settings, 4)
+            assert list(device.items()) == list(host.items()), settings

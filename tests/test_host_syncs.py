@@ -3,8 +3,9 @@ on the host several times costs about as much as the forward itself (docs/cuda.m
 
 `decoding.profiling.HostReads` counts them on any device through a torch function mode (value reads such as
 ``item``, ``tolist`` and ``bool``, and outputs whose shape depends on values such as ``nonzero``). Greedy decoding
-of a static tree or a chain reads once a step (the accepted branch, `loop._greedy_walk`), plus a few reads per call;
-the bounds below are today's counts for every other kind of step, so that no change adds reads unnoticed.
+of a static tree or a chain reads once a step (the accepted branch, `loop._greedy_walk`), of a dynamic tree twice (its
+shape, `drafting.device_selection`, and the accepted branch), plus a few reads per call; the bounds below are today's
+counts for every kind of step, so that no change adds reads unnoticed.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ CASES = {
     "static": (dict(CHAIN, draft_tree=STATIC_TREE), 1.4),
     # the gate decides on the host whether to draft
     "chain+gate": (dict(CHAIN, gate_threshold=10.0), 2.3),
-    # a dynamic tree is chosen on the host, level by level, from the drafter's probabilities
-    "dynamic": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3}), 6.6),
+    # a dynamic tree is searched on the device and its shape read once (`drafting.device_selection`)
+    "dynamic": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3}), 2.2),
+    "budgeted": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3, "top_p": 0.9, "min_ratio": 0.2}), 2.2),
     # prompt lookup matches the context's n-grams on the host
     "chain+lookup": (dict(CHAIN, prompt_lookup_num_tokens=3), 5.1),
     # sampling walks the tree token by token (each token drawn, then matched against the drafted children): two reads

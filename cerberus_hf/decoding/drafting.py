@@ -16,6 +16,8 @@ one call per depth serves every node.
   children are never candidates, so the tree's size follows the drafter's confidence; ``calibrate``
   keeps it only where it beats the plain tree on the device's cost curve.
   With an n-gram model the same search rescores a wider lattice of guesses (`rescoring`).
+  Decoding searches on the device and reads the chosen tree once (`device_selection`); `dynamic_selection`, the
+  reference, searches on the host and also serves calibration and rescoring.
 """
 
 from __future__ import annotations
@@ -156,11 +158,68 @@ def node_budget(log_probs: torch.Tensor, top_p: float, min_ratio: float) -> torc
     return (before < top_p) & (probs >= min_ratio * probs[:, :1])
 
 
+def device_selection(step: StepDrafts, settings: DynamicTree, max_depth: int) -> dict[tuple[int, ...], int]:
+    """`dynamic_selection` without a rescorer, searched on the device and read back once (each read would stall a
+    GPU): the same nodes in the same order.
+
+    Every level keeps a fixed number of frontier rows, so no shape depends on values: a child outside Clover's
+    budget gets the score -inf instead of being left out, and so do its descendants. Ties are broken as the host's
+    stable sorts break them (stable sorts over the same insertion order: level by level, row by row), and since a
+    path's score never exceeds its parent's, the ``nodes`` best of everything drafted form a tree without a check."""
+    depth = min(settings.depth, max_depth)
+    if depth < 1:
+        return {}
+    frontier: list[_Node] = [step.root]
+    frontier_scores = step.hidden.new_zeros(1, dtype=torch.float32)
+    frontier_index = torch.full((1,), -1, dtype=torch.long, device=step.hidden.device)  # into the drafted entries
+    drafted_scores, drafted_tokens, drafted_parents, drafted_ranks = [], [], [], []
+    count = 0
+    for level in range(depth):
+        states, logits = step.expand(level, frontier)
+        top = torch.log_softmax(logits.float(), dim=-1).topk(min(settings.top_k, logits.shape[-1]), dim=-1)
+        width = top.values.shape[-1]
+        values = top.values
+        if settings.budgeted:
+            values = values.masked_fill(~node_budget(values, settings.top_p, settings.min_ratio), float("-inf"))
+        scores = (values + frontier_scores[:, None]).flatten()
+        tokens = step.drafter.token_ids(top.indices).flatten()
+        drafted_scores.append(scores)
+        drafted_tokens.append(tokens)
+        drafted_parents.append(frontier_index.repeat_interleave(width))
+        drafted_ranks.append(torch.arange(width, device=scores.device).repeat(len(frontier)))
+        best = torch.sort(-scores, stable=True).indices[: settings.top_k]
+        rows = best // width
+        path_tokens = tokens[best][:, None] if level == 0 else torch.cat(
+            [torch.stack([node.tokens for node in frontier])[rows], tokens[best][:, None]], dim=1)
+        frontier = [_Node(path_tokens[i], states[rows[i]]) for i in range(best.shape[0])]
+        frontier_scores, frontier_index = scores[best], count + best
+        count += scores.shape[0]
+    scores = torch.cat(drafted_scores)
+    chosen_entries = torch.sort(-scores, stable=True).indices[: settings.nodes]
+    entries, parents, ranks, tokens, finite = torch.stack([
+        chosen_entries, torch.cat(drafted_parents)[chosen_entries], torch.cat(drafted_ranks)[chosen_entries],
+        torch.cat(drafted_tokens)[chosen_entries], scores[chosen_entries].isfinite().long(),
+    ]).tolist()
+    paths: dict[int, tuple[int, ...]] = {}  # drafted entry -> its path of ranks
+    chosen: dict[tuple[int, ...], int] = {}
+    for entry, parent, rank, token, ok in zip(entries, parents, ranks, tokens, finite):
+        if not ok:
+            break
+        path = (*paths[parent], rank) if parent >= 0 else (rank,)
+        paths[entry] = path
+        chosen[path] = token
+    return chosen
+
+
 def dynamic_draft(
     step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
 ) -> tuple[TreeSpec, torch.LongTensor] | None:
-    """The tree `dynamic_selection` chooses, with its tokens in tree order (None when nothing fits)."""
-    chosen = dynamic_selection(step, settings, max_depth, rescore)
+    """The tree `dynamic_selection` chooses, with its tokens in tree order (None when nothing fits); searched on the
+    device (`device_selection`) unless a rescorer scores the lattice on the host."""
+    if rescore is None and isinstance(settings, DynamicTree):
+        chosen = device_selection(step, settings, max_depth)
+    else:
+        chosen = dynamic_selection(step, settings, max_depth, rescore)
     if not chosen:
         return None
     tree = _tree_of(tuple(sorted(chosen, key=lambda p: (len(p), p))))
