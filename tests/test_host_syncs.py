@@ -25,8 +25,8 @@ CASES = {
     # one read a step: the accepted branch; about 9 more per call (generate()'s preparation, the tree's top-k)
     "chain": (CHAIN, 1.4),
     "static": (dict(CHAIN, draft_tree=STATIC_TREE), 1.4),
-    # the gate decides on the host whether to draft
-    "chain+gate": (dict(CHAIN, gate_threshold=10.0), 2.3),
+    # a gate on the base's logits decides for every position in the walk's read (`EntropyGate.draft_rows`)
+    "chain+gate": (dict(CHAIN, gate_threshold=10.0), 1.4),
     # a dynamic tree is searched on the device and its shape read once (`drafting.device_selection`)
     "dynamic": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3}), 2.2),
     "budgeted": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3, "top_p": 0.9, "min_ratio": 0.2}), 2.2),
@@ -85,6 +85,15 @@ def test_greedy_chain_and_static_tree_read_once_a_step_from_the_loop():
         _, reads = reads_per_step(model, **options)
         per_line = {line: n for line, n in reads.by_line.items() if n >= model.generation_stats.steps - 2}
         assert len(per_line) == 1 and "_greedy_walk" in next(iter(per_line)), reads.by_line
+
+
+@pytest.mark.parametrize("signal, bound", [("base_entropy", 1.4), ("base_top1", 1.4), ("head_entropy", 2.3)])
+def test_a_gate_on_the_base_reads_nothing_more_and_one_on_the_heads_once(signal, bound):
+    """A gate on the base's logits decides for every position within the walk's read (`EntropyGate.draft_rows`); one
+    on the first head's entropy decides after the heads ran, with a read of its own."""
+    model = fresh_model("llama", "hydra", randomize=True, seed=5, num_heads=3, gate_signal=signal)
+    per_step, reads = reads_per_step(model, **dict(CHAIN, gate_threshold=10.0))
+    assert per_step <= bound, (per_step, reads.by_kind)
 
 
 def test_kangaroo_reads_per_step_stay_within_todays_bound():

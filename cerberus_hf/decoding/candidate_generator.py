@@ -176,7 +176,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
     @torch.no_grad()
     def propose(
         self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor, next_token_logits: torch.Tensor,
-        last_token: int | None = None,
+        last_token: int | None = None, gate_decision: bool | None = None,
     ) -> Draft | None:
         """A draft following ``input_ids`` (batch size 1), or None when the gate or the length says no.
 
@@ -184,7 +184,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         last token of ``input_ids``; ``next_token_logits`` ([1, vocab]) the raw prediction made from it,
         which the gate reads. A verification step emits the accepted drafts plus one token, so drafts
         are at most ``max_length - len - 1`` deep. ``last_token``: the last token of ``input_ids`` when the caller
-        has it on the host already (it is read from the device otherwise).
+        has it on the host already (it is read from the device otherwise); ``gate_decision``: the gate's decision when
+        the caller took it already from the same logits (`EntropyGate.draft_rows`).
         """
         room = self.max_length - input_ids.shape[1] - 1
         static = self.tree.truncated(room) if self.dynamic is None else None
@@ -193,7 +194,9 @@ class CerberusCandidateGenerator(CandidateGenerator):
         reads_heads = can_draft and self.gate.needs_heads
         step = self._step_drafts(input_ids, last_hidden_state, last_token) if reads_heads else None
         first_logits = step.root_logits()[None] if step is not None else None
-        drafting = can_draft and self.gate.should_draft(next_token_logits, first_logits)
+        if can_draft and gate_decision is None:
+            gate_decision = self.gate.should_draft(next_token_logits, first_logits)
+        drafting = can_draft and gate_decision
         if drafting and step is None and not self.drafter.drafts_chains:
             step = self._step_drafts(input_ids, last_hidden_state, last_token)
         if can_draft:  # no room left for a draft is not the gate's decision

@@ -66,6 +66,11 @@ class EntropyGate:
         """Whether the signal reads the heads' output (so the heads run before the decision)."""
         return self.signal == "head_entropy" and not (self.always_drafts or self.never_drafts)
 
+    def draft_rows(self, base_logits: torch.Tensor) -> torch.Tensor:
+        """The decision for each row of ``base_logits`` ``[n, vocab]`` as a bool tensor, left on the device (a
+        signal that reads the base's logits alone), so a caller reads it together with what else it reads."""
+        return gate_signal(self.signal, base_logits) < self.threshold
+
     def should_draft(self, next_token_logits: torch.Tensor, first_head_logits: torch.Tensor | None = None) -> bool:
         if self.always_drafts:
             return True

@@ -29,6 +29,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import cache_argument, handed_cache, prefill, tree_attention_ok
 from .acceptance import pick_token
+from .gate import EntropyGate
 from .candidate_generator import CerberusCandidateGenerator, Draft
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
@@ -69,24 +70,30 @@ def _host_stopping(stopping_criteria: StoppingCriteriaList) -> tuple[int | None,
     return max_length, eos
 
 
-def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None) -> tuple[list[int], list[int]]:
-    """Greedy acceptance of a whole tree with one read from the device: (emitted tokens, accepted nodes).
+def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None, gate: EntropyGate | None = None
+                 ) -> tuple[list[int], list[int], list[bool] | None]:
+    """Greedy acceptance of a whole tree with one read from the device: (emitted tokens, accepted nodes, and the
+    ``gate``'s decision at every fed position when it reads only the base's logits, so that the next step's decision
+    costs no read of its own).
 
     The base's choice at every fed position is its argmax (in float32, as `pick_token` takes it); a node is accepted
     when its token is its parent position's choice, it is the first such child of its parent (as the walk takes
     the first match), and so is every ancestor. The emitted tokens are the root's choice and each accepted node's:
     exactly what the token-by-token walk emits, before stopping criteria."""
     choices = step_logits[0].float().argmax(dim=-1)
+    fed = choices.shape[0]
+    decisions = [] if gate is None else [gate.draft_rows(step_logits[0]).long()]
     if draft is None:
-        return choices[:1].tolist(), []
+        packed = torch.cat([choices[:1], *decisions]).tolist()
+        return packed[:1], [], [bool(d) for d in packed[1:]] if gate is not None else None
     tree = draft.tree.on(choices.device)
     match = draft.tokens.to(choices.device) == choices[tree.parent_positions]
     match &= ~(tree.earlier_siblings & match[None, :]).any(dim=-1)
     accepted = ~(tree.node_ancestors & ~match[None, :]).any(dim=-1)
-    packed = torch.cat([choices, accepted.long()]).tolist()
-    choices, flags = packed[: len(draft.tree) + 1], packed[len(draft.tree) + 1:]
+    packed = torch.cat([choices, accepted.long(), *decisions]).tolist()
+    choices, flags, gated = packed[:fed], packed[fed: 2 * fed - 1], packed[2 * fed - 1:]
     nodes = [node for node, ok in enumerate(flags) if ok]  # an accepted chain, parents listed before children
-    return [choices[0]] + [choices[node + 1] for node in nodes], nodes
+    return [choices[0]] + [choices[node + 1] for node in nodes], nodes, [bool(d) for d in gated] if gate else None
 
 
 def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
@@ -170,6 +177,11 @@ def speculative_generate(
     one_read = (not do_sample and typical is None and len(logits_processor) == 0 and scores is None
                 and raw_logits is None and streamer is None and host_stopping is not None)
     last_token: int | None = None
+    # a gate on the base's own logits decides for every fed position in the same read (None: it decides itself)
+    gate = candidate_generator.gate
+    base_gate = gate if one_read and not gate.always_drafts and not gate.never_drafts and not gate.needs_heads \
+        and gate.signal != "head_entropy" else None
+    gated = None
 
     with candidate_generator.capture(model) as captured:
         candidate_generator.start(model, cache)
@@ -186,7 +198,7 @@ def speculative_generate(
             # from the base's prediction at the current node, then matched against that node's children.
             with phase("accept"):
                 if one_read:
-                    emitted, accepted = _greedy_walk(step_logits, draft)
+                    emitted, accepted, gated = _greedy_walk(step_logits, draft, base_gate)
                     max_length, eos = host_stopping
                     finished = False
                     for count, token in enumerate(emitted, start=1):
@@ -233,7 +245,7 @@ def speculative_generate(
                 after_prefill = False
                 draft = candidate_generator.propose(
                     input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last],
-                    last_token=last_token,
+                    last_token=last_token, gate_decision=gated[last] if gated is not None else None,
                 )
                 if draft is not None and not draft.tree.is_chain and not tree_attention_ok(model, input_ids.shape[1] + len(draft.tokens)):
                     draft = candidate_generator.fall_back_to_chain(draft)
