@@ -21,17 +21,9 @@ from pathlib import Path
 
 import torch
 
+from cerberus_hf.decoding.profiling import asking_line
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _caller(stack: list[traceback.FrameSummary]) -> str:
-    """The innermost frame in cerberus_hf (else in transformers, else the innermost): where a sync was asked."""
-    for package in ("cerberus_hf", "transformers"):
-        for frame in reversed(stack):
-            if f"/{package}/" in frame.filename:
-                return f"{frame.filename.split(f'/{package}/')[-1]}:{frame.lineno} ({frame.name}) [{package}]"
-    frame = stack[-1]
-    return f"{frame.filename}:{frame.lineno} ({frame.name})"
 
 
 def count_syncs(model, input_ids: torch.Tensor, **generate_kwargs) -> dict:
@@ -41,7 +33,7 @@ def count_syncs(model, input_ids: torch.Tensor, **generate_kwargs) -> dict:
 
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            where[_caller(traceback.extract_stack()[:-1])] += 1
+            where[asking_line(traceback.extract_stack()[:-1])] += 1
         else:
             original(message, category, filename, lineno, file, line)
 

@@ -120,16 +120,18 @@ class HostReads(torch.overrides.TorchFunctionMode):
         if kind is not None:
             self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
             if self._where:
-                line = _asking_line()
+                line = asking_line()
                 self.by_line[line] = self.by_line.get(line, 0) + 1
         return func(*args, **kwargs)
 
 
-def _asking_line() -> str:
-    """``file:line (function)`` of the innermost frame in cerberus_hf, else in transformers, else the caller's."""
+def asking_line(stack: list | None = None) -> str:
+    """``file:line (function)`` of the innermost frame of ``stack`` (a `traceback.extract_stack`; the caller's stack
+    when None) in cerberus_hf, else in transformers, else the innermost: the line that asked for a read."""
     import traceback
 
-    stack = traceback.extract_stack()[:-2]  # without this function and __torch_function__
+    if stack is None:
+        stack = traceback.extract_stack()[:-2]  # without this function and HostReads.__torch_function__
     for package in ("cerberus_hf", "transformers"):
         for frame in reversed(stack):
             if f"/{package}/" in frame.filename:
