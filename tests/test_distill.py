@@ -52,7 +52,8 @@ def _run(model, tokenizer, prompts, path, **kwargs):
     return generate_distillation_data(model, tokenizer, prompts, path, **kwargs)
 
 
-@pytest.mark.parametrize("engine", ["continuous", "transformers", "static"])
+# `make test` runs the default engine (continuous) and the static one; transformers' own batching is marked slow
+@pytest.mark.parametrize("engine", ["continuous", pytest.param("transformers", marks=pytest.mark.slow), "static"])
 def test_record_format_and_greedy_matches_unbatched(model_and_tokenizer, tmp_path, engine):
     model, tokenizer = model_and_tokenizer
     prompts = _prompts(10)

@@ -122,6 +122,7 @@ def test_sampling_matches_base_distribution(base, head_type, tree):
     assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}: sampled pairs do not follow the base"
 
 
+@pytest.mark.slow  # the bound's power, checked once per CI run
 def test_the_check_detects_a_wrong_distribution(base):
     """The same test on plain sampling at another temperature must fail: the bound is not vacuous."""
     counts = torch.zeros(V, V)
