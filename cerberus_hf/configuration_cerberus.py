@@ -192,5 +192,5 @@ class CerberusConfig(PreTrainedConfig):
         import the installed package (so the folder loads with ``trust_remote_code=True``)."""
         os.makedirs(save_directory, exist_ok=True)
         self.auto_map = dict(AUTO_MAP)
-        write_loading_code(save_directory, custom_generate=False)
+        write_loading_code(save_directory)
         super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)

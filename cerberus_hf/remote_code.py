@@ -77,10 +77,9 @@ _COPIED_MODULE = re.compile(
 )
 
 
-def write_loading_code(folder: str | os.PathLike, custom_generate: bool = True) -> list[Path]:
-    """Write the two stub modules (and, with ``custom_generate``, the ``custom_generate/`` folder) into ``folder``;
-    returns the paths written. The matching ``auto_map`` is `AUTO_MAP`, which the config writes."""
-    files = {**LOADING_CODE, **(CUSTOM_GENERATE_CODE if custom_generate else {})}
+def write_loading_code(folder: str | os.PathLike, files: dict[str, str] = LOADING_CODE) -> list[Path]:
+    """Write ``files`` (by default the two stub modules, whose ``auto_map`` is `AUTO_MAP`, which the config writes;
+    `CUSTOM_GENERATE_CODE` for the ``custom_generate/`` folder) into ``folder``; returns the paths written."""
     written = []
     for name, text in files.items():
         path = Path(folder) / name
@@ -116,7 +115,8 @@ def refresh_folder(folder: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     removed = copied_code(folder)
     for path in removed:
         path.unlink()
-    written = write_loading_code(folder, custom_generate=(folder / HEADS_WEIGHTS_NAME).is_file())
+    has_heads = (folder / HEADS_WEIGHTS_NAME).is_file()
+    written = write_loading_code(folder, {**LOADING_CODE, **(CUSTOM_GENERATE_CODE if has_heads else {})})
     if config.get("auto_map") != AUTO_MAP:
         config["auto_map"] = AUTO_MAP
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -80,17 +80,17 @@ def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None, gate: EntropyGa
     when its token is its parent position's choice, it is the first such child of its parent (as the walk takes
     the first match), and so is every ancestor. The emitted tokens are the root's choice and each accepted node's:
     exactly what the token-by-token walk emits, before stopping criteria."""
-    choices = step_logits[0].float().argmax(dim=-1)
+    choices = step_logits[0].float().argmax(dim=-1)  # the root's, then each node's (no node without a draft)
     fed = choices.shape[0]
-    decisions = [] if gate is None else [gate.draft_rows(step_logits[0]).long()]
-    if draft is None:
-        packed = torch.cat([choices[:1], *decisions]).tolist()
-        return packed[:1], [], [bool(d) for d in packed[1:]] if gate is not None else None
-    tree = draft.tree.on(choices.device)
-    match = draft.tokens.to(choices.device) == choices[tree.parent_positions]
-    match &= ~(tree.earlier_siblings & match[None, :]).any(dim=-1)
-    accepted = ~(tree.node_ancestors & ~match[None, :]).any(dim=-1)
-    packed = torch.cat([choices, accepted.long(), *decisions]).tolist()
+    parts = [choices]
+    if draft is not None:
+        tree = draft.tree.on(choices.device)
+        match = draft.tokens.to(choices.device) == choices[tree.parent_positions]
+        match &= ~(tree.earlier_siblings & match[None, :]).any(dim=-1)
+        parts.append((~(tree.node_ancestors & ~match[None, :]).any(dim=-1)).long())
+    if gate is not None:
+        parts.append(gate.draft_rows(step_logits[0]).long())
+    packed = torch.cat(parts).tolist()
     choices, flags, gated = packed[:fed], packed[fed: 2 * fed - 1], packed[2 * fed - 1:]
     nodes = [node for node, ok in enumerate(flags) if ok]  # an accepted chain, parents listed before children
     return [choices[0]] + [choices[node + 1] for node in nodes], nodes, [bool(d) for d in gated] if gate else None
@@ -179,8 +179,8 @@ def speculative_generate(
     last_token: int | None = None
     # a gate on the base's own logits decides for every fed position in the same read (None: it decides itself)
     gate = candidate_generator.gate
-    base_gate = gate if one_read and not gate.always_drafts and not gate.never_drafts and not gate.needs_heads \
-        and gate.signal != "head_entropy" else None
+    base_gate = gate if one_read and gate.signal != "head_entropy" and not (gate.always_drafts or gate.never_drafts) \
+        else None
     gated = None
 
     with candidate_generator.capture(model) as captured:
@@ -207,31 +207,31 @@ def speculative_generate(
                             break
                     input_ids = torch.cat([input_ids, input_ids.new_tensor([emitted])], dim=-1)
                     last_token, next_scores = emitted[-1], None
-                draft_tokens = draft.tokens.tolist() if draft is not None and not one_read else []
-                if not one_read:
-                    accepted: list[int] = []
-                    node, last_token = -1, None
-                while not one_read:
-                    position = node + 1
-                    next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
-                    next_scores = logits_processor(input_ids, next_logits)
-                    children = draft.tree.children[node + 1] if draft is not None else []
-                    next_token = pick_token(next_scores, do_sample, [draft_tokens[c] for c in children], typical)
-                    input_ids = torch.cat([input_ids, next_token], dim=-1)
-                    if scores is not None:
-                        scores += (next_scores,)
-                    if raw_logits is not None:
-                        raw_logits += (next_logits,)
-                    if streamer is not None:
-                        streamer.put(next_token[0].cpu())
-                    finished = bool(stopping_criteria(input_ids, next_scores).any())
-                    if finished or draft is None:
-                        break
-                    token = last_token = next_token.item()
-                    node = next((c for c in children if draft_tokens[c] == token), None)
-                    if node is None:
-                        break
-                    accepted.append(node)
+                else:
+                    draft_tokens = draft.tokens.tolist() if draft is not None else []
+                    accepted, node, last_token = [], -1, None
+                    while True:
+                        position = node + 1
+                        next_logits = step_logits[:, position].to(
+                            copy=True, dtype=torch.float32, device=input_ids.device)
+                        next_scores = logits_processor(input_ids, next_logits)
+                        children = draft.tree.children[node + 1] if draft is not None else []
+                        next_token = pick_token(next_scores, do_sample, [draft_tokens[c] for c in children], typical)
+                        input_ids = torch.cat([input_ids, next_token], dim=-1)
+                        if scores is not None:
+                            scores += (next_scores,)
+                        if raw_logits is not None:
+                            raw_logits += (next_logits,)
+                        if streamer is not None:
+                            streamer.put(next_token[0].cpu())
+                        finished = bool(stopping_criteria(input_ids, next_scores).any())
+                        if finished or draft is None:
+                            break
+                        token = last_token = next_token.item()
+                        node = next((c for c in children if draft_tokens[c] == token), None)
+                        if node is None:
+                            break
+                        accepted.append(node)
             candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=len(accepted))
             kept = [0] + [n + 1 for n in accepted]
             if draft is not None:
