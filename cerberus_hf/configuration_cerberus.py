@@ -15,7 +15,7 @@ from .errors import UserError, check_number
 from .remote_code import AUTO_MAP, write_loading_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
-HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover")
+HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover", "eagle3")
 HEAD_PROJECTIONS = ("shared", "own")
 # Which of the base's last states a drafter reads: the lm_head's input (after the final norm) or the last
 # decoder layer's output (before it, as Clover-2 reads it); see `drafters.base.capture_states`.
@@ -81,6 +81,12 @@ class CerberusConfig(PreTrainedConfig):
             ``"lm_head_input"`` (after the final norm; every family's default) or ``"final_norm_input"``
             (the last decoder layer's output, before it, as Clover-2 reads it). The hidden-state cache
             keeps one per source. Kangaroo reads a shallow layer and takes the default.
+        feature_layers: EAGLE-3 only: which of the base's states it fuses, as indices of transformers'
+            ``hidden_states`` (the state entering decoder layer ``i``; between 1 and the layer count - 1). Set from
+            the base when heads are built on it (`drafters.eagle3.Eagle3Drafter.config_defaults`: EAGLE-3's low,
+            middle and high layer).
+        adapter_kv_heads: EAGLE-3 only: key/value heads of its decoder layer's attention (grouped-query attention;
+            ``None``: as many as ``adapter_heads``).
         exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
             probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
             longest draft is ``num_heads`` tokens.
@@ -115,6 +121,8 @@ class CerberusConfig(PreTrainedConfig):
     head_dropout: float = 0.0
     state_source: str = "lm_head_input"
     exit_confidence: float = 0.6
+    feature_layers: list | None = None
+    adapter_kv_heads: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_type not in HEAD_TYPES:
@@ -123,7 +131,7 @@ class CerberusConfig(PreTrainedConfig):
             raise ValueError(
                 f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
             )
-        optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
+        optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size", "adapter_kv_heads")
         for name in ("num_heads", "num_layers", "exit_layer", "adapter_heads", "adapter_head_dim", "context_window",
                      *optional):
             value = getattr(self, name)
@@ -152,6 +160,16 @@ class CerberusConfig(PreTrainedConfig):
             raise ValueError("Kangaroo drafts from a shallow layer of the base: state_source must be 'lm_head_input'.")
         if self.head_type == "kangaroo" and self.head_projection != "shared":
             raise ValueError("Kangaroo drafts through the base's own lm_head: head_projection must be 'shared'.")
+        if self.feature_layers is not None:
+            if (not isinstance(self.feature_layers, (list, tuple)) or not self.feature_layers
+                    or any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in self.feature_layers)):
+                raise ValueError(f"feature_layers must be a list of layer indices >= 1, got {self.feature_layers!r}.")
+            self.feature_layers = list(self.feature_layers)
+        if self.adapter_kv_heads is not None and self.adapter_heads % self.adapter_kv_heads:
+            raise ValueError(f"adapter_heads ({self.adapter_heads}) must be a multiple of adapter_kv_heads "
+                             f"({self.adapter_kv_heads}).")
+        if self.head_type == "eagle3" and self.head_projection != "shared":
+            raise ValueError("EAGLE-3 drafts through the base's own lm_head: head_projection must be 'shared'.")
         if self.gate_signal not in GATE_SIGNALS:
             raise ValueError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
         if self.draft_tree is not None:

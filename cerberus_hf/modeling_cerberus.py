@@ -126,6 +126,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
         for key, value in describe_source(getattr(base_model, "name_or_path", None)).items():
             config_kwargs.setdefault(key, value)
+        if head_type in DRAFTER_CLASSES:  # (an unknown one is refused by the config, naming the choices)
+            for key, value in DRAFTER_CLASSES[head_type].config_defaults(base_model).items():
+                config_kwargs.setdefault(key, value)
         config = CerberusConfig(
             base_model_type=model_type,
             hidden_size=hidden_size,

@@ -194,19 +194,18 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None, toleran
 
         def start(self, model, cache):  # decoding's path
             state = real_class.start(self, model, cache)
-            if self.context_window > 0:
-                heads_input = state.heads_input
+            heads_input = state.heads_input
 
-                def recorded(input_ids, hidden):
-                    read = heads_input(input_ids, hidden)
-                    contextualized.append((read.float(), hidden.float()))
-                    return read
+            def recorded(input_ids, hidden):  # what the heads read may be made from the state (a window, a layer)
+                read = heads_input(input_ids, hidden)
+                contextualized.append((read.float(), hidden.float()))
+                return read
 
-                state.heads_input = recorded
+            state.heads_input = recorded
             return state
 
-        def draft_level(self, k, hidden, tokens, previous):
-            state, logits = real_class.draft_level(self, k, hidden, tokens, previous)
+        def draft_level(self, k, hidden, tokens, previous, context=None):
+            state, logits = real_class.draft_level(self, k, hidden, tokens, previous, context)
             logits = logits.clone()
             for i, h in enumerate(hidden.float()):
                 h = base_state(h)

@@ -147,7 +147,8 @@ def test_teacher_forced_states_are_the_drafted_states(head_type):
         torch.testing.assert_close(logits[0], forced[depth])
         if depth < 2:
             node = type(node)((*node.tokens, int(tokens[0, depth + 1])), states[0])
-    torch.testing.assert_close(model.heads.forced_states(hidden, tokens)[0, 2], model.heads.readout(2, states)[0])
+    if not model.heads.trains_on_sequences:  # (EAGLE-3's training path is checked in test_eagle3.py)
+        torch.testing.assert_close(model.heads.forced_states(hidden, tokens)[0, 2], model.heads.readout(2, states)[0])
 
 
 def test_hydra_heads_read_the_drafted_tokens_and_the_others_do_not():

@@ -240,7 +240,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
                      last_token: int | None = None) -> StepDrafts:
         """This step's drafts from what the heads read after ``input_ids`` (`SequenceState.heads_input`)."""
         heads_input = self.state.heads_input(input_ids, last_hidden_state)
-        return StepDrafts(self.drafter, heads_input, int(input_ids[0, -1]) if last_token is None else last_token)
+        return StepDrafts(self.drafter, heads_input, int(input_ids[0, -1]) if last_token is None else last_token,
+                          self.state.context())
 
     def get_candidates(
         self,

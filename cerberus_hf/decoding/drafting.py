@@ -43,10 +43,11 @@ class _Node:
 class StepDrafts:
     """The drafter's guesses for one step, depth by depth, from the verifier's state and newest token."""
 
-    def __init__(self, drafter: Drafter, hidden: torch.Tensor, last_token: int):
+    def __init__(self, drafter: Drafter, hidden: torch.Tensor, last_token: int, context: object | None = None):
         self.drafter = drafter
         self.hidden = hidden.reshape(1, -1).to(next(drafter.parameters()).dtype)
         self.last_token = last_token
+        self.context = context  # the sequence's `SequenceState.context`, passed to every `Drafter.draft_level`
         self.root = _Node((), None)
         self._shared: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -56,11 +57,12 @@ class StepDrafts:
             if depth not in self._shared:
                 previous = self._shared[depth - 1][0] if depth > 0 else None
                 tokens = torch.tensor([[self.last_token] * (depth + 1)], device=self.hidden.device)
-                self._shared[depth] = self.drafter.draft_level(depth, self.hidden, tokens, previous)
+                self._shared[depth] = self.drafter.draft_level(depth, self.hidden, tokens, previous, self.context)
             state, logits = self._shared[depth]
             return state.expand(len(parents), -1), logits.expand(len(parents), -1)
         previous = torch.stack([p.state for p in parents]) if depth > 0 else None
-        return self.drafter.draft_level(depth, self.hidden.expand(len(parents), -1), self._path_tokens(parents), previous)
+        return self.drafter.draft_level(depth, self.hidden.expand(len(parents), -1), self._path_tokens(parents), previous,
+                                        self.context)
 
     def _path_tokens(self, parents: list[_Node]) -> torch.Tensor:
         """``[len(parents), depth + 1]``: the newest token, then each parent's drafted tokens."""
@@ -73,7 +75,7 @@ class StepDrafts:
         """Depth 0's logits ``[V]`` (what a head-entropy gate reads); reused by the draft that follows."""
         if 0 not in self._shared:
             self._shared[0] = self.drafter.draft_level(
-                0, self.hidden, torch.tensor([[self.last_token]], device=self.hidden.device), None
+                0, self.hidden, torch.tensor([[self.last_token]], device=self.hidden.device), None, self.context
             )
         return self._shared[0][1][0]
 

@@ -137,6 +137,12 @@ class SequenceState:
     def observe(self, captured: dict, keep: list[int] | None) -> None:
         """The base's latest forward, of which the input positions ``keep`` were kept."""
 
+    def context(self) -> object | None:
+        """What this step's drafting attends to beyond what the heads read (`Drafter.draft_level`'s ``context``),
+        valid after `heads_input`: a drafter with its own KV cache over the verified tokens (EAGLE-3) gives that
+        cache; None for the others."""
+        return None
+
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
         """What the heads read this step (``[1, hidden]``) after ``input_ids``, whose newest token the base
         predicted from ``hidden`` (``[1, hidden]``): that state itself unless the drafter reads a window."""
@@ -217,6 +223,9 @@ class Drafter(nn.Module):
     drafter_type: ClassVar[str]
     reads_tokens: ClassVar[bool] = False
     drafts_chains: ClassVar[bool] = False
+    # trained over whole sequences (its state at a position depends on the positions before it), not from single
+    # positions of the hidden-state cache through `forced_states`: Kangaroo's adapter, EAGLE-3's layer
+    trains_on_sequences: ClassVar[bool] = False
     context_window: int = 0  # how many of the newest verified states the heads read (0: only h_t)
 
     def __init__(self, config: CerberusConfig):
@@ -289,6 +298,12 @@ class Drafter(nn.Module):
         return self.contextualize(hidden[index].to(self.dtype), next_tokens[index], valid)
 
     # ------------------------------------------------------------------------------ the base it reads
+    @classmethod
+    def config_defaults(cls, base: nn.Module) -> dict:
+        """Config fields this family derives from ``base`` when heads are built on it and the caller did not set
+        them (e.g. which of its layers to read); none by default."""
+        return {}
+
     def attach(self, base: nn.Module) -> None:
         """Read the frozen ``base``'s ``lm_head`` and input embeddings from now on. The reference is kept
         outside the module tree (a weak one: the model owning both keeps the base alive), so the base is
@@ -345,9 +360,11 @@ class Drafter(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} guesses depth by depth (draft_level), not whole chains.")
 
     def draft_level(
-        self, k: int, hidden: torch.Tensor, tokens: torch.LongTensor, previous: torch.Tensor | None
+        self, k: int, hidden: torch.Tensor, tokens: torch.LongTensor, previous: torch.Tensor | None,
+        context: object | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(head ``k``'s state, its logits over the draft vocabulary) for ``n`` nodes at depth ``k``."""
+        """(head ``k``'s state, its logits over the draft vocabulary) for ``n`` nodes at depth ``k``; ``context`` is
+        the sequence's `SequenceState.context` (None for heads that read ``hidden`` alone)."""
         state = self.head_state(k, hidden, tokens, previous)
         return state, self.project(self.readout(k, state), k)
 

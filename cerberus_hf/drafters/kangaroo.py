@@ -223,6 +223,7 @@ class KangarooDrafter(Drafter):
 
     drafter_type = "kangaroo"
     drafts_chains = True
+    trains_on_sequences = True
 
     def __init__(self, config: CerberusConfig):
         super().__init__(config)
