@@ -566,6 +566,85 @@ def test_killed_kangaroo_run_resumes_to_the_same_weights(base, data_path, cache_
         train_chain_drafter(fresh_kangaroo(base), data_path, tmp_path / "killed", **dict(settings, lr=1e-3))
 
 
+# ------------------------------------------------------------------------------------------------ eagle3
+EAGLE_FAST = dict(batch_tokens=256, lr=3e-3, eval_every=0, eval_fraction=0.25, show_progress=False)
+
+
+def test_eagle3_training_time_test_learns_every_depth_and_keeps_output_exact(base, data_path, cache_dir, tmp_path):
+    from cerberus_hf.training.sequence_trainer import train_sequence_drafter
+
+    records = read_records(data_path)
+    prompt = torch.tensor([records[0].input_ids], device=base.device)
+    reference = base.generate(prompt, max_new_tokens=24, do_sample=False)
+    untrained = train_sequence_drafter(fresh(base, "eagle3"), data_path, tmp_path / "zero", max_steps=1,
+                                       cache_dir=cache_dir, **dict(EAGLE_FAST, lr=0.0))
+    model = fresh(base, "eagle3")
+    metrics = train_sequence_drafter(model, data_path, tmp_path / "out", epochs=15, cache_dir=cache_dir, **EAGLE_FAST)
+    assert len(metrics["top1"]) == NUM_HEADS
+    # every unrolled depth learns (the held-out records share the tiny base's habits)
+    assert all(after > before + 0.05 for before, after in zip(untrained["top1"], metrics["top1"])), metrics["top1"]
+    assert metrics["eval"]["positions"] == untrained["eval"]["positions"]
+    assert metrics["eval"]["positions"][0] > metrics["eval"]["positions"][-1] > 0  # depth j targets A[j + 1:]
+    out = model.generate(prompt, max_new_tokens=24, prompt_lookup_num_tokens=0)
+    assert out.tolist() == reference.tolist()
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out", base_model=base)
+    assert heads_equal(loaded, model)
+    assert loaded.generate(prompt, max_new_tokens=24, prompt_lookup_num_tokens=0).tolist() == reference.tolist()
+    assert loaded.generation_stats.tau > 1.0
+
+
+def test_killed_eagle3_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_path, monkeypatch):
+    from cerberus_hf.training.sequence_trainer import train_sequence_drafter
+
+    settings = dict(max_steps=9, save_every=3, cache_dir=cache_dir, distill_weight=0.5, **EAGLE_FAST)
+    uninterrupted = fresh(base, "eagle3")
+    train_sequence_drafter(uninterrupted, data_path, tmp_path / "uninterrupted", **settings)
+    monkeypatch.setattr(checkpointing, "on_step_end", lambda step: (_ for _ in ()).throw(KeyboardInterrupt) if step == 7
+                        else None)
+    with pytest.raises(KeyboardInterrupt):
+        train_sequence_drafter(fresh(base, "eagle3"), data_path, tmp_path / "killed", **settings)
+    monkeypatch.undo()
+    resumed = fresh(base, "eagle3")
+    assert train_sequence_drafter(resumed, data_path, tmp_path / "killed", **settings)["steps"] == 9
+    assert heads_equal(resumed, uninterrupted)
+
+
+def test_eagle3_features_are_cached_once_and_resume_after_a_kill(base, data_path, tmp_path, monkeypatch):
+    from cerberus_hf.drafters.eagle3 import capture_features
+    from cerberus_hf.training import sequence_trainer
+
+    records = read_records(data_path)
+    whole, starts = sequence_trainer.sequence_features(base, records, [1, 1], tmp_path, None, batch_tokens=64,
+                                                       show_progress=False)
+    ids = torch.tensor([records[3].input_ids + records[3].output_ids], device=base.device)
+    with torch.no_grad(), capture_features(base, [1, 1]) as captured:
+        base(ids)
+    rows = torch.from_numpy(whole[starts[3] : starts[3] + ids.shape[1]].astype("float32"))
+    torch.testing.assert_close(rows, captured["features"][0].float().cpu(), atol=2e-3, rtol=2e-3)  # float16 on disk
+    calls = []
+    original = sequence_trainer.right_padded
+
+    def killed_after_five(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 5:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sequence_trainer, "right_padded", killed_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        sequence_trainer.sequence_features(base, records, [1], tmp_path / "other", None, batch_tokens=32,
+                                           show_progress=False)
+    monkeypatch.undo()
+    calls.clear()
+    monkeypatch.setattr(sequence_trainer, "right_padded", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    resumed, _ = sequence_trainer.sequence_features(base, records, [1], tmp_path / "other", None, batch_tokens=32,
+                                                    show_progress=False)
+    total = len(sequence_trainer.batches_by_length([len(r.input_ids) + len(r.output_ids) for r in records], 32))
+    assert len(calls) == total - 5  # the 5 batches written before the kill are not recomputed
+    torch.testing.assert_close(torch.from_numpy(resumed.astype("float32")),
+                               torch.from_numpy(whole[:, : resumed.shape[1]].astype("float32")))
+
+
 def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
     parser = argparse.ArgumentParser()
     train_cli.add_cli(parser.add_subparsers(dest="command"))

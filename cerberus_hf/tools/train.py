@@ -31,12 +31,14 @@ def add_cli(subparsers):
                             "num_threads", "train_vocab", "exit_layer", "batch_tokens", "adapter_heads",
                             "adapter_head_dim", "context_window"))
     # the options only some head types read: the others refuse them rather than ignore them
-    heads = tuple(h for h in HEAD_TYPES if h != "kangaroo")
-    only = {"batch_size": heads, "head_weight_decay": heads, "text_distill_weight": heads, "train_fraction": heads,
-            "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
-            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo",), "adapter_heads": ("kangaroo", "clover", "hydra"),
-            "adapter_head_dim": ("kangaroo", "clover", "hydra"), "context_window": ("clover", "hydra"),
-            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": heads}
+    heads = tuple(h for h in HEAD_TYPES if h not in ("kangaroo", "eagle3"))  # trained from single positions
+    only = {"batch_size": heads, "head_weight_decay": (*heads, "eagle3"), "text_distill_weight": heads,
+            "train_fraction": heads, "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
+            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo", "eagle3"),
+            "adapter_heads": ("kangaroo", "clover", "hydra", "eagle3"),
+            "adapter_head_dim": ("kangaroo", "clover", "hydra", "eagle3"), "context_window": ("clover", "hydra"),
+            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": heads,
+            "feature_layers": ("eagle3",)}
     parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
     return parser
 
@@ -104,6 +106,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     adapter.add_argument("--context-window", type=int, default=16,
                          help="Clover and Hydra++: how many of the newest verified states the augmenting block or "
                               "the prefix layer reads")
+    parser.add_argument("--feature-layers", type=int, nargs="+", default=None, metavar="I",
+                        help="EAGLE-3: the base states it fuses, as hidden_states indices (default: EAGLE-3's low, "
+                             "middle and high layer; its attention takes the base's shape unless --adapter-heads or "
+                             "--adapter-head-dim are given)")
     adapter.add_argument("--prefix-layer", action="store_true",
                          help="Hydra: Hydra++'s prefix layer (a decoder layer over the base's states) before the heads")
 
@@ -129,6 +135,8 @@ def run_cli(args: argparse.Namespace) -> int:
     _refuse_options_of_other_head_types(args)
     if args.head_type == "kangaroo":
         return _run_chain_cli(args, base)
+    if args.head_type == "eagle3":
+        return _run_sequence_cli(args, base)
     shape = {name: getattr(args, name) for name in ("num_layers", "adapter_heads", "adapter_head_dim", "context_window",
                                                     "prefix_layer", "head_dropout", "state_source")
              if args.head_type in args.only_for[name][0]}  # the drafter's shape options that apply to this head type
@@ -195,4 +203,30 @@ def _run_chain_cli(args: argparse.Namespace, base) -> int:
     print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s (exit states "
           f"{cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s) on {cost['device']}")
     print(f"adapter saved to {args.output}")
+    return 0
+
+
+def _run_sequence_cli(args: argparse.Namespace, base) -> int:
+    """``cerberus-hf train --head-type eagle3``: training-time test over whole sequences (`sequence_trainer`)."""
+    from ..modeling_cerberus import CerberusForCausalLM
+    from ..training.sequence_trainer import train_sequence_drafter
+
+    shape = {name: getattr(args, name) for name in ("adapter_heads", "adapter_head_dim", "feature_layers")
+             if getattr(args, name) != args.only_for[name][1]}  # the others: EAGLE-3's defaults for this base
+    model = CerberusForCausalLM.from_base(base, head_type="eagle3", num_heads=args.num_heads, **shape)
+    metrics = train_sequence_drafter(
+        model, args.data, args.output, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
+        warmup_ratio=args.warmup_ratio, step_weight_decay=args.head_weight_decay, distill_weight=args.distill_weight,
+        teacher_topk=args.teacher_topk, eval_every=args.eval_every, save_every=args.save_every or 50,
+        eval_fraction=args.eval_fraction, seed=args.seed, max_steps=args.max_steps, cache_dir=args.cache_dir,
+        num_threads=args.num_threads, train_vocab=args.train_vocab, resume=not args.no_resume,
+        show_progress=not args.no_progress,
+    )
+    cost = metrics["cost"]
+    if metrics["eval"] is not None:
+        print("held-out top-1 per depth: " + " ".join(f"{v:.3f}" for v in metrics["top1"]))
+        print("held-out top-5 per depth: " + " ".join(f"{v:.3f}" for v in metrics["top5"]))
+    print(f"{metrics['steps']} steps ({metrics['epochs']} epochs) in {cost['wall_time_s']:.0f} s (features "
+          f"{cost['cache_time_s']:.0f} s, training {cost['train_time_s']:.0f} s) on {cost['device']}")
+    print(f"drafter saved to {args.output}")
     return 0

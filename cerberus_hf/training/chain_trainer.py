@@ -147,7 +147,7 @@ class _Batch:
         return drafter.adapt(self.states)[self.rows, self.cols]
 
 
-def _batches(members: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
+def group_by_tokens(members: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Consecutive groups of ``members`` whose padded size stays within ``batch_tokens`` (one at least)."""
     groups, current, width = [], [], 0
     for i in members:
@@ -266,12 +266,12 @@ def train_chain_drafter(
     def make(members: list[int]) -> _Batch:
         return _Batch(members, states, answers, records, teacher, distill_weight, device)
 
-    eval_batches = [make(g) for g in _batches(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)]
+    eval_batches = [make(g) for g in group_by_tokens(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)]
 
     # one epoch's batches are fixed by the seed: records shuffled, then grouped in that order
     def epoch_batches(epoch: int) -> list[list[int]]:
         order = torch.randperm(len(train_members), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        return _batches([train_members[i] for i in order.tolist()], lengths, batch_tokens)
+        return group_by_tokens([train_members[i] for i in order.tolist()], lengths, batch_tokens)
 
     steps_per_epoch = len(epoch_batches(0))
     total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))

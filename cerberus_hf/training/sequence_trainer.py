@@ -1,0 +1,354 @@
+"""Train EAGLE-3's drafter on a frozen base with training-time test.
+
+The drafter's layer attends over whole sequences, so it trains on sequences, as Kangaroo's adapter does
+(`chain_trainer`), not on single positions of the hidden-state cache:
+
+1. The base runs once over every sequence ``input_ids + output_ids`` up to the highest layer the drafter reads
+   (`first_layers`; the last layers and the lm_head are skipped), and the states entering its ``feature_layers``
+   are kept on disk in float16 (`sequence_features`: one ``.npy`` per base, layers and data, filled batch by batch
+   and resumable, read through a memory map so a large set never has to fit in memory).
+2. Each batch of sequences (right-padded) is unrolled ``num_heads`` steps (`Eagle3Drafter.unrolled_outputs`): step
+   ``j`` at row ``c`` is drafting depth ``j`` after verified position ``c`` on the true path, and guesses the token at
+   ``c + j + 2``. The rows trained are those decoding drafts from: ``c`` from the prompt's last position on, so step
+   ``j`` targets answer tokens ``A[j + 1:]``.
+3. Step ``j``'s loss, weighted ``step_weight_decay ** j`` (EAGLE-3: 0.8), is the cross-entropy against the data token
+   mixed with the base's own top-k distribution (``distill_weight``; EAGLE-3 uses the distribution alone), through
+   `loss.projection_loss` over the frozen lm_head (restricted to ``train_vocab`` tokens when set).
+
+Held-out accuracy per depth (`evaluate_unrolled`) is step ``j``'s top-1 on the base's own answers, comparable to the
+heads' per-head accuracy (head ``k`` given the true tokens above it). Runs are deterministic under a seed and
+resumable through `checkpointing` (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..drafters.eagle3 import capture_features
+from ..drafters.kangaroo import first_layers
+from ..hardware import describe_device
+from . import checkpointing
+from .chain_trainer import group_by_tokens, heldout_members
+from .checkpointing import METRICS_NAME, cosine_with_warmup, resume_checkpoint, save_checkpoint
+from .data import Record, frequent_tokens, read_records
+from .evaluation import outside_of, top_hits
+from .hidden_cache import (
+    base_fingerprint, batches_by_length, build_hidden_cache, default_cache_dir, record_sequence, right_padded,
+    split_record_ids,
+)
+from .loss import projection_loss
+
+logger = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def sequence_features(base, records: Sequence[Record], feature_layers: list[int], cache_dir: str | os.PathLike,
+                      max_seq_len: int | None, batch_tokens: int = 4096, show_progress: bool = True
+                      ) -> tuple[np.ndarray, list[int]]:
+    """(the states entering ``feature_layers`` over every record's sequence, concatenated: a read-only float16 memory map
+    ``[total tokens, len(feature_layers) * hidden]``; each record's first row). Computed once per base, layers and
+    data in ``cache_dir``; a killed run resumes after the last batch it finished."""
+    sequences = [record_sequence(r, max_seq_len)[0] for r in records]
+    digest = hashlib.sha256(json.dumps([base_fingerprint(base), feature_layers, max_seq_len,
+                                        [r.content_hash() for r in records]]).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"features-{digest}.npy"
+    done_path = path.with_suffix(".done.json")
+    starts = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).tolist()
+    width = len(feature_layers) * base.get_output_embeddings().weight.shape[1]
+    done = set(json.loads(done_path.read_text())) if done_path.is_file() else set()
+    batches = batches_by_length([len(ids) for ids in sequences], batch_tokens)
+    if path.is_file() and len(done) == len(batches):
+        return np.load(path, mmap_mode="r"), starts[:-1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        done = set()
+        logger.info("features: %d sequences, %d tokens, %.2f GB in %s", len(sequences), starts[-1],
+                    starts[-1] * width * 2 / 1e9, path)
+    out = np.lib.format.open_memmap(path, mode="r+" if done else "w+", dtype=np.float16, shape=(starts[-1], width))
+    pad = base.config.pad_token_id if base.config.pad_token_id is not None else 0
+    device = base.get_output_embeddings().weight.device
+    todo = [b for b, batch in enumerate(batches) if b not in done]
+    progress = tqdm(total=sum(len(sequences[i]) for b in todo for i in batches[b]), unit="tok",
+                    desc=f"features (layers {feature_layers})", disable=not show_progress)
+    with capture_features(base, feature_layers) as captured, first_layers(base, max(feature_layers)) as decoder:
+        for b in todo:
+            ids, mask = right_padded([sequences[i] for i in batches[b]], pad)
+            decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+            for row, i in enumerate(batches[b]):
+                out[starts[i] : starts[i + 1]] = captured["features"][row, : len(sequences[i])].float().cpu().numpy()
+            out.flush()  # the rows are on disk before the batch is called done
+            done.add(b)
+            done_path.write_text(json.dumps(sorted(done)))
+            progress.update(sum(len(sequences[i]) for i in batches[b]))
+    progress.close()
+    del out
+    return np.load(path, mmap_mode="r"), starts[:-1]
+
+
+class _Batch:
+    """A batch of sequences: padded features and tokens, and for each unrolled step its rows, columns and targets."""
+
+    def __init__(self, members: list[int], features: np.ndarray, starts: list[int], sequences: list[list[int]],
+                 answers: list[int], steps: int, teacher: dict | None, distill_weight: float, device):
+        lengths = [len(sequences[i]) for i in members]
+        width = max(lengths)
+        self.features = torch.zeros(len(members), width, features.shape[1])
+        self.tokens = torch.zeros(len(members), width + steps + 1, dtype=torch.long)
+        for b, i in enumerate(members):
+            self.features[b, : lengths[b]] = torch.from_numpy(np.asarray(features[starts[i] : starts[i] + lengths[b]],
+                                                                         dtype=np.float32))
+            self.tokens[b, : lengths[b]] = torch.tensor(sequences[i])
+        self.features, self.tokens = self.features.to(device), self.tokens.to(device)
+        self.targets = []  # per step: (rows, cols, target ids, target probs, labels)
+        for j in range(steps):
+            rows, cols, labels, teacher_rows = [], [], [], []
+            for b, i in enumerate(members):
+                first = lengths[b] - answers[i]  # the first answer token's position
+                for a in range(j + 1, answers[i]):  # A[a] at first + a, guessed at depth j from c = first + a - j - 2
+                    rows.append(b)
+                    cols.append(first + a - j - 2)
+                    labels.append(sequences[i][first + a])
+                    if teacher is not None:
+                        teacher_rows.append(int(teacher["offsets"][i]) + a)
+            labels = torch.tensor(labels, dtype=torch.long)
+            if teacher is not None and distill_weight > 0 and teacher_rows:
+                index = torch.tensor(teacher_rows, dtype=torch.long)
+                probs = torch.softmax(teacher["logprobs"][index].float(), dim=-1)
+                target_ids = torch.cat([labels[:, None], teacher["ids"][index].long()], dim=1)
+                target_probs = torch.cat([torch.full((len(labels), 1), 1.0 - distill_weight), distill_weight * probs], 1)
+            else:
+                target_ids, target_probs = labels[:, None], torch.ones(len(labels), 1)
+            self.targets.append(tuple(t.to(device) for t in (torch.tensor(rows, dtype=torch.long),
+                                                             torch.tensor(cols, dtype=torch.long),
+                                                             target_ids, target_probs, labels)))
+
+    def outputs(self, drafter) -> list[torch.Tensor]:
+        """Each step's normed outputs at its trained rows (``[rows_j, hidden]``)."""
+        unrolled = drafter.unrolled_outputs(self.features, self.tokens, len(self.targets))
+        return [out[rows, cols] for out, (rows, cols, *_) in zip(unrolled, self.targets)]
+
+
+def _projection(drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
+    head = drafter.base_lm_head
+    bias = getattr(head, "bias", None)
+    return head.weight.detach().float(), None if bias is None else bias.detach().float()
+
+
+@torch.no_grad()
+def evaluate_unrolled(drafter, batches: list[_Batch], chunk_rows: int = 512, vocab: torch.Tensor | None = None) -> dict:
+    """Held-out top-1 / top-5 per depth (unrolled step) and the mean cross-entropy of depth 0."""
+    was_training = drafter.training
+    drafter.eval()
+    weight, bias = _projection(drafter)
+    outside = outside_of(vocab, weight.shape[0], weight.device)
+    steps = len(batches[0].targets) if batches else 0
+    counts = torch.zeros(steps, 3, dtype=torch.float64)
+    loss = 0.0
+    for batch in batches:
+        for j, (picked, target) in enumerate(zip(batch.outputs(drafter), batch.targets)):
+            labels = target[4]
+            for lo in range(0, picked.shape[0], chunk_rows):
+                logits = F.linear(picked[lo : lo + chunk_rows], weight, bias).float()
+                hit1, hit5 = top_hits(logits, labels[lo : lo + chunk_rows], outside)
+                counts[j] += torch.tensor([hit1.shape[0], float(hit1.sum()), float(hit5.sum())], dtype=torch.float64)
+                if j == 0:
+                    loss += float(F.cross_entropy(logits, labels[lo : lo + chunk_rows], reduction="sum"))
+    drafter.train(was_training)
+    n = counts[:, 0].clamp(min=1.0)
+    return {"top1": [round(float(v), 6) for v in counts[:, 1] / n], "top5": [round(float(v), 6) for v in counts[:, 2] / n],
+            "loss": round(loss / float(n[0]), 6) if steps else None, "positions": [int(v) for v in counts[:, 0]]}
+
+
+def train_sequence_drafter(
+    model,
+    data_path: str | os.PathLike | Sequence[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    *,
+    epochs: float = 1.0,
+    lr: float = 5e-4,
+    batch_tokens: int = 8192,
+    warmup_ratio: float = 0.05,
+    step_weight_decay: float = 0.8,
+    distill_weight: float = 0.0,
+    teacher_topk: int = 32,
+    eval_every: int = 100,
+    eval_fraction: float = 0.05,
+    seed: int = 0,
+    max_steps: int | None = None,
+    max_grad_norm: float | None = 0.5,
+    save_every: int = 50,
+    cache_dir: str | os.PathLike | None = None,
+    max_seq_len: int | None = None,
+    chunk_rows: int = 512,
+    num_threads: int | None = None,
+    train_vocab: int | None = None,
+    resume: bool = True,
+    show_progress: bool = True,
+) -> dict:
+    """Train ``model.heads`` (an `Eagle3Drafter`) with training-time test over ``num_heads`` steps on a frozen base from
+    distillation JSONL; returns the metrics, also written to ``output_dir/training_metrics.json``, and saves the
+    drafter there. ``batch_tokens`` bounds the padded sequence tokens per optimizer step; the rest are `train_heads`'
+    arguments."""
+    from accelerate import Accelerator
+
+    started = time.perf_counter()
+    if num_threads is not None:
+        torch.set_num_threads(int(num_threads))
+    if not 0.0 <= distill_weight <= 1.0:
+        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
+    drafter = model.heads
+    if not hasattr(drafter, "unrolled_outputs"):
+        raise ValueError(f"{drafter.drafter_type} heads do not unroll over sequences; train them with train_heads.")
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    device = accelerator.device
+    model.base.to(device)
+    output_dir = Path(output_dir)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if max_seq_len is None:
+        max_seq_len = getattr(model.base.config.get_text_config(), "max_position_embeddings", None)
+    paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
+    records = [r for path in paths for r in read_records(path)]
+    if len({(r.id, r.mode) for r in records}) != len(records):
+        raise ValueError("a (prompt id, mode) pair appears more than once; combine files whose prompt ids are distinct")
+
+    cache_started = time.perf_counter()
+    features, starts = sequence_features(model.base, records, drafter.feature_layers, cache_dir, max_seq_len,
+                                         show_progress=show_progress)
+    sequences = [record_sequence(r, max_seq_len)[0] for r in records]
+    answers = [record_sequence(r, max_seq_len)[1] for r in records]
+    teacher = None
+    if distill_weight > 0:
+        cache = build_hidden_cache(model.base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
+                                   show_progress=show_progress)
+        teacher = {"ids": cache.teacher_ids, "logprobs": cache.teacher_logprobs, "offsets": cache.record_offsets}
+    cache_time = time.perf_counter() - cache_started
+
+    steps = drafter.num_heads
+    held_out = split_record_ids([r.id for r in records], eval_fraction)
+    train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i] > 1]
+    eval_members = heldout_members(records, answers, held_out)
+    if not train_members:
+        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
+    lengths = [len(s) for s in sequences]
+
+    def make(members: list[int]) -> _Batch:
+        return _Batch(members, features, starts, sequences, answers, steps, teacher, distill_weight, device)
+
+    eval_groups = group_by_tokens(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)
+
+    def epoch_batches(epoch: int) -> list[list[int]]:  # fixed by the seed: records shuffled, then grouped in that order
+        order = torch.randperm(len(train_members), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        return group_by_tokens([train_members[i] for i in order.tolist()], lengths, batch_tokens)
+
+    steps_per_epoch = len(epoch_batches(0))
+    total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
+    run_config = {"head_type": model.config.head_type, "num_heads": steps, "feature_layers": drafter.feature_layers,
+                  "adapter_heads": model.config.adapter_heads, "adapter_head_dim": model.config.adapter_head_dim,
+                  "adapter_kv_heads": model.config.adapter_kv_heads, "lr": lr, "batch_tokens": batch_tokens,
+                  "warmup_ratio": warmup_ratio, "step_weight_decay": step_weight_decay,
+                  "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
+                  "seed": seed, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
+                  "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len,
+                  "train_vocab": train_vocab}
+    vocab = frequent_tokens(records, train_vocab).to(device) if train_vocab else None
+    weights = [step_weight_decay ** j for j in range(steps)]
+
+    drafter_dtype = drafter.dtype
+    drafter.to(device=device, dtype=torch.float32)
+    drafter.train()
+    trained = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.95))
+    scheduler = cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
+    optimizer = accelerator.prepare(optimizer)
+
+    state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
+    saved = resume_checkpoint(accelerator, output_dir, run_config, resume, drafter, optimizer, scheduler)
+    if saved is not None:
+        state = saved
+    weight, bias = _projection(drafter)
+    eval_batches: list[_Batch] | None = None
+    progress = tqdm(total=total_steps, initial=state["step"], unit="step", desc="training the eagle3 drafter",
+                    disable=not show_progress, dynamic_ncols=True)
+    train_started, time_before, eval_time, positions = time.perf_counter(), state["train_time_s"], 0.0, 0
+    epoch_cache: tuple[int, list[list[int]]] = (-1, [])
+
+    def run_eval(step: int) -> None:
+        nonlocal eval_time, eval_batches
+        t0 = time.perf_counter()
+        if eval_batches is None:
+            eval_batches = [make(g) for g in eval_groups]
+        if eval_batches:
+            result = {"step": step, **evaluate_unrolled(drafter, eval_batches, chunk_rows, vocab)}
+            state["evals"].append(result)
+            progress.write(f"step {step}: held-out top-1 per depth " + " ".join(f"{v:.3f}" for v in result["top1"]))
+        eval_time += time.perf_counter() - t0
+
+    while state["step"] < total_steps:
+        epoch, index = divmod(state["step"], steps_per_epoch)
+        if epoch_cache[0] != epoch:
+            epoch_cache = (epoch, epoch_batches(epoch))
+        batch = make(epoch_cache[1][index])
+        total, hits = 0.0, []
+        for j, (picked, (_, _, target_ids, target_probs, labels)) in enumerate(zip(batch.outputs(drafter), batch.targets)):
+            if not labels.numel():
+                continue
+            losses, correct = projection_loss(picked, weight, target_ids, target_probs, labels, bias=bias,
+                                              chunk_rows=chunk_rows, vocab=vocab)
+            total = total + weights[j] * losses.mean()
+            hits.append(round(correct.float().mean().item(), 5))
+            positions += labels.numel()
+        accelerator.backward(total)
+        if max_grad_norm:
+            accelerator.clip_grad_norm_(trained, max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        step = state["step"]
+        entry = {"step": step, "loss": round(float(total.detach()), 6), "top1": hits, "lr": scheduler.get_last_lr()[0]}
+        state["history"].append(entry)
+        progress.set_postfix(loss=f"{entry['loss']:.3f}", top1=hits[0] if hits else None)
+        progress.update(1)
+        if eval_every and step % eval_every == 0 and step != total_steps:
+            run_eval(step)
+        if step % save_every == 0 or step == total_steps:
+            state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
+            save_checkpoint(accelerator, output_dir, step, state, 2, drafter, optimizer, scheduler)
+        checkpointing.on_step_end(step)
+    progress.close()
+    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
+        run_eval(state["step"])
+    train_time = time.perf_counter() - train_started - eval_time
+    drafter.to(dtype=drafter_dtype)
+    drafter.eval()
+    if vocab is not None:  # trained to rank these tokens only: draft among them
+        model.set_draft_vocab(vocab, trained=True)
+    final = state["evals"][-1] if state["evals"] else None
+    metrics = {
+        "top1": final["top1"] if final else None, "top5": final["top5"] if final else None, "eval": final,
+        "steps": state["step"], "epochs": round(state["step"] / steps_per_epoch, 4), "config": run_config,
+        "data": {"path": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], "records": len(records),
+                 "held_out_records": len(held_out), "train_positions": sum(answers[i] for i in train_members),
+                 "eval_positions": sum(answers[i] for i in eval_members)},
+        "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),
+                 "train_time_s": round(train_time, 3), "train_time_s_total": round(time_before + train_time, 3),
+                 "eval_time_s": round(eval_time, 3), "positions_per_s": round(positions / train_time, 1)
+                 if positions and train_time > 0 else None, "device": describe_device(device)},
+        "history": state["history"], "evals": state["evals"],
+    }
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
+    return metrics
