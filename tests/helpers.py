@@ -204,29 +204,40 @@ def install_oracle(model: CerberusForCausalLM, references, corrupt=None, toleran
             state.heads_input = recorded
             return state
 
+        def teacher_forced(self, captured, ids, first):  # calibration's path
+            hidden, logits, context = real_class.teacher_forced(self, captured, ids, first)
+            if self.trains_on_sequences:  # (EAGLE-3) its logits come from unrolled steps, not from draft_level
+                contextualized.append((hidden.float(), captured["hidden"][0].float()))
+                logits = torch.stack([ranked(k, hidden, logits[:, k]) for k in range(logits.shape[1])], dim=1)
+            return hidden, logits, context
+
         def draft_level(self, k, hidden, tokens, previous, context=None):
             state, logits = real_class.draft_level(self, k, hidden, tokens, previous, context)
-            logits = logits.clone()
-            for i, h in enumerate(hidden.float()):
-                h = base_state(h)
-                distance = (table - h).norm(dim=-1)
-                row = int(distance.argmin())
-                if float(distance[row]) > tolerance * (float(h.norm()) + 1.0):
-                    counters["misses"] += 1
-                    continue
-                counters["hits"] += 1
-                p = int(positions[row])
-                target = int(targets[row, k])
-                if target < 0:
-                    continue
-                scores = logits[i]
-                scores -= scores.max() + 10.0  # every other token well below 0, their order kept
-                if corrupt is not None and corrupt(p, k):
-                    scores[(target + 1) % scores.shape[0]] = 0.0
-                    scores[target] = -1.0
-                else:
-                    scores[target] = 0.0
-            return state, logits
+            return state, ranked(k, hidden, logits)
+
+    def ranked(k, hidden, logits):
+        """``logits`` ``[n, V]`` of depth ``k`` with the true token first wherever ``hidden`` is a known position."""
+        logits = logits.clone()
+        for i, h in enumerate(hidden.float()):
+            h = base_state(h)
+            distance = (table - h).norm(dim=-1)
+            row = int(distance.argmin())
+            if float(distance[row]) > tolerance * (float(h.norm()) + 1.0):
+                counters["misses"] += 1
+                continue
+            counters["hits"] += 1
+            p = int(positions[row])
+            target = int(targets[row, k])
+            if target < 0:
+                continue
+            scores = logits[i]
+            scores -= scores.max() + 10.0  # every other token well below 0, their order kept
+            if corrupt is not None and corrupt(p, k):
+                scores[(target + 1) % scores.shape[0]] = 0.0
+                scores[target] = -1.0
+            else:
+                scores[target] = 0.0
+        return logits
 
     heads.__class__ = OracleHeads
     return counters

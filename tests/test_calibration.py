@@ -128,7 +128,7 @@ def test_calibrate_keeps_a_budget_only_where_it_does_best():
     assert parse_budgets(["0.95:0.25"]) == ((0.95, 0.25),)
 
 
-@pytest.mark.parametrize("head_type", ["cerberus", "clover"])
+@pytest.mark.parametrize("head_type", ["cerberus", "clover", "eagle3"])
 def test_calibrate_stores_settings_that_generate_uses(tmp_path, head_type):
     model = fresh_model("llama", head_type, num_heads=3)
     install_oracle(model, [reference("llama")], corrupt=lambda p, k: (p + k) % 3 == 0)

@@ -652,7 +652,9 @@ def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
     for head_type, option in (("kangaroo", ["--batch-size", "64"]), ("medusa", ["--exit-layer", "4"]),
                               ("medusa", ["--adapter-heads", "4"]), ("kangaroo", ["--context-window", "8"]),
                               ("clover", ["--num-layers", "2"]), ("cerberus", ["--prefix-layer"]),
-                              ("kangaroo", ["--head-dropout", "0.2"]), ("kangaroo", ["--init-from", "heads"])):
+                              ("kangaroo", ["--head-dropout", "0.2"]), ("kangaroo", ["--init-from", "heads"]),
+                              ("eagle3", ["--batch-size", "64"]), ("eagle3", ["--num-layers", "2"]),
+                              ("hydra", ["--feature-layers", "2", "9"]), ("eagle3", ["--state-source", "final_norm_input"])):
         args = parser.parse_args(common + ["--head-type", head_type] + option)
         with pytest.raises(SystemExit, match=f"{option[0]} do\\(es\\) not apply to --head-type {head_type}"):
             train_cli._refuse_options_of_other_head_types(args)
@@ -662,5 +664,7 @@ def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
             train_cli._refuse_options_of_other_head_types(args)
     for head_type, option in (("kangaroo", ["--adapter-heads", "4"]), ("clover", ["--adapter-heads", "4"]),
                               ("clover", ["--context-window", "8", "--batch-size", "64"]),
-                              ("hydra", ["--prefix-layer", "--adapter-heads", "4", "--head-dropout", "0.2"])):
+                              ("hydra", ["--prefix-layer", "--adapter-heads", "4", "--head-dropout", "0.2"]),
+                              ("eagle3", ["--feature-layers", "2", "9", "--batch-tokens", "512", "--adapter-heads", "4",
+                                          "--head-weight-decay", "0.9"])):
         train_cli._refuse_options_of_other_head_types(parser.parse_args(common + ["--head-type", head_type] + option))

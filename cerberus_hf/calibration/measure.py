@@ -3,9 +3,11 @@ drafter's step times."""
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from contextlib import ExitStack
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -58,12 +60,10 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     (a drafter that reads its drafted tokens pays one call per depth), rescored by whichever of
     ``model.ngram`` and ``model.rescorer`` ``dynamic`` weighs when it is a `Rescoring` (the LM after a
     ``context``-token prefix, closing its scorer each time as decoding does)."""
-    # a drafter reading a window pays every step for the newest state's row and for reading the window
-    window = max(model.heads.context_window, 1)
-    states = torch.zeros(1, window, model.config.hidden_size, device=model.device, dtype=model.dtype)
-    tokens = torch.zeros(1, window, dtype=torch.long, device=model.device)
-    rows = model.heads.window_rows(states, tokens)
-    valid = torch.ones(1, window, dtype=torch.bool, device=model.device)
+    if model.heads.trains_on_sequences and not model.heads.drafts_chains:  # a state kept over the sequence (EAGLE-3)
+        step_drafts = _sequence_steps(model, context)
+    else:
+        step_drafts = _window_steps(model)
     chain = TreeSpec.chain(model.config.num_heads)
     history = torch.arange(context, device=model.device) % model.config.vocab_size
     index_of = model.rescorer.draft_index() if model.rescorer is not None else None
@@ -75,8 +75,7 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
         for _ in range(repeats):
             synchronize(model.device)
             start = time.perf_counter()
-            newest = model.heads.window_rows(states[:, -1:], tokens[:, -1:])
-            step = StepDrafts(model.heads, model.heads.read_window(torch.cat([rows[:, :-1], newest], dim=1), valid), 0)
+            step = step_drafts()
             if dynamic is None:
                 static_draft(step, chain)
             else:
@@ -89,6 +88,46 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
             synchronize(model.device)
             values.append(time.perf_counter() - start)
     return statistics.median(values)
+
+
+def _window_steps(model) -> Callable[[], StepDrafts]:
+    """One step's `StepDrafts` as decoding makes it for heads that read the newest state, or a window of the newest
+    states: a windowed drafter pays every step for the newest state's row and for reading the window."""
+    window = max(model.heads.context_window, 1)
+    states = torch.zeros(1, window, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    tokens = torch.zeros(1, window, dtype=torch.long, device=model.device)
+    rows = model.heads.window_rows(states, tokens)
+    valid = torch.ones(1, window, dtype=torch.bool, device=model.device)
+
+    def step() -> StepDrafts:
+        newest = model.heads.window_rows(states[:, -1:], tokens[:, -1:])
+        return StepDrafts(model.heads, model.heads.read_window(torch.cat([rows[:, :-1], newest], dim=1), valid), 0)
+
+    return step
+
+
+def _sequence_steps(model, context: int, new: int = 3) -> Callable[[], StepDrafts]:
+    """One step's `StepDrafts` as decoding makes it for a drafter that keeps a state over the sequence (EAGLE-3's KV
+    cache): after ``context`` verified positions, ``new`` of them verified since the last step (the drafter first
+    takes them in; a copy of the state each time, so every repeat does the same work)."""
+    base, heads, device = model.base, model.heads, model.device
+    limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
+    context = max(new + 1, min(context, limit - model.config.num_heads - 2) if limit else context)
+    ids = (torch.arange(context + 1, device=device) * 7919 % model.config.vocab_size)[None]
+    with heads.capture(base) as captured:
+        base(input_ids=ids[:, :-1])
+    state = heads.start(base, None)
+    state.observe({name: value[:, :-new] for name, value in captured.items() if torch.is_tensor(value)}, None)
+    state.heads_input(ids[:, : context - new + 1], None)
+    state.observe({name: value[:, -new:] for name, value in captured.items() if torch.is_tensor(value)},
+                  list(range(new)))
+
+    def step() -> StepDrafts:
+        current = copy.copy(state)
+        read = current.heads_input(ids, None)
+        return StepDrafts(heads, read, int(ids[0, -1]), current.context())
+
+    return step
 
 
 @torch.no_grad()

@@ -69,12 +69,8 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
         ids = torch.tensor([seq], device=model.device)
         with model.heads.capture(model.base) as captured:  # what the heads read: their state_source
             logits = model.base(input_ids=ids).logits[0]
-        rows = torch.arange(len(seq), device=ids.device)
-        # what the heads read: a windowed drafter's window starts where decoding's would (the prompt's last state)
-        hidden = model.heads.heads_inputs(captured["hidden"][0], torch.cat([ids[0, 1:], ids[0, -1:]]),
-                                          rows.clamp(max=max(skip - 1, 0)), rows)
-        ahead = (torch.arange(len(seq))[:, None] + 1 + torch.arange(num_heads)).clamp(max=len(seq) - 1)
-        head_logits = model.draft_logits(hidden, ids[0, ahead.to(ids.device)])  # [len, heads, draft vocab]
+        # what the heads read (a windowed drafter's window starts where decoding's would: the prompt's last state)
+        hidden, head_logits, context = model.heads.teacher_forced(captured, ids, skip - 1)  # [len, heads, draft vocab]
         top = model.heads.token_ids(head_logits.topk(top_k, dim=-1).indices)  # [len, heads, top_k]
         signals = {name: gate_signal(name, logits, head_logits[:, 0]).tolist() for name in GATE_SIGNALS}
         if uses_lm and not tree_attention_ok(model.base, len(seq) + fed):
@@ -82,15 +78,16 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
                              f"{len(seq)}-token sequence (flash attention or a shorter sliding window).")
         with ExitStack() as stack:
             lm_state = stack.enter_context(rescorer_state(model, ids)) if uses_lm else None
-            records.extend(_position_records(model, ids, skip, top, hidden, signals, dynamic, rescorings, lm_state,
-                                             index_of, budgets))
+            records.extend(_position_records(model, ids, skip, top, hidden, context, signals, dynamic, rescorings,
+                                             lm_state, index_of, budgets))
     return records
 
 
-def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor, hidden: torch.Tensor,
+def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor, hidden: torch.Tensor, context,
                       signals: dict, dynamic: DynamicTree | None, rescorings: list[Rescoring], lm_state,
                       index_of: torch.Tensor | None, budgets: list[DynamicTree] = ()) -> list[PositionRecord]:
-    """`collect_positions`' records for one sequence ``ids`` ``[1, n]`` (``lm_state``: the neural rescorer's over
+    """`collect_positions`' records for one sequence ``ids`` ``[1, n]`` (``context(t)``: what drafting after ``t`` attends
+    to; ``lm_state``: the neural rescorer's over
     all of it; ``index_of``: its `Drafter.draft_index`)."""
     records, num_heads, seq = [], model.config.num_heads, ids[0].tolist()
     for t in range(skip, len(seq) - num_heads - 1):
@@ -101,18 +98,19 @@ def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor
         truth = seq[t + 2 : t + 2 + num_heads]
         order = None
         if dynamic is not None:
-            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), dynamic, num_heads)
+            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1], context(t)), dynamic, num_heads)
             order = _true_path_order(chosen, truth)
         record = PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order,
                                 top_block_repeats=repeats_a_token([seq[t + 1], *top[t, :, 0].tolist()]))
         for settings in budgets:
-            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), settings, num_heads)
+            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1], context(t)), settings, num_heads)
             record.budgeted[(settings.top_p, settings.min_ratio)] = (_true_path_order(chosen, truth), len(chosen))
         history = ids[0, : t + 2]
         scorer = model.rescorer.path_scorer(lm_state, ids[:, : t + 2], visible=t + 1) if lm_state else None
         for settings in rescorings:  # the scorer keeps what it computed for one setting for the next
             rescore = lattice_rescore(settings, history, model.ngram, scorer, index_of)
-            chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1]), settings, num_heads, rescore)
+            step = StepDrafts(model.heads, hidden[t], seq[t + 1], context(t))
+            chosen = dynamic_selection(step, settings, num_heads, rescore)
             key = (settings.weight, settings.lm_weight)
             record.rescored_order[key] = _true_path_order(chosen, truth)
             record.rescored_block_repeats[key] = repeats_a_token([seq[t + 1], *_top_block(chosen)])

@@ -380,6 +380,19 @@ class Drafter(nn.Module):
             states.append(self.dropout(self.readout(k, previous)))
         return torch.stack(states, dim=-2)
 
+    def teacher_forced(self, captured: dict, ids: torch.LongTensor, first: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], object | None]]:
+        """At every position ``t`` of one sequence ``ids`` ``[1, n]`` the base read (``captured``, as `capture` recorded
+        it): (what the heads read ``[n, ...]``, their logits with the true tokens above each depth ``[n, num_heads, V]``,
+        the `SequenceState.context` drafting after ``t`` attends to), as decoding computes them after a prompt whose
+        last state is ``first`` (a window starts there): what calibration measures."""
+        seq = ids[0]
+        rows = torch.arange(seq.shape[0], device=ids.device)
+        hidden = self.heads_inputs(captured["hidden"][0], torch.cat([seq[1:], seq[-1:]]), rows.clamp(max=max(first, 0)),
+                                   rows)
+        ahead = (rows[:, None] + 1 + torch.arange(self.num_heads, device=ids.device)).clamp(max=seq.shape[0] - 1)
+        return hidden, self(hidden, seq[ahead]), lambda t: None
+
     def forward(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
         """Teacher-forced logits ``[n, num_heads, V]`` over the draft vocabulary (``token_ids`` maps their
         indices to token ids): head ``k`` given the true tokens above it."""

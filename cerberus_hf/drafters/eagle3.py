@@ -40,7 +40,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
@@ -204,7 +203,8 @@ class Eagle3Drafter(Drafter):
         # a config made without a base leaves them to `attach` (EAGLE-3's three, chosen for the base's depth)
         self.feature_layers = list(config.feature_layers) if config.feature_layers else None
         hidden = config.hidden_size
-        self.fc = nn.Linear(len(self.feature_layers or "low middle high".split()) * hidden, hidden, bias=False)
+        count = len(self.feature_layers) if self.feature_layers else 3  # EAGLE-3's low, middle and high layer
+        self.fc = nn.Linear(count * hidden, hidden, bias=False)
         init_from_fixed_seed(self.fc)
         self.layer = FeatureLayer(hidden, config.adapter_heads, config.adapter_kv_heads or config.adapter_heads,
                                   config.adapter_head_dim)
@@ -283,7 +283,9 @@ class Eagle3Drafter(Drafter):
             own_keys = path(previous[..., size : size + width], new_keys)
             own_values = path(previous[..., size + width :], new_values)
             out = self.layer.finish(states, attend(queries, keys, values, None, own_keys, own_values))[0]
-            flat = lambda x: x[0].permute(1, 0, 2).reshape(count, width)  # noqa: E731  [1, KVH, n, D] -> [n, KVH * D]
+            def flat(x: torch.Tensor) -> torch.Tensor:  # [1, KVH, n, D] -> [n, KVH * D]
+                return x[0].permute(1, 0, 2).reshape(count, width)
+
             state = torch.cat([previous, torch.cat([out, flat(new_keys), flat(new_values)], dim=-1)[:, None]], dim=1)
         return state, self.project(self.readout(k, state), k)
 
@@ -292,18 +294,24 @@ class Eagle3Drafter(Drafter):
 
     # ------------------------------------------------------------------------------ training-time test
     def unrolled_outputs(self, features: torch.Tensor, tokens: torch.LongTensor, steps: int) -> list[torch.Tensor]:
-        """The normed outputs ``[B, L, hidden]`` of ``steps`` unrolled drafting steps over whole sequences: fused-state
-        inputs ``features`` ``[B, L, F]`` and ``tokens`` ``[B, L + steps]`` (``tokens[:, p + 1]`` follows position
-        ``p``; right padding is harmless). Step ``j``'s row ``i`` is drafting depth ``j`` after verified position ``i``,
-        on the true path: it guesses the token at ``i + j + 2``."""
-        batch, length = features.shape[:2]
-        device = features.device
+        """The normed outputs ``[B, L, hidden]`` of ``steps`` unrolled drafting steps over whole sequences (`unrolled`),
+        what the projection reads: training fits these."""
+        return [self.norm(out) for out in self.unrolled(features, tokens, steps)[0]]
+
+    def unrolled(self, features: torch.Tensor, tokens: torch.LongTensor, steps: int
+                 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """(the layer's outputs ``[B, L, hidden]`` at each of ``steps`` unrolled drafting steps, step 0's keys and values
+        ``[B, KVH, L, D]``) over whole sequences: fused-state inputs ``features`` ``[B, L, F]`` and ``tokens``
+        ``[B, L + steps]`` (``tokens[:, p + 1]`` follows position ``p``; right padding is harmless). Step ``j``'s row
+        ``i`` is drafting depth ``j`` after verified position ``i``, on the true path: it guesses the token at
+        ``i + j + 2``; step 0's keys and values up to ``i`` are the cache decoding holds there."""
+        length, device = features.shape[1], features.device
         states = self.fc(features.to(self.dtype))
         positions = torch.arange(length, device=device)
         keys, values, queries = self.layer.keys_values_queries(self.embed(tokens[:, 1 : length + 1]), states, positions)
         causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
         out = self.layer.finish(states, attend(queries, keys, values, causal))
-        outputs = [self.norm(out)]
+        outputs = [out]
         own_keys, own_values = [], []
         for j in range(1, steps):
             step_keys, step_values, queries = self.layer.keys_values_queries(
@@ -312,8 +320,16 @@ class Eagle3Drafter(Drafter):
             own_values.append(step_values)
             out = self.layer.finish(out, attend(queries, keys, values, causal, torch.stack(own_keys, dim=3),
                                                 torch.stack(own_values, dim=3)))
-            outputs.append(self.norm(out))
-        return outputs
+            outputs.append(out)
+        return outputs, keys, values
+
+    def teacher_forced(self, captured: dict, ids: torch.LongTensor, first: int):
+        """`Drafter.teacher_forced` through the unrolled steps: what the heads read is the layer's output at each
+        position, and drafting after ``t`` attends to step 0's keys and values up to ``t``."""
+        tokens = torch.cat([ids, ids[:, -1:].expand(1, self.num_heads + 1)], dim=1)  # past the end: never a target
+        outputs, keys, values = self.unrolled(captured["features"], tokens, self.num_heads)
+        logits = torch.stack([self.project(self.norm(out[0]), j) for j, out in enumerate(outputs)], dim=1)
+        return outputs[0][0], logits, lambda t: (keys[:, :, : t + 1], values[:, :, : t + 1])
 
     def forced_states(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
         raise NotImplementedError("EAGLE-3 drafts over whole sequences: train it with the sequence trainer "

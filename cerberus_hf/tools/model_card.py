@@ -111,12 +111,13 @@ def _cost_text(cost: dict) -> str:
 
 def _cache_text(config, cost: dict) -> str:
     """What the run spent on the base's states, which earlier runs may have cached."""
-    states = (f"the base's layer-{config.exit_layer} states" if config.head_type == "kangaroo"
-              else "the base's hidden states")
+    states = {"kangaroo": f"the base's layer-{config.exit_layer} states",
+              "eagle3": f"the base's states entering layers {config.feature_layers}"}.get(config.head_type,
+                                                                                          "the base's hidden states")
     if cost.get("cache_time_s", 0) >= 30:  # below that the run only read states an earlier run had written
         return f"caching {states} {cost['cache_time_s'] / 60:.1f} min."
-    if config.head_type == "kangaroo":
-        return f"none for {states} (read from the file an earlier run with the same base, layer and data wrote)."
+    if config.head_type in ("kangaroo", "eagle3"):
+        return f"none for {states} (read from the file an earlier run with the same base, layers and data wrote)."
     return (f"none for {states} (read from a cache built beforehand by `cerberus-hf train --cache-only`, shared "
             "by every head type).")
 
@@ -137,6 +138,16 @@ def _title_and_summary(config) -> list[str]:
                 f"to {config.num_heads} tokens, ending early after a token drafted with probability below the exit "
                 "confidence. It makes `generate()` faster without changing its output: the base verifies every "
                 "drafted token."]
+    if head_type == "eagle3":
+        kv = config.adapter_kv_heads or config.adapter_heads
+        return [f"# EAGLE-3 drafter for {config.base_model_name_or_path}", "",
+                f"An EAGLE-3-class drafter made with cerberus-hf: the base's states entering layers "
+                f"{config.feature_layers} fused by one linear map, one decoder layer (attention {config.adapter_heads} "
+                f"heads of {config.adapter_head_dim}, {kv} key/value heads, with its own KV cache over the verified "
+                "tokens; a SwiGLU MLP) run autoregressively over its own outputs, and the frozen base `lm_head`. It was "
+                f"trained with training-time test over {config.num_heads} drafting steps and drafts up to "
+                f"{config.num_heads} deep, as a chain or a tree. It makes `generate()` faster without changing its "
+                "output: the base verifies every drafted token."]
     if head_type == "clover":
         width = config.adapter_heads * config.adapter_head_dim
         return [f"# Clover heads for {config.base_model_name_or_path}", "",
@@ -244,7 +255,8 @@ def render_card(
             f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
             f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
             + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "batch_tokens", "warmup_ratio",
-                                                      "head_weight_decay", "distill_weight", "projection_dtype",
+                                                      "head_weight_decay", "step_weight_decay", "distill_weight",
+                                                      "projection_dtype",
                                                       "seed") if k in run),
             _cost_text(cost) + _cache_text(config, cost),
             "",
@@ -252,7 +264,8 @@ def render_card(
         if training.get("top1"):
             lines += ["Held-out accuracy (the base's own next tokens):", "",
                       "| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
-            rows = [(k, f"token t+{k + 2}") for k in range(len(training["top1"]))]
+            rows = [(k if config.head_type != "eagle3" else f"depth {k}", f"token t+{k + 2}")
+                    for k in range(len(training["top1"]))]
             if config.head_type == "kangaroo":  # one adapter: the next token, from layer l's states up to it
                 rows = [("adapter", f"the next token, from layer {config.exit_layer}")]
             for (name, predicts), top1, top5 in zip(rows, training["top1"], training["top5"]):

@@ -1,0 +1,190 @@
+"""`cerberus-hf export`: heads in the format a serving engine loads, for users who outgrow `generate()`.
+
+* ``--format speculators`` (EAGLE-3 heads): the Eagle3 layout of the ``speculators`` library (0.9), which vLLM and
+  SGLang serve. The drafter's layer maps one to one onto speculators' (``fc``, ``layers.0`` with ``input_layernorm``
+  on the token embedding and ``hidden_norm`` on the fused state, q/k/v over ``[embedding; state]``, the residual onto
+  the raw fused state: ``norm_before_residual: false``, the final ``norm``), with rotary base 10000 and the norms'
+  epsilon written as this drafter uses them. The projection becomes the drafter's own ``lm_head``: the frozen base
+  ``lm_head``'s rows of the draft vocabulary, ordered by token id, with ``d2t`` (draft index to token id offsets) and
+  ``t2d`` (which token ids are drafted); the base's input embedding is copied as ``embed_tokens``. What the export
+  cannot keep: the calibrated trees, gate and prompt lookup (an engine drafts with its own settings; a chain of
+  ``num_heads`` tokens is written as the proposal), and the positions: speculators numbers a drafting position from 1,
+  this drafter from 0, which rotary attention does not see (it reads only differences of positions).
+* ``--format vllm-medusa`` (Medusa heads): vLLM's Medusa layout (``model_type: medusa``; ``blocks.{h}.layers.{l}``
+  with biases, ``medusa_fc_bias: true``; ``lm_heads.{h}`` copies of the base ``lm_head``, or of its draft vocabulary
+  rows with ``truncated_vocab_size`` and ``token_map``). vLLM drafts a chain of each head's top-1 guess; trees, gate
+  and lookup stay behind. Heads whose guesses read the drafted tokens or each other (Cerberus, Hydra, Clover) fit no
+  engine's format and are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+SPECULATORS_VERSION = "0.9.0"
+FORMATS = ("speculators", "vllm-medusa")
+
+
+def add_cli(subparsers):
+    """Register the ``export`` subcommand; returns its parser."""
+    parser = subparsers.add_parser("export", help="write heads in a serving engine's format (EAGLE-3 for speculators/"
+                                   "vLLM/SGLang, Medusa for vLLM)", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("heads", help="folder (or Hub id) of a cerberus-hf checkpoint")
+    parser.add_argument("output", help="folder to write (must not exist or be empty)")
+    parser.add_argument("--verifier", default=None,
+                        help="the base's Hub id or folder as the engine should load it (default: the checkpoint's "
+                             "base_model_name_or_path)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="dtype of the written tensors")
+    parser.set_defaults(func=run_cli)
+    return parser
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run the ``export`` subcommand from parsed arguments."""
+    from ..modeling_cerberus import CerberusForCausalLM
+
+    output = Path(args.output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise SystemExit(f"cerberus-hf export: {output} exists and is not an empty folder")
+    model = CerberusForCausalLM.from_pretrained(args.heads)
+    dtype = getattr(torch, args.dtype)
+    if args.format == "speculators":
+        written = export_speculators(model, output, verifier=args.verifier, dtype=dtype)
+    else:
+        written = export_vllm_medusa(model, output, dtype=dtype)
+    print(f"{args.format} checkpoint written to {output}: {', '.join(sorted(written))}")
+    return 0
+
+
+def _draft_rows(model) -> torch.Tensor:
+    """The draft vocabulary's token ids in ascending order (all ids without one)."""
+    heads = model.heads
+    if heads.draft_vocab is None:
+        return torch.arange(model.config.vocab_size)
+    return torch.sort(heads.draft_vocab.cpu()).values
+
+
+def speculators_config(model, verifier: str | None, dtype: torch.dtype) -> dict:
+    """The ``config.json`` of a speculators Eagle3 checkpoint for ``model``'s EAGLE-3 heads."""
+    config, heads = model.config, model.heads
+    base = model.base.config.get_text_config()
+    layer = heads.layer
+    return {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "draft_vocab_size": int(_draft_rows(model).numel()),
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": list(heads.feature_layers),
+        "embed_requires_grad": False,
+        "tie_word_embeddings": False,
+        "dtype": str(dtype).replace("torch.", ""),
+        "transformer_layer_config": {
+            "model_type": "llama", "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+            "intermediate_size": layer.mlp.up_proj.out_features, "num_hidden_layers": 1,
+            "num_attention_heads": layer.num_heads, "num_key_value_heads": layer.kv_heads, "head_dim": layer.head_dim,
+            "hidden_act": "silu", "rms_norm_eps": heads.norm.eps, "attention_bias": False, "mlp_bias": False,
+            "max_position_embeddings": getattr(base, "max_position_embeddings", 8192), "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "pad_token_id": base.pad_token_id,
+        },
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.num_heads,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier or config.base_model_name_or_path,
+                         "architectures": list(getattr(model.base.config, "architectures", None) or
+                                               [type(model.base).__name__])},
+        },
+    }
+
+
+def speculators_tensors(model, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The tensors of a speculators Eagle3 checkpoint for ``model``'s EAGLE-3 heads (see the module docstring)."""
+    heads = model.heads
+    if heads.drafter_type != "eagle3":
+        raise ValueError(f"--format speculators writes EAGLE-3 heads; these are {heads.drafter_type}.")
+    layer = heads.layer
+    for norm in (layer.embed_norm, layer.hidden_norm, layer.post_norm):
+        if norm.eps != heads.norm.eps:  # one rms_norm_eps in the layer config
+            raise ValueError("the drafter's norms use different epsilons; the Llama layer config has one.")
+    rows = _draft_rows(model)
+    lm_head = model.base.get_output_embeddings().weight.detach().cpu()
+    t2d = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    t2d[rows] = True
+    tensors = {
+        "embed_tokens.weight": model.base.get_input_embeddings().weight.detach().cpu(),
+        "fc.weight": heads.fc.weight,
+        "layers.0.input_layernorm.weight": layer.embed_norm.weight,
+        "layers.0.hidden_norm.weight": layer.hidden_norm.weight,
+        "layers.0.self_attn.q_proj.weight": layer.q_proj.weight,
+        "layers.0.self_attn.k_proj.weight": layer.k_proj.weight,
+        "layers.0.self_attn.v_proj.weight": layer.v_proj.weight,
+        "layers.0.self_attn.o_proj.weight": layer.o_proj.weight,
+        "layers.0.post_attention_layernorm.weight": layer.post_norm.weight,
+        "layers.0.mlp.gate_proj.weight": layer.mlp.gate_proj.weight,
+        "layers.0.mlp.up_proj.weight": layer.mlp.up_proj.weight,
+        "layers.0.mlp.down_proj.weight": layer.mlp.down_proj.weight,
+        "norm.weight": heads.norm.weight,
+        "lm_head.weight": lm_head[rows],
+    }
+    out = {name: t.detach().cpu().to(dtype).contiguous() for name, t in tensors.items()}
+    if rows.numel() != model.config.vocab_size:
+        out["d2t"] = (rows - torch.arange(rows.numel())).to(torch.int64)
+        out["t2d"] = t2d
+    return out
+
+
+def export_speculators(model, output: Path, verifier: str | None = None, dtype: torch.dtype = torch.float32
+                       ) -> list[str]:
+    """Write ``model``'s EAGLE-3 heads as a speculators Eagle3 checkpoint in ``output``; returns the files written."""
+    tensors = speculators_tensors(model, dtype)  # refuses other families before anything is written
+    output.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(output / "model.safetensors"), metadata={"format": "pt"})
+    (output / "config.json").write_text(json.dumps(speculators_config(model, verifier, dtype), indent=2) + "\n")
+    return ["config.json", "model.safetensors"]
+
+
+def vllm_medusa_tensors(model, dtype: torch.dtype = torch.float32) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(``config.json``, tensors) of vLLM's Medusa layout for ``model``'s Medusa heads (see the module docstring)."""
+    heads, config = model.heads, model.config
+    if heads.drafter_type != "medusa":
+        raise ValueError(f"--format vllm-medusa writes Medusa heads (independent heads on the base's last state); "
+                         f"these are {heads.drafter_type}, which no serving engine's Medusa runs.")
+    rows = heads.draft_vocab.cpu() if heads.draft_vocab is not None else None
+    tensors: dict[str, torch.Tensor] = {}
+    for h in range(config.num_heads):
+        for i, block in enumerate(heads.blocks[h]):
+            tensors[f"blocks.{h}.layers.{i}.weight"] = block.linear.weight
+            tensors[f"blocks.{h}.layers.{i}.bias"] = block.linear.bias
+        weight = heads.projection(h).weight.detach().cpu()
+        tensors[f"lm_heads.{h}.weight"] = weight[rows] if rows is not None else weight
+    out = {name: t.detach().cpu().to(dtype).contiguous() for name, t in tensors.items()}
+    vllm_config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": config.hidden_size,
+                   "vocab_size": config.vocab_size, "num_heads": config.num_heads,
+                   "num_hidden_layers": config.num_layers, "medusa_fc_bias": True,
+                   "base_model_name_or_path": config.base_model_name_or_path}
+    if rows is not None:
+        vllm_config["truncated_vocab_size"] = int(rows.numel())
+        out["token_map"] = rows.to(torch.int64)
+    return vllm_config, out
+
+
+def export_vllm_medusa(model, output: Path, dtype: torch.dtype = torch.float32) -> list[str]:
+    """Write ``model``'s Medusa heads in vLLM's Medusa layout in ``output``; returns the files written."""
+    vllm_config, tensors = vllm_medusa_tensors(model, dtype)
+    output.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(output / "model.safetensors"), metadata={"format": "pt"})
+    (output / "config.json").write_text(json.dumps(vllm_config, indent=2) + "\n")
+    return ["config.json", "model.safetensors"]

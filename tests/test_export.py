@@ -1,0 +1,68 @@
+"""`cerberus-hf export`: what the written checkpoints hold. That speculators loads the EAGLE-3 export and computes the
+same logits is checked against the library itself by scripts/check_speculators_export.py (it needs an environment of
+its own: speculators 0.9 requires transformers <= 5.19)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cerberus_hf.tools import cli
+from cerberus_hf.tools.export import export_speculators, export_vllm_medusa
+from helpers import fresh_model, randomize_heads
+
+
+def test_speculators_export_maps_the_draft_vocabulary_by_token_id(tmp_path):
+    model = fresh_model("llama", "eagle3", num_heads=3)
+    randomize_heads(model, seed=2, std=0.2)
+    vocab = torch.tensor([40, 3, 77, 12, 5])
+    model.set_draft_vocab(vocab)
+    export_speculators(model, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    tensors = load_file(tmp_path / "out" / "model.safetensors")
+    rows = torch.sort(vocab).values
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 5
+    assert config["eagle_aux_hidden_state_layer_ids"] == model.config.feature_layers
+    assert config["norm_before_residual"] is False and config["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert torch.equal(tensors["d2t"] + torch.arange(5), rows) and tensors["d2t"].dtype == torch.int64
+    assert tensors["t2d"].dtype == torch.bool and torch.equal(tensors["t2d"].nonzero()[:, 0], rows)
+    torch.testing.assert_close(tensors["lm_head.weight"], model.base.get_output_embeddings().weight[rows])
+    torch.testing.assert_close(tensors["fc.weight"], model.heads.fc.weight)
+    torch.testing.assert_close(tensors["layers.0.input_layernorm.weight"], model.heads.layer.embed_norm.weight)
+    torch.testing.assert_close(tensors["layers.0.hidden_norm.weight"], model.heads.layer.hidden_norm.weight)
+    assert tensors["layers.0.self_attn.k_proj.weight"].shape == (model.heads.layer.kv_width, 2 * model.config.hidden_size)
+
+
+def test_vllm_medusa_export_and_the_families_no_engine_runs(tmp_path):
+    model = fresh_model("llama", "medusa", num_heads=2, num_layers=2)
+    randomize_heads(model, seed=3, std=0.2)
+    model.set_draft_vocab(torch.tensor([7, 1, 50]))
+    export_vllm_medusa(model, tmp_path / "medusa")
+    config = json.loads((tmp_path / "medusa" / "config.json").read_text())
+    tensors = load_file(tmp_path / "medusa" / "model.safetensors")
+    assert config == {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": 32, "vocab_size": 96,
+                      "num_heads": 2, "num_hidden_layers": 2, "medusa_fc_bias": True,
+                      "base_model_name_or_path": model.config.base_model_name_or_path, "truncated_vocab_size": 3}
+    assert sorted(tensors) == sorted([f"blocks.{h}.layers.{i}.{p}" for h in range(2) for i in range(2)
+                                      for p in ("weight", "bias")] + ["lm_heads.0.weight", "lm_heads.1.weight",
+                                                                      "token_map"])
+    torch.testing.assert_close(tensors["blocks.1.layers.0.bias"], model.heads.blocks[1][0].linear.bias)
+    torch.testing.assert_close(tensors["lm_heads.0.weight"], model.base.get_output_embeddings().weight[[7, 1, 50]])
+    for head_type in ("hydra", "cerberus"):
+        with pytest.raises(ValueError, match="no serving engine"):
+            export_vllm_medusa(fresh_model("llama", head_type), tmp_path / head_type)
+        assert not (tmp_path / head_type).exists()
+    with pytest.raises(ValueError, match="writes EAGLE-3 heads"):
+        export_speculators(model, tmp_path / "nothing")
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_export_cli_refuses_a_folder_that_holds_files(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    assert cli.main(["export", "--format", "speculators", str(tmp_path / "heads"), str(tmp_path / "out")]) == 2
+    assert "is not an empty folder" in capsys.readouterr().err
