@@ -609,6 +609,16 @@ def test_killed_eagle3_run_resumes_to_the_same_weights(base, data_path, cache_di
     assert heads_equal(resumed, uninterrupted)
 
 
+def test_every_epoch_has_the_same_batches_in_its_own_order():
+    from cerberus_hf.training.chain_trainer import epoch_groups
+
+    lengths = [(7 * i) % 23 + 3 for i in range(40)]
+    epochs = [epoch_groups(list(range(40)), lengths, 64, seed=0, epoch=e) for e in range(3)]
+    assert all(sorted(map(sorted, groups)) == sorted(map(sorted, epochs[0])) for groups in epochs)
+    assert epochs[0] != epochs[1] and sorted(i for group in epochs[0] for i in group) == list(range(40))
+    assert all(max(lengths[i] for i in group) * len(group) <= 64 for group in epochs[0])
+
+
 def test_eagle3_features_are_cached_once_and_resume_after_a_kill(base, data_path, tmp_path, monkeypatch):
     from cerberus_hf.drafters.eagle3 import capture_features
     from cerberus_hf.training import sequence_trainer

@@ -161,6 +161,16 @@ def group_by_tokens(members: list[int], lengths: list[int], batch_tokens: int) -
     return groups
 
 
+def epoch_groups(members: list[int], lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """One epoch's batches: ``members`` grouped once by length (`group_by_tokens` over them sorted, so little of a batch
+    is padding), the groups then in an order fixed by ``seed`` and ``epoch``. Every epoch has the same groups, so the
+    same number of steps (grouping records shuffled anew each epoch changed it, and an epoch shorter than the first
+    ran out of batches)."""
+    groups = group_by_tokens(sorted(members, key=lambda i: (lengths[i], i)), lengths, batch_tokens)
+    order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return [groups[i] for i in order.tolist()]
+
+
 def _loss(drafter, batch: _Batch, chunk_rows: int, vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     picked = batch.adapted(drafter)
     weight = drafter.base_lm_head.weight.detach().float()
@@ -268,10 +278,8 @@ def train_chain_drafter(
 
     eval_batches = [make(g) for g in group_by_tokens(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)]
 
-    # one epoch's batches are fixed by the seed: records shuffled, then grouped in that order
     def epoch_batches(epoch: int) -> list[list[int]]:
-        order = torch.randperm(len(train_members), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        return group_by_tokens([train_members[i] for i in order.tolist()], lengths, batch_tokens)
+        return epoch_groups(train_members, lengths, batch_tokens, seed, epoch)
 
     steps_per_epoch = len(epoch_batches(0))
     total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))

@@ -40,7 +40,7 @@ from ..drafters.eagle3 import capture_features
 from ..drafters.kangaroo import first_layers
 from ..hardware import describe_device
 from . import checkpointing
-from .chain_trainer import group_by_tokens, heldout_members
+from .chain_trainer import epoch_groups, group_by_tokens, heldout_members
 from .checkpointing import METRICS_NAME, cosine_with_warmup, resume_checkpoint, save_checkpoint
 from .data import Record, frequent_tokens, read_records
 from .evaluation import outside_of, top_hits
@@ -254,9 +254,8 @@ def train_sequence_drafter(
 
     eval_groups = group_by_tokens(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)
 
-    def epoch_batches(epoch: int) -> list[list[int]]:  # fixed by the seed: records shuffled, then grouped in that order
-        order = torch.randperm(len(train_members), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        return group_by_tokens([train_members[i] for i in order.tolist()], lengths, batch_tokens)
+    def epoch_batches(epoch: int) -> list[list[int]]:
+        return epoch_groups(train_members, lengths, batch_tokens, seed, epoch)
 
     steps_per_epoch = len(epoch_batches(0))
     total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
@@ -340,7 +339,6 @@ def train_sequence_drafter(
     if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
         run_eval(state["step"])
     train_time = time.perf_counter() - train_started - eval_time
-    drafter.to(dtype=drafter_dtype)
     drafter.eval()
     if vocab is not None:  # trained to rank these tokens only: draft among them
         model.set_draft_vocab(vocab, trained=True)
@@ -358,6 +356,7 @@ def train_sequence_drafter(
         "history": state["history"], "evals": state["evals"],
     }
     output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
+    model.save_pretrained(output_dir)  # in float32 whatever the base's dtype: the folder serves every dtype
+    drafter.to(dtype=drafter_dtype)
     (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics
