@@ -1,4 +1,4 @@
-"""cerberus-hf: draft heads (Cerberus, Medusa, Hydra, Clover, Kangaroo) that make Hugging Face decoders generate
+"""cerberus-hf: draft heads (Cerberus, Medusa, Hydra, Clover, Kangaroo, EAGLE-3) that make Hugging Face decoders generate
 faster, with the same output (`CerberusForCausalLM`; docs/architecture.md for the layout)."""
 
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -8,7 +8,7 @@ from .configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .decoding.gate import EntropyGate, entropy
 from .decoding.settings import DecodingSettings
 from .drafters import (
-    CerberusDrafter, CloverDrafter, Drafter, HydraDrafter, KangarooDrafter, MedusaDrafter, build_drafter,
+    CerberusDrafter, CloverDrafter, Drafter, Eagle3Drafter, HydraDrafter, KangarooDrafter, MedusaDrafter, build_drafter,
 )
 from .modeling_cerberus import CerberusForCausalLM
 from .decoding.stats import GenerationStats
@@ -16,7 +16,7 @@ from .decoding.stats import GenerationStats
 AutoConfig.register(CerberusConfig.model_type, CerberusConfig, exist_ok=True)
 AutoModelForCausalLM.register(CerberusConfig, CerberusForCausalLM, exist_ok=True)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "HEAD_TYPES",
@@ -27,6 +27,7 @@ __all__ = [
     "CloverDrafter",
     "DecodingSettings",
     "Drafter",
+    "Eagle3Drafter",
     "HydraDrafter",
     "KangarooDrafter",
     "EntropyGate",

@@ -62,7 +62,7 @@ from .errors import check_int
 from .hardware import HardwareKey, bf16_matmul, select_calibration
 from .loading import check_calibration, read_heads
 from .module_views import module_view
-from .remote_code import CUSTOM_GENERATE_CODE, copied_code, write_loading_code
+from .remote_code import copied_code, custom_generate_code, write_loading_code
 
 logger = logging.get_logger(__name__)
 _thread_stats = threading.local()  # per thread: each model's latest generate() statistics
@@ -205,7 +205,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         os.makedirs(save_directory, exist_ok=True)
         self.config.architectures = [type(self).__name__]
         self.config.save_pretrained(save_directory)
-        write_loading_code(save_directory, CUSTOM_GENERATE_CODE)  # the stubs came with the config
+        write_loading_code(save_directory, custom_generate_code(self.config.head_type))  # the stubs came with the config
         self.generation_config.save_pretrained(save_directory)
         save_heads_state_dict(self.heads.state_dict(), save_directory)
         if self.ngram is not None:

@@ -77,6 +77,18 @@ _COPIED_MODULE = re.compile(
 )
 
 
+# The first release that runs each head type, where it is later than `REQUIRES`'s.
+FIRST_RELEASE = {"eagle3": "0.3.0"}
+
+
+def custom_generate_code(head_type: str) -> dict[str, str]:
+    """`CUSTOM_GENERATE_CODE` for a folder of ``head_type`` heads: its requirements name the first release that runs
+    them."""
+    if head_type not in FIRST_RELEASE:
+        return CUSTOM_GENERATE_CODE
+    return {**CUSTOM_GENERATE_CODE, "custom_generate/requirements.txt": f"cerberus-hf>={FIRST_RELEASE[head_type]}\n"}
+
+
 def write_loading_code(folder: str | os.PathLike, files: dict[str, str] = LOADING_CODE) -> list[Path]:
     """Write ``files`` (by default the two stub modules, whose ``auto_map`` is `AUTO_MAP`, which the config writes;
     `CUSTOM_GENERATE_CODE` for the ``custom_generate/`` folder) into ``folder``; returns the paths written."""

@@ -120,6 +120,7 @@ def test_saved_heads_load_with_their_layers_and_draft_the_same(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base)
     assert loaded.config.feature_layers == model.config.feature_layers
+    assert (tmp_path / "custom_generate" / "requirements.txt").read_text() == "cerberus-hf>=0.3.0\n"  # the first to run it
     for (name, mine), theirs in zip(model.heads.state_dict().items(), loaded.heads.state_dict().values()):
         assert torch.equal(mine, theirs), name
     prompt = reference("llama")[:, :8]

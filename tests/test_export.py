@@ -66,3 +66,26 @@ def test_export_cli_refuses_a_folder_that_holds_files(tmp_path, capsys):
     (tmp_path / "out" / "keep.txt").write_text("mine")
     assert cli.main(["export", "--format", "speculators", str(tmp_path / "heads"), str(tmp_path / "out")]) == 2
     assert "is not an empty folder" in capsys.readouterr().err
+
+
+def test_vllm_medusa_export_drafts_what_the_heads_draft_in_vllms_arithmetic(tmp_path):
+    """vLLM's Medusa (vllm/model_executor/models/medusa.py, read at commit 01dbb08): each head is ``x = x +
+    SiLU(layer(x))`` over its layers, then its ``lm_heads.{h}`` over the truncated vocabulary, the logits scattered to
+    ``token_map``'s ids, and the top-1 proposed. Replayed here on the export, it proposes each head's own top-1."""
+    model = fresh_model("llama", "medusa", num_heads=3, num_layers=2)
+    randomize_heads(model, seed=4, std=0.3)
+    model.set_draft_vocab(torch.tensor([9, 40, 2, 71, 15, 33, 60]))
+    export_vllm_medusa(model, tmp_path / "medusa")
+    tensors = load_file(tmp_path / "medusa" / "model.safetensors")
+    hidden = torch.randn(5, 32)
+    for h in range(3):
+        x = hidden
+        for i in range(2):
+            x = x + torch.nn.functional.silu(torch.nn.functional.linear(
+                x, tensors[f"blocks.{h}.layers.{i}.weight"], tensors[f"blocks.{h}.layers.{i}.bias"]))
+        logits = torch.full((5, 96), float("-inf"))
+        logits[:, tensors["token_map"]] = x @ tensors[f"lm_heads.{h}.weight"].T
+        with torch.no_grad():
+            ours = model.heads.token_ids(model.heads.draft_level(h, hidden, torch.zeros(5, h + 1, dtype=torch.long),
+                                                                 None)[1].argmax(-1))
+        assert torch.equal(logits.argmax(-1), ours)

@@ -210,7 +210,7 @@ def gemma3():
 # A second real architecture, all in the slow tail (`make test-slow`; CI runs it): the tiny suite covers sliding
 # windows (gemma2, mistral) in `make test`.
 @pytest.mark.slow
-@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "kangaroo", "clover"])
+@pytest.mark.parametrize("head_type", ["medusa", "cerberus", "hydra", "kangaroo", "clover", "eagle3"])
 def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, head_type):
     """A second real architecture (Gemma 3: sliding-window layers, 262k vocabulary): random heads (every
     draft rejected) and oracle heads (most drafts accepted, on a tree) both give the base's greedy output."""

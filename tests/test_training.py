@@ -610,7 +610,7 @@ def test_killed_eagle3_run_resumes_to_the_same_weights(base, data_path, cache_di
 
 
 def test_every_epoch_has_the_same_batches_in_its_own_order():
-    from cerberus_hf.training.chain_trainer import epoch_groups
+    from cerberus_hf.training.sequences import epoch_groups
 
     lengths = [(7 * i) % 23 + 3 for i in range(40)]
     epochs = [epoch_groups(list(range(40)), lengths, 64, seed=0, epoch=e) for e in range(3)]

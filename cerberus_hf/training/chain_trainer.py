@@ -14,8 +14,8 @@ prompt and the answer so far), so it trains on sequences, not on independent pos
    never trained on, and held-out accuracy is measured on the base's own answers.
 3. The loss goes through `trainer.projection_loss`, in row chunks, as the heads' does.
 
-Runs are deterministic under a seed and resumable: every ``save_every`` steps the heads trainer's
-`trainer.save_checkpoint` writes the adapter, AdamW, the schedule and the RNG states under
+Runs are deterministic under a seed and resumable (`sequences.run_training`, shared with EAGLE-3's trainer): every
+``save_every`` steps `checkpointing.save_checkpoint` writes the adapter, AdamW, the schedule and the RNG states under
 ``output_dir/checkpoints/step-N``, tensors in safetensors and the rest in JSON; the same command continues from the
 last one. Nothing there is a pickle, so resuming from a folder of unknown origin cannot run code
 (`trainer.resume_checkpoint` refuses a folder that holds one).
@@ -26,11 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,28 +38,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..drafters.kangaroo import capture_exit_states, first_layers
-from ..hardware import describe_device
-from . import (
-    checkpointing,  # its on_step_end is looked up at each step (tests replace it)
-)
-from .checkpointing import (
-    METRICS_NAME,
-    cosine_with_warmup,
-    resume_checkpoint,
-    save_checkpoint,
-)
-from .data import Record, frequent_tokens, read_records
+from .data import Record
 from .evaluation import outside_of, top_hits
-from .hidden_cache import (
-    base_fingerprint,
-    batches_by_length,
-    build_hidden_cache,
-    default_cache_dir,
-    record_sequence,
-    right_padded,
-    split_record_ids,
-)
+from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
+from .sequences import load_sequences, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -101,15 +83,6 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
     return out
 
 
-def heldout_members(records: Sequence[Record], answers: Sequence[int], held_out: set[str],
-                    members: Iterable[int] | None = None) -> list[int]:
-    """The indices (among ``members``, default all) of the records a chain drafter is scored on: held out,
-    with answer tokens left after truncation, and the base's own answers (a text record's tokens are not what
-    decoding meets)."""
-    chosen = range(len(records)) if members is None else members
-    return [i for i in chosen if records[i].id in held_out and answers[i] > 0 and records[i].mode != "text"]
-
-
 class _Batch:
     """A batch of sequences: padded exited states and, per answer position, its place and target."""
 
@@ -145,30 +118,6 @@ class _Batch:
     def adapted(self, drafter) -> torch.Tensor:
         """The adapter's outputs ``[rows, hidden]`` at the batch's answer positions (teacher-forced)."""
         return drafter.adapt(self.states)[self.rows, self.cols]
-
-
-def group_by_tokens(members: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Consecutive groups of ``members`` whose padded size stays within ``batch_tokens`` (one at least)."""
-    groups, current, width = [], [], 0
-    for i in members:
-        if current and max(width, lengths[i]) * (len(current) + 1) > batch_tokens:
-            groups.append(current)
-            current, width = [], 0
-        current.append(i)
-        width = max(width, lengths[i])
-    if current:
-        groups.append(current)
-    return groups
-
-
-def epoch_groups(members: list[int], lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """One epoch's batches: ``members`` grouped once by length (`group_by_tokens` over them sorted, so little of a batch
-    is padding), the groups then in an order fixed by ``seed`` and ``epoch``. Every epoch has the same groups, so the
-    same number of steps (grouping records shuffled anew each epoch changed it, and an epoch shorter than the first
-    ran out of batches)."""
-    groups = group_by_tokens(sorted(members, key=lambda i: (lengths[i], i)), lengths, batch_tokens)
-    order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-    return [groups[i] for i in order.tolist()]
 
 
 def _loss(drafter, batch: _Batch, chunk_rows: int, vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,134 +188,39 @@ def train_chain_drafter(
     started = time.perf_counter()
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
-    if not 0.0 <= distill_weight <= 1.0:
-        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     if accelerator.num_processes > 1:
         raise ValueError("Training a chain drafter runs in one process.")
-    output_dir = Path(output_dir)
-    drafter = model.heads
-    device = accelerator.device
+    drafter, device = model.heads, accelerator.device
     model.base.to(device)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if max_seq_len is None:
         max_seq_len = getattr(model.base.config, "max_position_embeddings", None)
-    paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
-    records = [r for path in paths for r in read_records(path)]
-    if len({(r.id, r.mode) for r in records}) != len(records):
-        raise ValueError("a (prompt id, mode) pair appears more than once; combine files whose prompt ids are distinct")
-
     cache_started = time.perf_counter()
-    states = exit_states(model.base, records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress)
-    answers = [record_sequence(r, max_seq_len)[1] for r in records]  # answer tokens kept per record
-    teacher = None
-    if distill_weight > 0:
-        cache = build_hidden_cache(model.base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
-                                   show_progress=show_progress)
-        teacher = {"ids": cache.teacher_ids, "logprobs": cache.teacher_logprobs, "offsets": cache.record_offsets}
+    data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
+                          distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
+                          show_progress=show_progress)
+    states = exit_states(model.base, data.records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress)
     cache_time = time.perf_counter() - cache_started
 
-    held_out = split_record_ids([r.id for r in records], eval_fraction)
-    train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i] > 0]
-    eval_members = heldout_members(records, answers, held_out)
-    if not train_members:
-        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
-    lengths = [s.shape[0] for s in states]
-
     def make(members: list[int]) -> _Batch:
-        return _Batch(members, states, answers, records, teacher, distill_weight, device)
+        return _Batch(members, states, data.answers, data.records, data.teacher, distill_weight, device)
 
-    eval_batches = [make(g) for g in group_by_tokens(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)]
+    def batch_loss(batch: _Batch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
+        losses, correct = _loss(drafter, batch, chunk_rows, vocab)
+        return losses.mean(), {"top1": round(correct.float().mean().item(), 5)}, int(losses.numel())
 
-    def epoch_batches(epoch: int) -> list[list[int]]:
-        return epoch_groups(train_members, lengths, batch_tokens, seed, epoch)
-
-    steps_per_epoch = len(epoch_batches(0))
-    total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
     run_config = {"head_type": model.config.head_type, "exit_layer": drafter.exit_layer,
                   "adapter_heads": model.config.adapter_heads, "adapter_head_dim": model.config.adapter_head_dim,
                   "lr": lr, "batch_tokens": batch_tokens, "warmup_ratio": warmup_ratio,
                   "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
-                  "seed": seed, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
-                  "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len,
-                  "train_vocab": train_vocab}
-    vocab = frequent_tokens(records, train_vocab).to(device) if train_vocab else None
-
-    drafter_dtype = drafter.dtype
-    drafter.to(device=device, dtype=torch.float32)
-    drafter.train()
-    optimizer = torch.optim.AdamW(drafter.adapter.parameters(), lr=lr)
-    scheduler = cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
-    adapter, optimizer = accelerator.prepare(drafter.adapter, optimizer)
-
-    state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
-    saved = resume_checkpoint(accelerator, output_dir, run_config, resume, drafter.adapter, optimizer, scheduler)
-    if saved is not None:
-        state = saved
-
-    progress = tqdm(total=total_steps, initial=state["step"], unit="step", desc="training the kangaroo adapter",
-                    disable=not show_progress, dynamic_ncols=True)
-    train_started, time_before = time.perf_counter(), state["train_time_s"]
-    eval_time = 0.0
-    epoch_cache: tuple[int, list[list[int]]] = (-1, [])
-
-    def run_eval(step: int) -> None:
-        nonlocal eval_time
-        t0 = time.perf_counter()
-        if eval_batches:
-            result = {"step": step, **evaluate_adapter(drafter, eval_batches, chunk_rows, vocab)}
-            state["evals"].append(result)
-            progress.write(f"step {step}: held-out top-1 {result['top1']:.3f} top-5 {result['top5']:.3f}")
-        eval_time += time.perf_counter() - t0
-
-    while state["step"] < total_steps:
-        epoch, index = divmod(state["step"], steps_per_epoch)
-        if epoch_cache[0] != epoch:
-            epoch_cache = (epoch, epoch_batches(epoch))
-        batch = make(epoch_cache[1][index])
-        losses, correct = _loss(drafter, batch, chunk_rows, vocab)
-        loss = losses.mean()
-        accelerator.backward(loss)
-        if max_grad_norm:
-            accelerator.clip_grad_norm_(adapter.parameters(), max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        state["step"] += 1
-        step = state["step"]
-        entry = {"step": step, "loss": round(loss.item(), 6), "top1": round(correct.float().mean().item(), 5),
-                 "lr": scheduler.get_last_lr()[0]}
-        state["history"].append(entry)
-        progress.set_postfix(loss=f"{entry['loss']:.3f}", top1=f"{entry['top1']:.2f}")
-        progress.update(1)
-        if eval_every and step % eval_every == 0 and step != total_steps:
-            run_eval(step)
-        if step % save_every == 0 or step == total_steps:
-            state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
-            save_checkpoint(accelerator, output_dir, step, state, 2, drafter.adapter, optimizer, scheduler)
-        checkpointing.on_step_end(step)
-    progress.close()
-    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
-        run_eval(state["step"])
-    train_time = time.perf_counter() - train_started - eval_time
-    drafter.to(dtype=drafter_dtype)
-    drafter.eval()
-    if vocab is not None:  # trained to rank these tokens only: draft among them
-        model.set_draft_vocab(vocab, trained=True)
-    final = state["evals"][-1] if state["evals"] else None
-    metrics = {
-        "top1": [final["top1"]] if final else None, "top5": [final["top5"]] if final else None,
-        "eval": final, "steps": state["step"], "epochs": round(state["step"] / steps_per_epoch, 4),
-        "config": run_config,
-        "data": {"path": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], "records": len(records), "held_out_records": len(held_out),
-                 "train_positions": sum(answers[i] for i in train_members),
-                 "eval_positions": sum(answers[i] for i in eval_members)},
-        "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),
-                 "train_time_s": round(train_time, 3), "train_time_s_total": round(time_before + train_time, 3),
-                 "eval_time_s": round(eval_time, 3), "device": describe_device(device)},
-        "history": state["history"], "evals": state["evals"],
-    }
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
-    return metrics
+                  "seed": seed, "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction,
+                  "max_seq_len": max_seq_len, "train_vocab": train_vocab}
+    return run_training(
+        model, drafter.adapter, data, Path(output_dir), make_batch=make, batch_loss=batch_loss,
+        evaluate=lambda batches, vocab: evaluate_adapter(drafter, batches, chunk_rows, vocab),
+        describe=lambda result: f"held-out top-1 {result['top1']:.3f} top-5 {result['top5']:.3f}",
+        run_config=run_config, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed,
+        max_steps=max_steps, max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every,
+        train_vocab=train_vocab, betas=(0.9, 0.999), accelerator=accelerator, started=started, cache_time=cache_time,
+        desc="training the kangaroo adapter", resume=resume, show_progress=show_progress)

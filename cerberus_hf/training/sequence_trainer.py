@@ -17,7 +17,7 @@ The drafter's layer attends over whole sequences, so it trains on sequences, as 
 
 Held-out accuracy per depth (`evaluate_unrolled`) is step ``j``'s top-1 on the base's own answers, comparable to the
 heads' per-head accuracy (head ``k`` given the true tokens above it). Runs are deterministic under a seed and
-resumable through `checkpointing` (no pickle anywhere).
+resumable (`sequences.run_training`, shared with Kangaroo's trainer; no pickle anywhere).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -38,17 +37,11 @@ from tqdm.auto import tqdm
 
 from ..drafters.eagle3 import capture_features
 from ..drafters.kangaroo import first_layers
-from ..hardware import describe_device
-from . import checkpointing
-from .chain_trainer import epoch_groups, group_by_tokens, heldout_members
-from .checkpointing import METRICS_NAME, cosine_with_warmup, resume_checkpoint, save_checkpoint
-from .data import Record, frequent_tokens, read_records
+from .data import Record
 from .evaluation import outside_of, top_hits
-from .hidden_cache import (
-    base_fingerprint, batches_by_length, build_hidden_cache, default_cache_dir, record_sequence, right_padded,
-    split_record_ids,
-)
+from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
+from .sequences import load_sequences, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -208,8 +201,6 @@ def train_sequence_drafter(
     started = time.perf_counter()
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
-    if not 0.0 <= distill_weight <= 1.0:
-        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
     if isinstance(compute_dtype, str):
         compute_dtype = getattr(torch, compute_dtype)
     if compute_dtype not in (torch.float32, torch.bfloat16):
@@ -220,143 +211,52 @@ def train_sequence_drafter(
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     device = accelerator.device
     model.base.to(device)
-    output_dir = Path(output_dir)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if max_seq_len is None:
         max_seq_len = getattr(model.base.config.get_text_config(), "max_position_embeddings", None)
-    paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
-    records = [r for path in paths for r in read_records(path)]
-    if len({(r.id, r.mode) for r in records}) != len(records):
-        raise ValueError("a (prompt id, mode) pair appears more than once; combine files whose prompt ids are distinct")
-
     cache_started = time.perf_counter()
-    features, starts = sequence_features(model.base, records, drafter.feature_layers, cache_dir, max_seq_len,
+    data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
+                          distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
+                          show_progress=show_progress, min_answer=2)  # depth 0 targets the second answer token
+    features, starts = sequence_features(model.base, data.records, drafter.feature_layers, cache_dir, max_seq_len,
                                          show_progress=show_progress)
-    sequences = [record_sequence(r, max_seq_len)[0] for r in records]
-    answers = [record_sequence(r, max_seq_len)[1] for r in records]
-    teacher = None
-    if distill_weight > 0:
-        cache = build_hidden_cache(model.base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
-                                   show_progress=show_progress)
-        teacher = {"ids": cache.teacher_ids, "logprobs": cache.teacher_logprobs, "offsets": cache.record_offsets}
     cache_time = time.perf_counter() - cache_started
-
     steps = drafter.num_heads
-    held_out = split_record_ids([r.id for r in records], eval_fraction)
-    train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i] > 1]
-    eval_members = heldout_members(records, answers, held_out)
-    if not train_members:
-        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
-    lengths = [len(s) for s in sequences]
+    weights = [step_weight_decay ** j for j in range(steps)]
+    projection, bias = (t.to(compute_dtype) if t is not None else None for t in _projection(drafter))
+    autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
 
     def make(members: list[int]) -> _Batch:
-        return _Batch(members, features, starts, sequences, answers, steps, teacher, distill_weight, device)
+        return _Batch(members, features, starts, data.sequences, data.answers, steps, data.teacher, distill_weight,
+                      device)
 
-    eval_groups = group_by_tokens(sorted(eval_members, key=lengths.__getitem__), lengths, batch_tokens)
+    def batch_loss(batch: _Batch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
+        with autocast:
+            outputs = batch.outputs(drafter)
+        total, hits, scored = 0.0, [], 0
+        for j, (picked, (_, _, target_ids, target_probs, labels)) in enumerate(zip(outputs, batch.targets)):
+            if not labels.numel():
+                continue
+            losses, correct = projection_loss(picked.to(compute_dtype), projection, target_ids, target_probs, labels,
+                                              bias=bias, chunk_rows=chunk_rows, vocab=vocab)
+            total = total + weights[j] * losses.mean()
+            hits.append(round(correct.float().mean().item(), 5))
+            scored += labels.numel()
+        return total, {"top1": hits}, scored
 
-    def epoch_batches(epoch: int) -> list[list[int]]:
-        return epoch_groups(train_members, lengths, batch_tokens, seed, epoch)
-
-    steps_per_epoch = len(epoch_batches(0))
-    total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
     run_config = {"head_type": model.config.head_type, "num_heads": steps, "feature_layers": drafter.feature_layers,
                   "adapter_heads": model.config.adapter_heads, "adapter_head_dim": model.config.adapter_head_dim,
                   "adapter_kv_heads": model.config.adapter_kv_heads, "lr": lr, "batch_tokens": batch_tokens,
                   "warmup_ratio": warmup_ratio, "step_weight_decay": step_weight_decay,
                   "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
-                  "seed": seed, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
-                  "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len,
-                  "train_vocab": train_vocab, "compute_dtype": str(compute_dtype).replace("torch.", "")}
-    vocab = frequent_tokens(records, train_vocab).to(device) if train_vocab else None
-    weights = [step_weight_decay ** j for j in range(steps)]
-
-    drafter_dtype = drafter.dtype
-    drafter.to(device=device, dtype=torch.float32)
-    drafter.train()
-    trained = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.95))
-    scheduler = cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
-    optimizer = accelerator.prepare(optimizer)
-
-    state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
-    saved = resume_checkpoint(accelerator, output_dir, run_config, resume, drafter, optimizer, scheduler)
-    if saved is not None:
-        state = saved
-    weight, bias = (t.to(compute_dtype) if t is not None else None for t in _projection(drafter))
-    autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
-    eval_batches: list[_Batch] | None = None
-    progress = tqdm(total=total_steps, initial=state["step"], unit="step", desc="training the eagle3 drafter",
-                    disable=not show_progress, dynamic_ncols=True)
-    train_started, time_before, eval_time, positions = time.perf_counter(), state["train_time_s"], 0.0, 0
-    epoch_cache: tuple[int, list[list[int]]] = (-1, [])
-
-    def run_eval(step: int) -> None:
-        nonlocal eval_time, eval_batches
-        t0 = time.perf_counter()
-        if eval_batches is None:
-            eval_batches = [make(g) for g in eval_groups]
-        if eval_batches:
-            result = {"step": step, **evaluate_unrolled(drafter, eval_batches, chunk_rows, vocab)}
-            state["evals"].append(result)
-            progress.write(f"step {step}: held-out top-1 per depth " + " ".join(f"{v:.3f}" for v in result["top1"]))
-        eval_time += time.perf_counter() - t0
-
-    while state["step"] < total_steps:
-        epoch, index = divmod(state["step"], steps_per_epoch)
-        if epoch_cache[0] != epoch:
-            epoch_cache = (epoch, epoch_batches(epoch))
-        batch = make(epoch_cache[1][index])
-        total, hits = 0.0, []
-        with autocast:
-            outputs = batch.outputs(drafter)
-        for j, (picked, (_, _, target_ids, target_probs, labels)) in enumerate(zip(outputs, batch.targets)):
-            if not labels.numel():
-                continue
-            losses, correct = projection_loss(picked.to(compute_dtype), weight, target_ids, target_probs, labels,
-                                              bias=bias, chunk_rows=chunk_rows, vocab=vocab)
-            total = total + weights[j] * losses.mean()
-            hits.append(round(correct.float().mean().item(), 5))
-            positions += labels.numel()
-        accelerator.backward(total)
-        if max_grad_norm:
-            accelerator.clip_grad_norm_(trained, max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        state["step"] += 1
-        step = state["step"]
-        entry = {"step": step, "loss": round(float(total.detach()), 6), "top1": hits, "lr": scheduler.get_last_lr()[0]}
-        state["history"].append(entry)
-        progress.set_postfix(loss=f"{entry['loss']:.3f}", top1=hits[0] if hits else None)
-        progress.update(1)
-        if eval_every and step % eval_every == 0 and step != total_steps:
-            run_eval(step)
-        if step % save_every == 0 or step == total_steps:
-            state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
-            save_checkpoint(accelerator, output_dir, step, state, 2, drafter, optimizer, scheduler)
-        checkpointing.on_step_end(step)
-    progress.close()
-    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
-        run_eval(state["step"])
-    train_time = time.perf_counter() - train_started - eval_time
-    drafter.eval()
-    if vocab is not None:  # trained to rank these tokens only: draft among them
-        model.set_draft_vocab(vocab, trained=True)
-    final = state["evals"][-1] if state["evals"] else None
-    metrics = {
-        "top1": final["top1"] if final else None, "top5": final["top5"] if final else None, "eval": final,
-        "steps": state["step"], "epochs": round(state["step"] / steps_per_epoch, 4), "config": run_config,
-        "data": {"path": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths], "records": len(records),
-                 "held_out_records": len(held_out), "train_positions": sum(answers[i] for i in train_members),
-                 "eval_positions": sum(answers[i] for i in eval_members)},
-        "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),
-                 "train_time_s": round(train_time, 3), "train_time_s_total": round(time_before + train_time, 3),
-                 "eval_time_s": round(eval_time, 3), "positions_per_s": round(positions / train_time, 1)
-                 if positions and train_time > 0 else None, "device": describe_device(device)},
-        "history": state["history"], "evals": state["evals"],
-    }
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)  # in float32 whatever the base's dtype: the folder serves every dtype
-    drafter.to(dtype=drafter_dtype)
-    (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
-    return metrics
+                  "seed": seed, "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction,
+                  "max_seq_len": max_seq_len, "train_vocab": train_vocab,
+                  "compute_dtype": str(compute_dtype).replace("torch.", "")}
+    return run_training(
+        model, drafter, data, Path(output_dir), make_batch=make, batch_loss=batch_loss,
+        evaluate=lambda batches, vocab: evaluate_unrolled(drafter, batches, chunk_rows, vocab),
+        describe=lambda result: "held-out top-1 per depth " + " ".join(f"{v:.3f}" for v in result["top1"]),
+        run_config=run_config, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed,
+        max_steps=max_steps, max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every,
+        train_vocab=train_vocab, betas=(0.9, 0.95), accelerator=accelerator, started=started, cache_time=cache_time,
+        desc="training the eagle3 drafter", resume=resume, show_progress=show_progress)
