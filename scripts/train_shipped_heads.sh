@@ -20,15 +20,16 @@ HEADS_FULL=${HEADS_FULL:-benchmarks/mt_bench_heads_full_data_cpu/mt_bench_heads_
 HYDRA_TREES=${HYDRA_TREES:-benchmarks/mt_bench_hydra_full_data_bf16_amx_cpu/mt_bench_hydra_full_data_bf16_amx_cpu}  # Hydra retrained on 2.05M tokens: heads only, bf16
 HYDRA_FULL=${HYDRA_FULL:-benchmarks/mt_bench_hydra_full_data_default_bf16_amx_cpu/mt_bench_hydra_full_data_default_bf16_amx_cpu}  # ... and its default (the card's), bf16
 CLOVER_FULL=${CLOVER_FULL:-benchmarks/mt_bench_clover_full_data_bf16_amx_cpu/mt_bench_clover_full_data_bf16_amx_cpu}  # Clover retrained on 2.05M tokens: trees and default, bf16, 10 prompts
+EAGLE3=${EAGLE3:-benchmarks/mt_bench_eagle3_bf16_amx_cpu/mt_bench_eagle3_bf16_amx_cpu}  # EAGLE-3 beside Hydra and Clover, bf16
 LMRESCORING=${LMRESCORING:-benchmarks/mt_bench_lm_rescoring_cpu/mt_bench_lm_rescoring_cpu}  # Medusa's lattice rescored by the n-gram, the Kangaroo LM, both
 LMHEADS=${LMHEADS:-/tmp/medusa-lm-rescorer}  # a copy of the Medusa folder with the Kangaroo rescorer and its calibration
 for run in "$FAMILIES" "$RESCORING" "$KANGAROO" "$CLOVER" "$KANGAROO_FULL" "$HEADS_FULL" "$HYDRA_TREES" "$HYDRA_FULL" \
-    "$CLOVER_FULL" "$LMRESCORING"; do
+    "$CLOVER_FULL" "$LMRESCORING" "$EAGLE3"; do
   mkdir -p "$(dirname "$run")"  # one folder per run (benchmarks/README.md)
 done
 EPOCHS=${EPOCHS:-2}
 OUT=${OUT:-model_cards}   # set OUT=elsewhere to reproduce the shipped heads without overwriting them
-TYPES=${TYPES:-"medusa cerberus hydra kangaroo clover"}   # head types to train / describe
+TYPES=${TYPES:-"medusa cerberus hydra kangaroo clover eagle3"}   # head types to train / describe
 
 for step in $STEPS; do
   case $step in
@@ -50,6 +51,14 @@ for step in $STEPS; do
               $FULL --output "$folder" --epochs 3 --batch-tokens 4096 --lr 1e-2 \
               --warmup-ratio 0.05 --distill-weight 0 --eval-every 1050 --seed 0 --train-vocab 4096 --num-threads 1
             continue ;;
+          eagle3)  # training-time test over 5 steps, on both files, over 4,096 tokens (2026-11-26, an Intel Xeon with
+            # AMX: the fused states from the bf16 base, the unrolled steps under bf16 autocast)
+            cerberus-hf train --head-type eagle3 --num-heads 5 $FULL --output "$folder" --epochs 1 --lr 1e-3 \
+              --batch-tokens 8192 --train-vocab 4096 --eval-every 112 --num-threads 2 --dtype bfloat16 \
+              --compute-dtype bfloat16 --seed 0
+            python -c 'import sys; from cerberus_hf import CerberusConfig; c = CerberusConfig.from_pretrained(sys.argv[1])
+c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder"
+            continue ;;
           medusa|cerberus)  # on both files, over 4,096 tokens (2026-11-25, an AMD EPYC: fp32 projection)
             data=$FULL; extra="--train-vocab 4096 --eval-every 2000 --num-threads 2 --projection-dtype float32" ;;
           hydra|clover)  # on both files, over 4,096 tokens (2026-11-26, an Intel Xeon with AMX: bf16 projection)
@@ -67,7 +76,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
       done ;;
     ngram)    # the n-gram model that rescores the parallel heads' lattice (Medusa, Cerberus), beside the heads
       for type in $TYPES; do
-        [ "$type" = hydra ] || [ "$type" = kangaroo ] || [ "$type" = clover ] && continue
+        [ "$type" = hydra ] || [ "$type" = kangaroo ] || [ "$type" = clover ] || [ "$type" = eagle3 ] && continue
         cerberus-hf ngram --heads "$OUT/$type-smollm2-135m-instruct" $FULL
       done ;;
     calibrate)  # the device's cost curve, the trees (static, dynamic, rescored) and the gate; 4096-token draft vocabulary
@@ -86,7 +95,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
           medusa|cerberus) limit=40; trees="--rescoring-weights 0 0.5 1"; data="--data $SHAREGPT" ;;
           kangaroo) limit=100; trees=""; data="--data $SHAREGPT" ;;   # Kangaroo drafts chains
           hydra) limit=40; trees=""; data="--data $SHAREGPT"; report=calibration_cpu_amx.json ;;   # an Intel Xeon with AMX
-          clover) limit=24; trees=""; data="--data $SHAREGPT"; report=calibration_cpu_amx.json ;;
+          clover|eagle3) limit=24; trees=""; data="--data $SHAREGPT"; report=calibration_cpu_amx.json ;;
         esac
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $data \
           --limit "$limit" $trees \
@@ -100,7 +109,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         case $type in
           kangaroo) continue ;;   # drafts chains: calibrate --strict fits trees
           medusa|cerberus) args="--data $SHAREGPT --limit 24 --rescoring-weights 0 0.5 1" ;;
-          hydra|clover) args="--data $SHAREGPT --limit 24" ;;
+          hydra|clover|eagle3) args="--data $SHAREGPT --limit 24" ;;
         esac
         for strict in "" --strict; do
           cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" $args --dtype bfloat16 $strict \
@@ -172,6 +181,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
           kangaroo) bench=$KANGAROO_FULL; recorded="kangaroo full_kangaroo" ;;
           hydra) bench=$HYDRA_FULL; recorded="hydra hydra_full" ;;
           clover) bench=$CLOVER_FULL; recorded="clover clover_full" ;;
+          eagle3) bench=$EAGLE3; recorded="" ;;
         esac
         label=()
         [ -n "$recorded" ] && grep -q "\"$recorded" "$bench.json" && label=(--bench-label "$recorded")
