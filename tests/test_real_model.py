@@ -162,7 +162,7 @@ def test_strict_bfloat16_equals_plain_bfloat16_generate(smollm2, name):
 
 
 SHIPPED = ("medusa-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct", "hydra-smollm2-135m-instruct",
-           "kangaroo-smollm2-135m-instruct", "clover-smollm2-135m-instruct")
+           "kangaroo-smollm2-135m-instruct", "clover-smollm2-135m-instruct", "eagle3-smollm2-135m-instruct")
 
 
 # `make test` runs the best shipped checkpoint (Hydra); the rest is marked slow (`make test-slow`; CI runs both).

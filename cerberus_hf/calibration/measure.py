@@ -118,13 +118,14 @@ def _sequence_steps(model, context: int, new: int = 3) -> Callable[[], StepDraft
         base(input_ids=ids[:, :-1])
     state = heads.start(base, None)
     state.observe({name: value[:, :-new] for name, value in captured.items() if torch.is_tensor(value)}, None)
-    state.heads_input(ids[:, : context - new + 1], None)
+    newest = captured["hidden"][:, -1]  # what the loop hands heads_input: the state that predicted the newest token
+    state.heads_input(ids[:, : context - new + 1], captured["hidden"][:, -new - 1])
     state.observe({name: value[:, -new:] for name, value in captured.items() if torch.is_tensor(value)},
                   list(range(new)))
 
     def step() -> StepDrafts:
         current = copy.copy(state)
-        read = current.heads_input(ids, None)
+        read = current.heads_input(ids, newest)
         return StepDrafts(heads, read, int(ids[0, -1]), current.context())
 
     return step
