@@ -19,7 +19,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import cerberus_hf
-from cerberus_hf.remote_code import CUSTOM_GENERATE_CODE, LOADING_CODE
+from cerberus_hf.remote_code import LOADING_CODE, custom_generate_code
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
 from helpers import NEW_TOKENS, PROMPT_LEN, randomize_heads
 from tiny_models import DEVICE, tiny_model, tiny_tokenizer, prompt_ids
@@ -123,7 +123,8 @@ def _assert_is_the_loading_code(folder: str, custom_generate: bool = True) -> No
     """``folder`` holds the two stub modules of `remote_code` and, with ``custom_generate``, its
     ``custom_generate/`` folder, exactly, and no other code: the package's code lives in the package."""
     code = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*") if p.suffix in (".py", ".txt"))
-    expected = {**LOADING_CODE, **(CUSTOM_GENERATE_CODE if custom_generate else {})}
+    head_type = json.loads((Path(folder) / "config.json").read_text()).get("head_type", "cerberus")
+    expected = {**LOADING_CODE, **(custom_generate_code(head_type) if custom_generate else {})}
     assert code == sorted(expected)
     for name, text in expected.items():
         assert (Path(folder) / name).read_text() == text, name
