@@ -42,7 +42,7 @@ from .data import Record
 from .evaluation import outside_of, top_hits
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import load_sequences, run_training
+from .sequences import load_sequences, mixed_targets, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +104,7 @@ class _Batch:
                 teacher_rows += range(offset, offset + answer)
         self.rows, self.cols = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)
         labels = torch.tensor(labels, dtype=torch.long)
-        if teacher is not None and distill_weight > 0:
-            index = torch.tensor(teacher_rows, dtype=torch.long)
-            probs = torch.softmax(teacher["logprobs"][index].float(), dim=-1)
-            self.target_ids = torch.cat([labels[:, None], teacher["ids"][index].long()], dim=1)
-            self.target_probs = torch.cat([torch.full((len(labels), 1), 1.0 - distill_weight), distill_weight * probs], 1)
-        else:
-            self.target_ids, self.target_probs = labels[:, None], torch.ones(len(labels), 1)
+        self.target_ids, self.target_probs = mixed_targets(labels, teacher, teacher_rows, distill_weight)
         self.labels = labels.to(device)
         self.target_ids, self.target_probs = self.target_ids.to(device), self.target_probs.to(device)
         self.states, self.rows, self.cols = self.states.to(device), self.rows.to(device), self.cols.to(device)

@@ -40,7 +40,7 @@ from ..drafters.kangaroo import first_layers
 from .data import Record
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import load_sequences, run_training
+from .sequences import load_sequences, mixed_targets, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -115,13 +115,7 @@ class _Batch:
                     if teacher is not None:
                         teacher_rows.append(int(teacher["offsets"][i]) + a)
             labels = torch.tensor(labels, dtype=torch.long)
-            if teacher is not None and distill_weight > 0 and teacher_rows:
-                index = torch.tensor(teacher_rows, dtype=torch.long)
-                probs = torch.softmax(teacher["logprobs"][index].float(), dim=-1)
-                target_ids = torch.cat([labels[:, None], teacher["ids"][index].long()], dim=1)
-                target_probs = torch.cat([torch.full((len(labels), 1), 1.0 - distill_weight), distill_weight * probs], 1)
-            else:
-                target_ids, target_probs = labels[:, None], torch.ones(len(labels), 1)
+            target_ids, target_probs = mixed_targets(labels, teacher, teacher_rows, distill_weight)
             self.targets.append(tuple(t.to(device) for t in (torch.tensor(rows, dtype=torch.long),
                                                              torch.tensor(cols, dtype=torch.long),
                                                              target_ids, target_probs, labels)))

@@ -82,6 +82,19 @@ def load_sequences(base, data_path, *, cache_dir: Path, max_seq_len: int | None,
                         heldout_members(records, answers, held_out), teacher)
 
 
+def mixed_targets(labels: torch.Tensor, teacher: dict | None, teacher_rows: list[int], distill_weight: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target ids, target probabilities) of each label: the data token with weight ``1 - distill_weight`` and the
+    base's top-k distribution at ``teacher_rows`` of ``teacher`` with ``distill_weight`` (the data token alone without
+    a teacher), as `loss.projection_loss` takes them."""
+    if teacher is None or distill_weight <= 0:
+        return labels[:, None], torch.ones(len(labels), 1)
+    index = torch.tensor(teacher_rows, dtype=torch.long)
+    probs = torch.softmax(teacher["logprobs"][index].float(), dim=-1)
+    return (torch.cat([labels[:, None], teacher["ids"][index].long()], dim=1),
+            torch.cat([torch.full((len(labels), 1), 1.0 - distill_weight), distill_weight * probs], 1))
+
+
 def group_by_tokens(members: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Consecutive groups of ``members`` whose padded size stays within ``batch_tokens`` (one at least)."""
     groups, current, width = [], [], 0
