@@ -36,9 +36,8 @@ from .settings import DecodingSettings
 from .strict import strict_view
 
 
-def _check_supported(model: nn.Module, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict):
-    if input_ids.shape[0] != 1:
-        raise ValueError("The draft-verify loop decodes one sequence at a time; CerberusForCausalLM.generate splits batches.")
+def check_supported(model: nn.Module, generation_config: GenerationConfig, model_kwargs: dict) -> None:
+    """Refuse what a draft-verify loop cannot do: no KV cache, a cache it cannot roll back, per-layer outputs."""
     if not generation_config.use_cache:
         raise ValueError("Speculative decoding needs the KV cache: use_cache=False is not supported.")
     cache = handed_cache(model_kwargs)
@@ -94,6 +93,71 @@ def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None, gate: EntropyGa
     choices, flags, gated = packed[:fed], packed[fed: 2 * fed - 1], packed[2 * fed - 1:]
     nodes = [node for node, ok in enumerate(flags) if ok]  # an accepted chain, parents listed before children
     return [choices[0]] + [choices[node + 1] for node in nodes], nodes, [bool(d) for d in gated] if gate else None
+
+
+class Acceptance:
+    """Turns one verification forward's logits into emitted tokens, walking the draft tree from the root (input
+    position 0, the last token): each emitted token is picked from the base's prediction at the current node, then
+    matched against that node's children. The call's settings are fixed here once; `walk` serves every step (and,
+    in a batch, every row).
+
+    Greedy decoding with nothing to do on the host per token (no logits processor, scores, streamer or stopping
+    criterion beyond length and end of sequence) accepts the whole tree on the device and reads it once a step
+    (`_greedy_walk`); a gate on the base's own logits then decides for every fed position in the same read."""
+
+    def __init__(self, logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
+                 generation_config: GenerationConfig, typical, streamer, gate: EntropyGate):
+        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
+        self.do_sample, self.typical, self.streamer = generation_config.do_sample, typical, streamer
+        want_dict = generation_config.return_dict_in_generate
+        self.scores = () if (want_dict and generation_config.output_scores) else None
+        self.raw_logits = () if (want_dict and generation_config.output_logits) else None
+        self.host_stopping = _host_stopping(stopping_criteria)
+        self.one_read = (not self.do_sample and typical is None and len(logits_processor) == 0
+                         and self.scores is None and self.raw_logits is None and streamer is None
+                         and self.host_stopping is not None)
+        # a gate on the base's own logits decides for every fed position in the same read (None: it decides itself)
+        self.base_gate = gate if (self.one_read and gate.signal != "head_entropy"
+                                  and not (gate.always_drafts or gate.never_drafts)) else None
+
+    def walk(self, step_logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor):
+        """(``input_ids`` with the emitted tokens, the accepted nodes, whether a stopping criterion fired, the last
+        emitted token as an int (None where the host has not read it), the last position's processed scores (None
+        on the one-read path), the gate's decision at every fed position or None) for one sequence ``[1, ...]``."""
+        if self.one_read:
+            emitted, accepted, gated = _greedy_walk(step_logits, draft, self.base_gate)
+            max_length, eos = self.host_stopping
+            finished = False
+            for count, token in enumerate(emitted, start=1):
+                if token in eos or (max_length is not None and input_ids.shape[1] + count >= max_length):
+                    emitted, accepted, finished = emitted[:count], accepted[: count - 1], True
+                    break
+            input_ids = torch.cat([input_ids, input_ids.new_tensor([emitted])], dim=-1)
+            return input_ids, accepted, finished, emitted[-1], None, gated
+        draft_tokens = draft.tokens.tolist() if draft is not None else []
+        accepted, node, last_token = [], -1, None
+        while True:
+            position = node + 1
+            next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
+            next_scores = self.logits_processor(input_ids, next_logits)
+            children = draft.tree.children[node + 1] if draft is not None else []
+            next_token = pick_token(next_scores, self.do_sample, [draft_tokens[c] for c in children], self.typical)
+            input_ids = torch.cat([input_ids, next_token], dim=-1)
+            if self.scores is not None:
+                self.scores += (next_scores,)
+            if self.raw_logits is not None:
+                self.raw_logits += (next_logits,)
+            if self.streamer is not None:
+                self.streamer.put(next_token[0].cpu())
+            finished = bool(self.stopping_criteria(input_ids, next_scores).any())
+            if finished or draft is None:
+                break
+            token = last_token = next_token.item()
+            node = next((c for c in children if draft_tokens[c] == token), None)
+            if node is None:
+                break
+            accepted.append(node)
+        return input_ids, accepted, finished, last_token, next_scores, None
 
 
 def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
@@ -161,27 +225,17 @@ def speculative_generate(
     """
     typical = settings.typical if settings is not None else None
     strict_rows = settings.strict_rows if settings is not None else None
-    _check_supported(model, input_ids, generation_config, model_kwargs)
+    if input_ids.shape[0] != 1:
+        raise ValueError("This loop decodes one sequence; CerberusForCausalLM.generate batches rows (`batched`).")
+    check_supported(model, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
     cache: DynamicCache = handed_cache(model_kwargs)
-    do_sample = generation_config.do_sample
     want_dict = generation_config.return_dict_in_generate
-    scores = () if (want_dict and generation_config.output_scores) else None
-    raw_logits = () if (want_dict and generation_config.output_logits) else None
+    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, streamer,
+                            candidate_generator.gate)
     phase = phase_timer(profiler)
     # drafts are verified through a view of the base that attends strictly (the base itself stays as it is)
     strict_model = strict_view(model) if strict_rows is not None else model
-    # Greedy decoding with nothing to do per token on the host (no logits processor, scores, streamer or stopping
-    # criterion beyond length and end of sequence) accepts the whole tree on the device and reads it once a step.
-    host_stopping = _host_stopping(stopping_criteria)
-    one_read = (not do_sample and typical is None and len(logits_processor) == 0 and scores is None
-                and raw_logits is None and streamer is None and host_stopping is not None)
-    last_token: int | None = None
-    # a gate on the base's own logits decides for every fed position in the same read (None: it decides itself)
-    gate = candidate_generator.gate
-    base_gate = gate if one_read and gate.signal != "head_entropy" and not (gate.always_drafts or gate.never_drafts) \
-        else None
-    gated = None
 
     with candidate_generator.capture(model) as captured:
         candidate_generator.start(model, cache)
@@ -194,44 +248,9 @@ def speculative_generate(
         draft: Draft | None = None
         after_prefill = True  # the outputs being read are the prefill's: every position of it is kept
         while True:
-            # Walk the tree from the root (input position 0, the last token): each emitted token is picked
-            # from the base's prediction at the current node, then matched against that node's children.
             with phase("accept"):
-                if one_read:
-                    emitted, accepted, gated = _greedy_walk(step_logits, draft, base_gate)
-                    max_length, eos = host_stopping
-                    finished = False
-                    for count, token in enumerate(emitted, start=1):
-                        if token in eos or (max_length is not None and input_ids.shape[1] + count >= max_length):
-                            emitted, accepted, finished = emitted[:count], accepted[: count - 1], True
-                            break
-                    input_ids = torch.cat([input_ids, input_ids.new_tensor([emitted])], dim=-1)
-                    last_token, next_scores = emitted[-1], None
-                else:
-                    draft_tokens = draft.tokens.tolist() if draft is not None else []
-                    accepted, node, last_token = [], -1, None
-                    while True:
-                        position = node + 1
-                        next_logits = step_logits[:, position].to(
-                            copy=True, dtype=torch.float32, device=input_ids.device)
-                        next_scores = logits_processor(input_ids, next_logits)
-                        children = draft.tree.children[node + 1] if draft is not None else []
-                        next_token = pick_token(next_scores, do_sample, [draft_tokens[c] for c in children], typical)
-                        input_ids = torch.cat([input_ids, next_token], dim=-1)
-                        if scores is not None:
-                            scores += (next_scores,)
-                        if raw_logits is not None:
-                            raw_logits += (next_logits,)
-                        if streamer is not None:
-                            streamer.put(next_token[0].cpu())
-                        finished = bool(stopping_criteria(input_ids, next_scores).any())
-                        if finished or draft is None:
-                            break
-                        token = last_token = next_token.item()
-                        node = next((c for c in children if draft_tokens[c] == token), None)
-                        if node is None:
-                            break
-                        accepted.append(node)
+                input_ids, accepted, finished, last_token, next_scores, gated = acceptance.walk(
+                    step_logits, draft, input_ids)
             candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=len(accepted))
             kept = [0] + [n + 1 for n in accepted]
             if draft is not None:
@@ -261,6 +280,6 @@ def speculative_generate(
         streamer.end()
     if want_dict:
         return GenerateDecoderOnlyOutput(
-            sequences=input_ids, scores=scores, logits=raw_logits, **cache_argument(cache)
+            sequences=input_ids, scores=acceptance.scores, logits=acceptance.raw_logits, **cache_argument(cache)
         )
     return input_ids
