@@ -40,6 +40,7 @@ from .checkpoint import HEADS_WEIGHTS_NAME, resolve_file, save_heads_state_dict
 from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
 from .decoding.acceptance import TypicalAcceptance
+from .decoding.batched import batch_unsupported, batched_speculative_generate
 from .decoding.batching import pad_batch, unpadded_length_limits, unpadded_rows
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .decoding.gate import EntropyGate
@@ -428,10 +429,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if input_ids is None or input_ids.dim() != 2:
             raise ValueError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
         rows = unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
-        if any(row.shape[1] != input_ids.shape[1] for row in rows):
-            kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
         copies = effective.num_return_sequences or 1
         rows = [row for row in rows for _ in range(copies)]
+        # a batch is verified together where the base, the drafter and the settings allow (`decoding.batched`)
+        apart = batch_unsupported(self.base, self.heads, settings) if len(rows) > 1 else "one row"
+        if len(rows) > 1 and apart is not None:
+            logger.warning_once(f"cerberus-hf: this batch is decoded row by row: {apart}.")
+        if apart is not None and any(row.shape[1] != input_ids.shape[1] for row in rows):
+            kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
         kwargs["num_return_sequences"] = 1
         if len(rows) > 1 and streamer is not None:
             raise ValueError("A streamer takes one sequence: stream with batch size 1.")
@@ -444,7 +449,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         stats = GenerationStats(calibration=settings.calibration, strict_rows=strict_rows)
         profiler = StepProfiler(self.device) if profile else None
         decode = functools.partial(
-            speculative_generate,
+            speculative_generate if apart is not None else batched_speculative_generate,
             streamer=streamer,
             settings=settings,
             profiler=profiler,
@@ -460,23 +465,32 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             # passing both is deprecated from transformers 5.24 on (one warning per call)
             generation_config = copy.deepcopy(generation_config)
             kwargs = generation_config.update(**kwargs)
-        results = [
-            base.generate(
-                row,
-                generation_config=generation_config,
-                logits_processor=logits_processor,
-                stopping_criteria=stopping_criteria,
-                streamer=streamer,
-                custom_generate=decode,
-                **kwargs,
-            )
-            for row in rows
-        ]
+        if apart is None:
+            padded = input_ids.repeat_interleave(copies, dim=0)
+            mask = torch.zeros_like(padded)
+            for b, row in enumerate(rows):
+                mask[b, padded.shape[1] - row.shape[1]:] = 1
+            output = base.generate(padded, attention_mask=mask, generation_config=generation_config,
+                                   logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                                   custom_generate=decode, **kwargs)
+        else:
+            results = [
+                base.generate(
+                    row,
+                    generation_config=generation_config,
+                    logits_processor=logits_processor,
+                    stopping_criteria=stopping_criteria,
+                    streamer=streamer,
+                    custom_generate=decode,
+                    **kwargs,
+                )
+                for row in rows
+            ]
+            output = results[0] if len(results) == 1 else pad_batch(
+                input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
         if profiler is not None:
             stats.phase_seconds = profiler.close(time.perf_counter() - started)
         self.generation_stats = stats
-        output = results[0] if len(results) == 1 else pad_batch(
-            input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
         if isinstance(output, torch.Tensor):
             return output
         return CerberusGenerateOutput(**output, generation_stats=stats)

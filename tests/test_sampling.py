@@ -39,14 +39,14 @@ def base():
 PROMPT = torch.tensor([[1, 5, 7, 3]])
 
 
-def expected_pairs(base) -> torch.Tensor:
-    """P(t1, t2) under the base with the same warpers generate() applies."""
+def expected_pairs(base, prompt: torch.Tensor = PROMPT) -> torch.Tensor:
+    """P(t1, t2) after ``prompt`` under the base with the same warpers generate() applies."""
     warp = LogitsProcessorList([TemperatureLogitsWarper(TEMPERATURE), TopKLogitsWarper(TOP_K)])
     with torch.no_grad():
-        first = torch.softmax(warp(PROMPT, base(PROMPT).logits[:, -1].float()), -1)[0]
+        first = torch.softmax(warp(prompt, base(prompt).logits[:, -1].float()), -1)[0]
         table = torch.zeros(V, V, dtype=torch.float64)
         for t1 in range(V):
-            ids = torch.cat([PROMPT, torch.tensor([[t1]])], dim=1)
+            ids = torch.cat([prompt, torch.tensor([[t1]])], dim=1)
             second = torch.softmax(warp(ids, base(ids).logits[:, -1].float()), -1)[0]
             table[t1] = first[t1].double() * second.double()
     return table
@@ -120,6 +120,29 @@ def test_sampling_matches_base_distribution(base, head_type, tree):
     stat, bound = chi_square(counts, expected_pairs(base))
     assert accepted > DRAWS // 20, f"drafts were accepted only {accepted} times: the test would not test much"
     assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}: sampled pairs do not follow the base"
+
+
+@pytest.mark.parametrize("head_type", ["hydra", "eagle3"])
+def test_batched_rows_each_follow_the_base(base, head_type):
+    """Rows of different lengths sampled in one batch (`decoding.batched`): each row's pairs follow the base after that
+    row's own prompt, with drafts accepted in the same forwards as the other row's."""
+    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=1)
+    other = torch.tensor([[4, 9, 2, 6, 10, 1]])
+    ids = torch.cat([torch.cat([torch.zeros(1, 2, dtype=torch.long), PROMPT], dim=1), other])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+    counts = [torch.zeros(V, V), torch.zeros(V, V)]
+    accepted = 0
+    torch.manual_seed(0)
+    for _ in range(DRAWS // 2):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=True, temperature=TEMPERATURE,
+                             top_k=TOP_K, pad_token_id=0, **TREES["tree"])
+        for row in range(2):
+            counts[row][out[row, -3], out[row, -2]] += 1
+        accepted += model.generation_stats.accepted_draft_tokens
+    assert accepted > DRAWS // 20
+    for row, prompt in enumerate((PROMPT, other)):
+        stat, bound = chi_square(counts[row], expected_pairs(base, prompt))
+        assert stat < bound, f"row {row}: chi-square {stat:.1f} >= {bound:.1f}"
 
 
 @pytest.mark.slow  # the bound's power, checked once per CI run

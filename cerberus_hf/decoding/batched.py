@@ -1,0 +1,223 @@
+"""Batched speculative decoding: every row of a left-padded batch drafted, then verified in one forward.
+
+`generate()` prefills the padded batch as it would for plain decoding and hands over here. Each step every live row
+feeds its newest token and its own draft (a chain or a tree, of its own size); the rows are padded to the widest and
+verified together, under one 4D mask that gives each row its own past and its own tree. Each row is then walked
+exactly as the single-sequence loop walks it (`loop.Acceptance`), so it advances by its own accepted length and its
+tokens are those plain decoding picks at each of its prefixes.
+
+The base's KV cache stays one ``[batch, heads, slots, dim]`` tensor per layer. A step appends the widest row's fed
+positions; each row's accepted branch is moved to the front of its fed slots and the cache is cut after the longest
+branch, so a row that kept fewer leaves empty slots, which the mask hides from then on, as it hides left padding.
+Nothing is recomputed, and positions are each row's own token count. A row that finishes leaves the batch (its cache
+rows are dropped); the others go on.
+
+Each row keeps its own drafter state and candidate generator (tree, gate, prompt lookup). Drafting runs row by row;
+the verification forward, the costly part, is shared.
+
+What it needs (`batch_unsupported`): attention that takes a 4D mask (not flash attention), no sliding-window layers
+(a window counts slots, and a row's empty slots would count), a drafter that guesses depth by depth (not Kangaroo,
+whose chain runs through the base's own cache, nor its neural rescorer), and no strict verification. Elsewhere
+`CerberusForCausalLM.generate` decodes the rows one at a time, as before.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import DynamicCache, GenerationConfig
+from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..compat import attn_implementation, cache_argument, handed_cache, prefill
+from .batching import pad_token_id
+from .candidate_generator import CerberusCandidateGenerator, Draft
+from .loop import Acceptance, check_supported
+from .profiling import StepProfiler, phase_timer
+from .settings import DecodingSettings
+
+
+def batch_unsupported(base: nn.Module, drafter, settings: DecodingSettings) -> str | None:
+    """Why a batch cannot be decoded together with this base, drafter and call's settings (None: it can)."""
+    if "flash" in str(attn_implementation(base.config) or ""):
+        return "flash attention takes no 4D mask"
+    if getattr(base.config.get_text_config(), "sliding_window", None) is not None:
+        return "the base has sliding-window layers"
+    if drafter.drafts_chains:
+        return f"{drafter.drafter_type} drafts through the base's own cache"
+    if settings.rescoring is not None and settings.rescoring.lm_weight > 0:
+        return "the neural rescorer drafts through the base's own cache"
+    if settings.strict_rows is not None:
+        return "strict verification computes each position as a one-token forward does"
+    return None
+
+
+def _row_view(captured: dict, index: int, length: int | None = None) -> dict:
+    """What the base's latest forward computed for batch row ``index`` (``[1, positions, ...]``), at most its last
+    ``length`` positions (the prefill's left padding is not the row's; a state the prefill computed at its last
+    position only stays as it is)."""
+    return {name: value[index: index + 1, -length:] if length is not None else value[index: index + 1]
+            for name, value in captured.items() if isinstance(value, torch.Tensor)}
+
+
+def _with_max_length(config: GenerationConfig, max_length: int) -> GenerationConfig:
+    config = copy.copy(config)
+    config.max_length = max_length
+    return config
+
+
+def keep_batch_positions(cache: DynamicCache, fed: int, keep: list[list[int]]) -> int:
+    """Keep, of the last ``fed`` cached slots of each row, those at indices ``keep[row]`` (ascending), moved to the
+    front of them; cut the cache after the longest row's. Returns the slots kept (a row that kept fewer has empty
+    slots after its own, for the mask to hide)."""
+    width = max(len(k) for k in keep)
+    if any(k != list(range(len(k))) for k in keep):
+        orders = [k + [i for i in range(fed) if i not in set(k)] for k in keep]
+        index_on: dict[torch.device, torch.Tensor] = {}
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            device = layer.keys.device
+            if device not in index_on:
+                index_on[device] = torch.tensor(orders, device=device)[:, None, :, None]
+            start = layer.keys.shape[-2] - fed
+            for tensor in (layer.keys, layer.values):
+                index = index_on[device].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
+                tensor[..., start:, :] = tensor[..., start:, :].gather(-2, index)
+    if width < fed:
+        cache.crop(-(fed - width))
+    return width
+
+
+def _step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], lengths: list[int], valid: torch.Tensor,
+                 dtype: torch.dtype, pad: int) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]:
+    """(tokens ``[L, F]``, positions ``[L, F]``, additive mask ``[L, 1, F, slots + F]``) of one verification forward:
+    each row's newest token and draft, padded to the widest; a row sees its valid slots (``valid`` ``[L, slots]``) and
+    its own tree, a padding position only itself. ``lengths``: each row's token count (its newest token included)."""
+    device = valid.device
+    fed = 1 + max((len(d.tokens) for d in drafts if d is not None), default=0)
+    count = len(rows)
+    tokens = torch.full((count, fed), pad, dtype=torch.long, device=device)
+    offsets = torch.zeros(count, fed, dtype=torch.long)
+    tree = torch.eye(fed, dtype=torch.bool).repeat(count, 1, 1)
+    for i, (row, draft) in enumerate(zip(rows, drafts)):
+        tokens[i, :1] = row[0, -1:]
+        if draft is not None:
+            n = len(draft.tokens) + 1
+            tokens[i, 1:n] = draft.tokens
+            offsets[i, :n] = draft.tree.position_offsets
+            tree[i, :n, :n] = draft.tree.ancestor_mask
+    positions = torch.tensor(lengths)[:, None] - 1 + offsets
+    allowed = torch.cat([valid[:, None, :].expand(-1, fed, -1), tree.to(device)], dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return tokens, positions.to(device), mask[:, None]
+
+
+def batched_speculative_generate(
+    model: nn.Module,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    synced_gpus: bool = False,
+    streamer=None,
+    make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
+    settings: DecodingSettings | None = None,
+    profiler: StepProfiler | None = None,
+    **model_kwargs,
+) -> GenerateDecoderOnlyOutput | torch.LongTensor:
+    """Greedy or sampled decoding of a left-padded batch (``input_ids`` ``[B, width]`` with generate()'s
+    ``attention_mask``), every row verified in one forward a step; arguments and result as `loop.speculative_generate`
+    (a streamer, scores and logits take one sequence and are refused by `CerberusForCausalLM.generate`). Rows equal
+    what plain batched `generate()` returns for them: left padding kept, finished rows padded with the pad id."""
+    check_supported(model, generation_config, model_kwargs)
+    cache: DynamicCache = handed_cache(model_kwargs)
+    batch, width = input_ids.shape
+    mask = model_kwargs.get("attention_mask")
+    pads = (width - mask.sum(-1)).tolist() if mask is not None else [0] * batch
+    # each row's candidate generator counts its length limit without the row's padding (drafts never run past it)
+    generators = [make_candidate_generator(_with_max_length(generation_config, generation_config.max_length - pad))
+                  for pad in pads]
+    typical = settings.typical if settings is not None else None
+    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, generators[0].gate)
+    pad = pad_token_id(generation_config)
+    pad = 0 if pad is None else pad
+    phase = phase_timer(profiler)
+    # stopping criteria and logits processors see a row with its padding, as in batched generate(); drafting without
+    sequences = [input_ids[b: b + 1] for b in range(batch)]
+    live = list(range(batch))  # the rows still decoding, in the cache's batch order
+    drafts: list[Draft | None] = [None] * batch
+
+    with generators[0].capture(model) as captured:
+        for generator in generators:
+            generator.start(model, cache)
+        with phase("prefill"):
+            outputs = prefill(model, input_ids, generation_config, model_kwargs)
+        valid = (mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool))
+        # what the forward computed, kept apart: drafting a row may run the base's lm_head, whose hook records anew
+        step_captured = dict(captured)
+        step_logits = outputs.logits[:, -1:]
+        after_prefill = True
+        while True:
+            kept, lasts, finished = [], [], []
+            with phase("accept"):
+                for i, row in enumerate(live):
+                    draft = drafts[row]
+                    fed = 1 + (len(draft.tokens) if draft is not None else 0)
+                    sequences[row], accepted, done, last_token, next_scores, gated = acceptance.walk(
+                        step_logits[i: i + 1, :fed], draft, sequences[row])
+                    generators[row].update_candidate_strategy(sequences[row], next_scores, num_matches=len(accepted))
+                    kept.append([0] + [n + 1 for n in accepted])
+                    last = accepted[-1] + 1 if accepted else 0
+                    lasts.append((last, last_token, gated[last] if gated is not None else None))
+                    finished.append(done)
+            with phase("cache"):
+                if not after_prefill:
+                    fed = step_logits.shape[1]
+                    slots = keep_batch_positions(cache, fed, kept)
+                    new = torch.arange(slots)[None, :] < torch.tensor([len(k) for k in kept])[:, None]
+                    valid = torch.cat([valid, new.to(valid.device)], dim=-1)
+            if all(finished):
+                break
+            with phase("draft"):
+                for i, row in enumerate(live):
+                    if finished[i]:
+                        continue
+                    generator = generators[row]
+                    if after_prefill:
+                        generator.observe(_row_view(step_captured, i, width - pads[row]), None)
+                    else:
+                        generator.observe(_row_view(step_captured, i), kept[i])
+                    last, last_token, gate_decision = lasts[i]
+                    drafts[row] = generator.propose(
+                        sequences[row][:, pads[row]:], last_hidden_state=step_captured["hidden"][i: i + 1, last],
+                        next_token_logits=step_logits[i: i + 1, last], last_token=last_token,
+                        gate_decision=gate_decision)
+                after_prefill = False
+            if any(finished):
+                with phase("cache"):
+                    staying = [i for i, done in enumerate(finished) if not done]
+                    cache.batch_select_indices(torch.tensor(staying, device=input_ids.device))
+                    valid = valid[staying]
+                    live = [live[i] for i in staying]
+            with phase("verify"):
+                rows = [sequences[row] for row in live]
+                tokens, positions, attention = _step_inputs(
+                    rows, [drafts[row] for row in live], [r.shape[1] - pads[row] for r, row in zip(rows, live)],
+                    valid, model.dtype, pad)
+                outputs = model(input_ids=tokens, position_ids=positions, attention_mask=attention, use_cache=True,
+                                **cache_argument(cache))
+            step_captured = dict(captured)
+            step_logits = outputs.logits
+
+    longest = max(s.shape[1] for s in sequences)
+    out = input_ids.new_full((batch, longest), pad)
+    for b, sequence in enumerate(sequences):
+        out[b, : sequence.shape[1]] = sequence[0]
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=out)
+    return out
