@@ -8,10 +8,27 @@ import json
 import pytest
 import torch
 
-from cerberus_hf.tools.bench import markdown_profile, markdown_table, run_bench, save_plot
+from cerberus_hf.tools.bench import batch_inputs, markdown_profile, markdown_table, run_bench, save_plot
 from cerberus_hf.decoding.profiling import PHASES
 from helpers import fresh_model, get_base, get_prompt, tiny_ngram
 from tiny_models import DEVICE, prompt_ids
+
+
+def test_batched_bench_counts_each_rows_tokens_against_plain_batched_generate():
+    """``--batch-size``: prompts left-padded into batches; a row that ends early adds its tokens up to its end only."""
+    base = get_base("llama")
+    model = fresh_model("llama", "hydra", num_heads=3)
+    prompts = [get_prompt("llama"), prompt_ids(7, length=6), prompt_ids(8, length=3)]
+    batches = batch_inputs(prompts, 2, pad_token_id=0)
+    assert [b["input_ids"].shape for b in batches] == [(2, 8), (1, 3)]
+    assert batches[0]["attention_mask"][1].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
+    result = run_bench(base, {"hydra tiny": model}, batches, max_new_tokens=12, warmup=0, variants=[],
+                       prompt_lookup=False)
+    plain, heads = result["methods"]
+    assert heads["identical"] == 1.0
+    alone = [base.generate(p, max_new_tokens=12, do_sample=False).shape[1] - p.shape[1] for p in prompts]
+    assert [r["new_tokens"] for r in plain["prompts"]] == [alone[0] + alone[1], alone[2]]
+    assert [r["new_tokens"] for r in heads["prompts"]] == [alone[0] + alone[1], alone[2]]
 
 
 def test_bench_runs_every_method_and_reports_exactness(tmp_path):

@@ -31,7 +31,8 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "mt
 
 @dataclass
 class Method:
-    """A named way to decode: ``run(input_ids) -> (output_ids, GenerationStats | None)``."""
+    """A named way to decode: ``run(inputs) -> (output_ids, GenerationStats | None)``, ``inputs`` being one prompt's
+    input ids ``[1, length]`` or generate()'s keyword arguments for a left-padded batch (`batch_inputs`)."""
 
     name: str
     run: Callable
@@ -125,10 +126,10 @@ def build_methods(
     per-phase step times of the head methods; ``prompt_lookup=False`` leaves out transformers' prompt lookup row (an hour-long run need not repeat
     a baseline it already has)."""
     call = {"max_new_tokens": max_new_tokens, "do_sample": False}
-    methods = [Method("plain generate()", lambda ids: (base.generate(ids, **call), None))]
+    methods = [Method("plain generate()", lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
     if prompt_lookup:
-        methods.append(
-            Method("prompt lookup", lambda ids: (base.generate(ids, prompt_lookup_num_tokens=10, **call), None)))
+        methods.append(Method("prompt lookup", lambda inputs: (
+            base.generate(**_arguments(inputs), prompt_lookup_num_tokens=10, **call), None)))
     check_variants(variants)
     for label, model in head_models.items():
         wanted = variants and {v.rpartition(":")[2] for v in variants
@@ -151,8 +152,8 @@ def build_methods(
             and (not key.startswith("rtree-") or tree_of[key]["rescoring"] is not None)
         ]
         for suffix, overrides in options:
-            def run(ids, model=model, overrides=overrides):
-                out = model.generate(ids, **call, **overrides, profile=profile)
+            def run(inputs, model=model, overrides=overrides):
+                out = model.generate(**_arguments(inputs), **call, **overrides, profile=profile)
                 return out, model.generation_stats
 
             methods.append(Method(f"{label} ({suffix})" if suffix else label, run))
@@ -177,10 +178,40 @@ def encode_prompts(tokenizer, prompts: list[str], device: torch.device | str = "
     ]
 
 
+def _arguments(inputs: torch.Tensor | dict) -> dict:
+    return inputs if isinstance(inputs, dict) else {"input_ids": inputs}
+
+
+def batch_inputs(encoded: list[torch.Tensor], batch_size: int, pad_token_id: int) -> list[torch.Tensor | dict]:
+    """The prompts ``encoded`` (``[1, length]`` each) taken ``batch_size`` at a time: generate()'s ``input_ids`` left-padded
+    with ``pad_token_id`` and their ``attention_mask`` (one prompt at a time: the prompts as they are)."""
+    if batch_size == 1:
+        return encoded
+    batches = []
+    for start in range(0, len(encoded), batch_size):
+        rows = encoded[start: start + batch_size]
+        width = max(row.shape[1] for row in rows)
+        ids = rows[0].new_full((len(rows), width), pad_token_id)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, width - row.shape[1]:], mask[i, width - row.shape[1]:] = row[0], 1
+        batches.append({"input_ids": ids, "attention_mask": mask})
+    return batches
+
+
+def count_new_tokens(out: torch.Tensor, width: int, eos: set[int]) -> int:
+    """The tokens generated after a batch of ``width``-token prompts: each row's up to its first end-of-sequence token
+    (the padding after a row that ended early is not counted)."""
+    total = 0
+    for row in out[:, width:].tolist():
+        total += next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
+    return total
+
+
 def run_bench(
     base,
     head_models: dict,
-    encoded: list[torch.Tensor],
+    encoded: list[torch.Tensor | dict],
     max_new_tokens: int = 128,
     variants: list[str] | None = None,
     warmup: int = 1,
@@ -190,21 +221,24 @@ def run_bench(
     resume: bool = False,
     run_identity: dict | None = None,
 ) -> dict:
-    """Decode every prompt (``[1, length]`` input ids) with every method of `build_methods`; returns
-    per-method summaries and per-prompt records (``checkpoint``, ``resume``: see `run_methods`)."""
+    """Decode every prompt or batch (`batch_inputs`) with every method of `build_methods`; returns per-method summaries
+    and per-prompt (per-batch) records (``checkpoint``, ``resume``: see `run_methods`)."""
     methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup)
+    eos = base.generation_config.eos_token_id
     return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
-                       {"max_new_tokens": max_new_tokens, **(run_identity or {})})
+                       {"max_new_tokens": max_new_tokens, **(run_identity or {})},
+                       eos={eos} if isinstance(eos, int) else set(eos or ()))
 
 
 def run_methods(
     methods: list[Method],
-    encoded: list[torch.Tensor],
+    encoded: list[torch.Tensor | dict],
     device: torch.device,
     warmup: int = 1,
     checkpoint: str | Path | None = None,
     resume: bool = False,
     run_identity: dict | None = None,
+    eos: set[int] = frozenset(),
 ) -> dict:
     """`run_bench` for any methods, the first of which (plain decoding) is the reference for speed and
     identity: each prompt decoded by every method back to back, the order rotating from prompt to prompt.
@@ -213,26 +247,29 @@ def run_methods(
     finished prompt's records are written there, and ``resume=True`` continues from that file. Records of
     another run must not mix into this one: the file is refused unless its methods, prompts (by a hash of
     their token ids) and ``run_identity`` (the machine, dtype, token budget: whatever makes timings
-    comparable) are this run's. The file is removed once every prompt is done."""
+    comparable) are this run's. The file is removed once every prompt is done. ``eos``: the end-of-sequence ids, after
+    which a batch's rows are padded (`count_new_tokens`)."""
     identity = {"methods": [m.name for m in methods], "prompts": _fingerprint(encoded), **(run_identity or {})}
     start = _load_checkpoint(checkpoint, identity, methods) if checkpoint and resume else 0
-    for ids in encoded[:warmup]:
+    for inputs in encoded[:warmup]:
         for method in methods:
-            method.run(ids)
+            method.run(inputs)
     for index in tqdm(range(start, len(encoded)), desc="bench", unit="prompt", initial=start, total=len(encoded)):
-        ids = encoded[index]
+        inputs = encoded[index]
+        width = _arguments(inputs)["input_ids"].shape[1]
         order = methods[index % len(methods):] + methods[: index % len(methods)]
         outputs = {}
         for method in order:
             synchronize(device)
             start_time = time.perf_counter()
-            out, stats = method.run(ids)
+            out, stats = method.run(inputs)
             synchronize(device)
             elapsed = time.perf_counter() - start_time
             outputs[method.name] = out
             method.records.append({
                 "prompt": index,
-                "new_tokens": out.shape[1] - ids.shape[1],
+                "new_tokens": (out.shape[1] - width if out.shape[0] == 1
+                               else count_new_tokens(out, width, eos)),
                 "seconds": elapsed,
                 "steps": stats.steps if stats else None,
                 "draft_rate": stats.draft_rate if stats else None,
@@ -250,10 +287,10 @@ def run_methods(
     return summarize(methods)
 
 
-def _fingerprint(encoded: list[torch.Tensor]) -> str:
+def _fingerprint(encoded: list[torch.Tensor | dict]) -> str:
     digest = hashlib.sha256()
-    for ids in encoded:
-        digest.update(ids.cpu().numpy().tobytes() + b"|")
+    for inputs in encoded:
+        digest.update(_arguments(inputs)["input_ids"].cpu().numpy().tobytes() + b"|")
     return digest.hexdigest()[:16]
 
 
@@ -446,6 +483,9 @@ def add_cli(subparsers) -> None:
                              f"optionally with {STRICT} (strict verification); "
                              "FAMILY:VARIANT (hydra:dtree) for checkpoints of one head type only "
                              "(default: all its settings allow; none given: only its default configuration)")
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=1,
+                        help="decode the prompts this many at a time, left-padded, against plain batched generate() "
+                             "(throughput over the batch); above 1 the prompt-lookup row is left out")
     parser.add_argument("--no-prompt-lookup", action="store_true",
                         help="leave out the row of transformers' prompt lookup (plain generate() stays)")
     parser.add_argument("--resume", action="store_true",
@@ -469,24 +509,27 @@ def run_cli(args: argparse.Namespace) -> int:
     for path in args.heads:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
         head_models[f"{model.config.head_type} {Path(path).name}"] = model
-    encoded = encode_prompts(tokenizer, prompts, base.device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    encoded = batch_inputs(encode_prompts(tokenizer, prompts, base.device), args.batch_size, pad)
     machine = describe_device(base.device)
     checkpoint = args.json and args.json + ".partial"
     if checkpoint and Path(checkpoint).exists() and not args.resume:
         print(f"{checkpoint} holds an unfinished run; starting afresh (--resume continues it)", file=sys.stderr)
     result = run_bench(base, head_models, encoded, args.max_new_tokens, variants=args.variants,
-                       profile=args.profile, prompt_lookup=not args.no_prompt_lookup, checkpoint=checkpoint,
-                       resume=args.resume,
+                       profile=args.profile, prompt_lookup=not args.no_prompt_lookup and args.batch_size == 1,
+                       checkpoint=checkpoint, resume=args.resume,
                        run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
-                                     "heads": args.heads})
+                                     "heads": args.heads, "batch_size": args.batch_size})
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
-                  max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d"),
+                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, date=time.strftime("%Y-%m-%d"),
                   command="cerberus-hf " + " ".join(sys.argv[1:]), machine=machine,
                   calibrations={label: model.decoding_settings(base.device, base.dtype)["calibration"]
                                 for label, model in head_models.items()})
+    if args.batch_size > 1:  # a record is a batch of prompts from several categories
+        categories = []
     for row in result["methods"]:
         for record in row["prompts"]:
-            record["category"] = categories[record["prompt"]]
+            record["category"] = categories[record["prompt"]] if categories else None
     note = reduced_precision_note(base.device, base.dtype)
     if note:
         print(f"note: {note}")
