@@ -40,7 +40,7 @@ from .checkpoint import HEADS_WEIGHTS_NAME, resolve_file, save_heads_state_dict
 from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
 from .decoding.acceptance import TypicalAcceptance
-from .decoding.batched import batch_unsupported, batched_speculative_generate
+from .decoding.batched import batch_unsupported, batched_speculative_generate, shared_budget
 from .decoding.batching import pad_batch, unpadded_length_limits, unpadded_rows
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .decoding.gate import EntropyGate
@@ -437,6 +437,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             logger.warning_once(f"cerberus-hf: this batch is decoded row by row: {apart}.")
         if apart is not None and any(row.shape[1] != input_ids.shape[1] for row in rows):
             kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
+        if apart is None and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
+            settings = shared_budget(settings, len(rows))  # the stored tree was sized for one row
         kwargs["num_return_sequences"] = 1
         if len(rows) > 1 and streamer is not None:
             raise ValueError("A streamer takes one sequence: stream with batch size 1.")

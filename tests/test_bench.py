@@ -214,3 +214,13 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_and_refuses_another_runs
     checkpoint.write_text("{not json")
     with pytest.raises(ValueError, match="not a bench checkpoint"):
         run_methods([method("plain")], prompts, torch.device("cpu"), warmup=0, checkpoint=checkpoint, resume=True)
+
+
+def test_identical_share_counts_rows_up_to_their_end():
+    from cerberus_hf.tools.bench import identical_share
+
+    reference = torch.tensor([[5, 6, 7, 2, 0], [5, 8, 9, 9, 9], [5, 1, 2, 0, 0]])
+    out = torch.tensor([[5, 6, 7, 2, 2], [5, 8, 9, 9, 3], [5, 1, 2, 0, 0]])  # row 0 padded otherwise; row 1 differs
+    assert identical_share(out, reference, width=1, eos={2}) == pytest.approx(2 / 3)
+    assert identical_share(out[:, :4], reference, width=1, eos={2}) == pytest.approx(2 / 3)
+    assert identical_share(reference, reference, width=1, eos=set()) == 1.0

@@ -24,6 +24,7 @@ whose chain runs through the base's own cache, nor its neural rescorer), and no 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -39,6 +40,7 @@ from .candidate_generator import CerberusCandidateGenerator, Draft
 from .loop import Acceptance, check_supported
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
+from .tree import TreeSpec
 
 
 def batch_unsupported(base: nn.Module, drafter, settings: DecodingSettings) -> str | None:
@@ -54,6 +56,26 @@ def batch_unsupported(base: nn.Module, drafter, settings: DecodingSettings) -> s
     if settings.strict_rows is not None:
         return "strict verification computes each position as a one-token forward does"
     return None
+
+
+def shared_budget(settings: DecodingSettings, rows: int) -> DecodingSettings:
+    """The stored tree sized for ``rows`` rows verified together. Calibration sizes a tree for one row, weighing its
+    nodes against what verifying them costs at batch size 1; a batch feeds every row's tree to the same forward, whose
+    cost grows with all of them. So the rows share the calibrated tree's width: each drafts about ``(nodes + 1) / rows
+    - 1`` nodes (at least one), as a dynamic tree that small, or the top-1 chain of a static tree."""
+    if rows <= 1 or settings.rescoring is not None:
+        return settings
+    if settings.dynamic is not None:
+        nodes = max(1, round((settings.dynamic.nodes + 1) / rows) - 1)
+        tree = settings.dynamic
+        return replace(settings, dynamic=replace(tree, nodes=nodes, depth=min(tree.depth, nodes),
+                                                 top_k=min(tree.top_k, nodes)))
+    depth = settings.tree.depth if settings.tree is not None else None
+    width = len(settings.tree) if settings.tree is not None else None
+    if width is None:  # the chain of every head (the candidate generator's default)
+        return settings
+    nodes = max(1, round((width + 1) / rows) - 1)
+    return replace(settings, tree=TreeSpec.chain(min(depth, nodes)))
 
 
 def _row_view(captured: dict, index: int, length: int | None = None) -> dict:

@@ -279,12 +279,23 @@ def run_methods(
             })
         reference = outputs[methods[0].name]
         for method in methods:
-            method.records[-1]["identical"] = bool(torch.equal(outputs[method.name], reference))
+            method.records[-1]["identical"] = identical_share(outputs[method.name], reference, width, eos)
         if checkpoint:
             _write_atomically(checkpoint, {"identity": identity, "records": {m.name: m.records for m in methods}})
     if checkpoint:
         Path(checkpoint).unlink(missing_ok=True)
     return summarize(methods)
+
+
+def identical_share(out: torch.Tensor, reference: torch.Tensor, width: int, eos: set[int]) -> float:
+    """The share of rows of ``out`` identical to ``reference``'s up to each row's end (its first end-of-sequence token
+    after the ``width``-token prompt; the padding after it does not count): 1.0 or 0.0 for a single prompt."""
+    def ends(batch: torch.Tensor) -> list[list[int]]:
+        rows = batch.tolist()
+        return [row[: width + next((i + 1 for i, t in enumerate(row[width:]) if t in eos), len(row) - width)]
+                for row in rows]
+
+    return sum(a == b for a, b in zip(ends(out), ends(reference))) / out.shape[0]
 
 
 def _fingerprint(encoded: list[torch.Tensor | dict]) -> str:
