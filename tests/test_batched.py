@@ -141,3 +141,21 @@ def model_settings(model):
 
     return resolve_settings(model.decoding_settings(), model.config.num_heads)
 
+
+
+def test_pipeline_batches_are_verified_together():
+    """`pipeline(..., batch_size=3)` pads a batch to the left and calls generate() once: every text is the base's."""
+    from transformers import pipeline
+
+    from tiny_models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    texts = ["w5 w17 w33 w41 w8 w60", "w9 w12", "w70 w71 w72 w3"]
+    model = fresh_model("llama", "hydra", num_heads=3)
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer, batch_size=3)
+    base_pipe = pipeline("text-generation", model=get_base("llama"), tokenizer=tokenizer, batch_size=3)
+    with ForwardCounter(model.base) as forwards:
+        got = pipe(texts, max_new_tokens=10, return_full_text=False)
+    expected = base_pipe(texts, max_new_tokens=10, return_full_text=False, do_sample=False)
+    assert [g[0]["generated_text"] for g in got] == [e[0]["generated_text"] for e in expected]
+    assert forwards.count < model.generation_stats.steps  # one call for the three rows, not three
