@@ -22,14 +22,14 @@ case "${1:-}" in
     git rev-parse --abbrev-ref HEAD > .git/device_slim_from
     git switch -q -c "$SLIM"
     git rm -r -q --cached "${HEAVY[@]}"
-    for path in "${HEAVY[@]}"; do echo "/$path/ $MARK" >> "$EXCLUDE"; done
+    { echo "$MARK begin"; for path in "${HEAVY[@]}"; do echo "/$path/"; done; echo "$MARK end"; } >> "$EXCLUDE"
     git commit -q -m "device run: ${HEAVY[*]} untracked (local branch, never pushed)"
     size=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
     echo "on $SLIM: $((size / 1048576)) MiB tracked; name what the run needs of ${HEAVY[*]} in carry" ;;
   leave)
     from=$(cat .git/device_slim_from)
     git switch -q "$from"  # while the heavy folders are still ignored: git restores them as tracked files
-    sed -i "/$MARK\$/d" "$EXCLUDE"
+    sed -i "/^$MARK begin\$/,/^$MARK end\$/d" "$EXCLUDE"
     git branch -q -D "$SLIM"
     rm -f .git/device_slim_from
     echo "back on $from" ;;
