@@ -159,3 +159,25 @@ def test_pipeline_batches_are_verified_together():
     expected = base_pipe(texts, max_new_tokens=10, return_full_text=False, do_sample=False)
     assert [g[0]["generated_text"] for g in got] == [e[0]["generated_text"] for e in expected]
     assert forwards.count < model.generation_stats.steps  # one call for the three rows, not three
+
+
+@pytest.mark.parametrize("family", ["medusa", "hydra", "clover"])
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_each_depth_is_drafted_for_every_row_in_one_call(family, tree):
+    """The rows' guesses at one depth come from one call of the drafter, not one call per row."""
+    ids, mask = padded_batch(lengths=(8, 5, 3, 6), seed=4)
+    model = heads("llama", family, "random", ids, mask)
+    calls = []
+    real = type(model.heads).draft_level
+
+    def counted(self, k, hidden, tokens, previous, context=None):
+        calls.append(hidden.shape[0])
+        return real(self, k, hidden, tokens, previous, context)
+
+    model.heads.draft_level = counted.__get__(model.heads)
+    with ForwardCounter(model.base) as forwards:
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, **TREES[tree])
+    assert new_tokens(out, ids.shape[1]) == alone("llama", ids, mask)
+    depth = 3
+    assert len(calls) <= depth * forwards.count  # at most one call per depth and step, whatever the rows
+    assert max(calls) >= len(ids)  # a call drafted for several rows

@@ -12,8 +12,9 @@ branch, so a row that kept fewer leaves empty slots, which the mask hides from t
 Nothing is recomputed, and positions are each row's own token count. A row that finishes leaves the batch (its cache
 rows are dropped); the others go on.
 
-Each row keeps its own drafter state and candidate generator (tree, gate, prompt lookup). Drafting runs row by row;
-the verification forward, the costly part, is shared.
+Each row keeps its own drafter state and candidate generator (tree, gate, prompt lookup); each depth's guesses for
+every row are drafted in one call of the drafter (`candidate_generator.propose_together`), and the verification
+forward is shared.
 
 What it needs (`batch_unsupported`): attention that takes a 4D mask (not flash attention), no sliding-window layers
 (a window counts slots, and a row's empty slots would count), a drafter that guesses depth by depth (not Kangaroo,
@@ -36,7 +37,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import attn_implementation, cache_argument, handed_cache, prefill
 from .batching import pad_token_id
-from .candidate_generator import CerberusCandidateGenerator, Draft
+from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
 from .loop import Acceptance, check_supported
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
@@ -206,19 +207,19 @@ def batched_speculative_generate(
             if all(finished):
                 break
             with phase("draft"):
-                for i, row in enumerate(live):
-                    if finished[i]:
-                        continue
-                    generator = generators[row]
-                    if after_prefill:
-                        generator.observe(_row_view(step_captured, i, width - pads[row]), None)
-                    else:
-                        generator.observe(_row_view(step_captured, i), kept[i])
-                    last, last_token, gate_decision = lasts[i]
-                    drafts[row] = generator.propose(
-                        sequences[row][:, pads[row]:], last_hidden_state=step_captured["hidden"][i: i + 1, last],
-                        next_token_logits=step_logits[i: i + 1, last], last_token=last_token,
-                        gate_decision=gate_decision)
+                drafting = [i for i in range(len(live)) if not finished[i]]
+                for i in drafting:
+                    generators[live[i]].observe(
+                        _row_view(step_captured, i, width - pads[live[i]]) if after_prefill else
+                        _row_view(step_captured, i), None if after_prefill else kept[i])
+                # every row's guesses at each depth in one call of the drafter
+                proposed = propose_together(
+                    [generators[live[i]] for i in drafting], [sequences[live[i]][:, pads[live[i]]:] for i in drafting],
+                    [step_captured["hidden"][i: i + 1, lasts[i][0]] for i in drafting],
+                    [step_logits[i: i + 1, lasts[i][0]] for i in drafting], [lasts[i][1] for i in drafting],
+                    [lasts[i][2] for i in drafting])
+                for i, draft in zip(drafting, proposed):
+                    drafts[live[i]] = draft
                 after_prefill = False
             if any(finished):
                 with phase("cache"):

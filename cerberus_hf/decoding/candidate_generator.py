@@ -21,7 +21,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..compat import tree_attention_ok
 from ..drafters.base import Drafter
-from .drafting import StepDrafts, dynamic_draft, static_draft
+from .drafting import Levels, StepDrafts, chosen_tree, device_levels, dynamic_draft, prime_roots, run_together, static_levels
 from .lookup import context_continuation
 from .ngram import NgramModel
 from .profiling import phase_timer
@@ -187,33 +187,49 @@ class CerberusCandidateGenerator(CandidateGenerator):
         has it on the host already (it is read from the device otherwise); ``gate_decision``: the gate's decision when
         the caller took it already from the same logits (`EntropyGate.draft_rows`).
         """
+        return propose_together([self], [input_ids], [last_hidden_state], [next_token_logits], [last_token],
+                                [gate_decision])[0]
+
+    def _plan(self, input_ids: torch.LongTensor, last_hidden_state: torch.Tensor, last_token: int | None) -> "_Plan":
+        """What a step may draft: the room before ``max_length``, the static tree that fits, and (when the gate reads
+        the heads) what the heads read."""
         room = self.max_length - input_ids.shape[1] - 1
         static = self.tree.truncated(room) if self.dynamic is None else None
         can_draft = room > 0 and (self.dynamic is not None or static is not None)
         # what the heads read (a windowed drafter's window included) is computed only on steps that read them
-        reads_heads = can_draft and self.gate.needs_heads
-        step = self._step_drafts(input_ids, last_hidden_state, last_token) if reads_heads else None
-        first_logits = step.root_logits()[None] if step is not None else None
-        if can_draft and gate_decision is None:
-            gate_decision = self.gate.should_draft(next_token_logits, first_logits)
-        drafting = can_draft and gate_decision
-        if drafting and step is None and not self.drafter.drafts_chains:
-            step = self._step_drafts(input_ids, last_hidden_state, last_token)
-        if can_draft:  # no room left for a draft is not the gate's decision
-            self.stats.record_gate(drafting)
-        draft = None
-        if drafting and self.drafter.drafts_chains:
-            chain = self.drafter.draft_chain(self.state, input_ids, static.depth, self.exit_confidence)
-            draft = Draft(TreeSpec.chain(len(chain)), torch.tensor(chain, dtype=input_ids.dtype, device=input_ids.device))
-        elif drafting and self.dynamic is not None:
-            draft = self._grown_draft(step, input_ids, room)
-        elif drafting:
-            draft = Draft(static, static_draft(step, static).to(input_ids.dtype))
+        step = self._step_drafts(input_ids, last_hidden_state, last_token) if can_draft and self.gate.needs_heads \
+            else None
+        return _Plan(input_ids, room, static, can_draft, step)
+
+    def _search(self, plan: "_Plan") -> Levels | None:
+        """The draft's search as `drafting.Levels`, for the kinds a batch can run in lockstep (a static tree, a
+        dynamic tree searched on the device); None for the others (`_draft`)."""
+        if self.drafter.drafts_chains or isinstance(self.dynamic, Rescoring):
+            return None
+        if self.dynamic is not None:
+            return device_levels(plan.step, self.dynamic, plan.room)
+        return static_levels(plan.step, plan.static)
+
+    def _draft(self, plan: "_Plan", searched) -> Draft | None:
+        """The step's draft from the search's result (``searched``), or drafted here for the other kinds."""
+        input_ids = plan.input_ids
+        if self.drafter.drafts_chains:
+            chain = self.drafter.draft_chain(self.state, input_ids, plan.static.depth, self.exit_confidence)
+            return Draft(TreeSpec.chain(len(chain)), torch.tensor(chain, dtype=input_ids.dtype, device=input_ids.device))
+        if isinstance(self.dynamic, Rescoring):
+            return self._grown_draft(plan.step, input_ids, plan.room)
+        if self.dynamic is not None:
+            tree, tokens = chosen_tree(searched, input_ids.device)  # room > 0: the search chose at least one node
+            return Draft(tree, tokens.to(input_ids.dtype))
+        return Draft(plan.static, searched.to(input_ids.dtype))
+
+    def _with_lookup(self, draft: Draft | None, plan: "_Plan") -> Draft | None:
+        """``draft`` with prompt lookup's copied tokens grafted in (when it is on and copies something)."""
         copied = []
-        if self.lookup_tokens and room > 0:
-            copied = context_continuation(input_ids[0].cpu(), min(self.lookup_tokens, room), self.lookup_ngram)
+        if self.lookup_tokens and plan.room > 0:
+            copied = context_continuation(plan.input_ids[0].cpu(), min(self.lookup_tokens, plan.room), self.lookup_ngram)
         if copied:
-            draft = with_copied(draft, copied, input_ids.device)
+            draft = with_copied(draft, copied, plan.input_ids.device)
             self.stats.context_steps += 1
         self._last = draft
         return draft
@@ -285,3 +301,42 @@ class CerberusCandidateGenerator(CandidateGenerator):
             nodes=len(draft.tree) if draft else 0,
         )
         self._last = None
+
+
+@dataclass
+class _Plan:
+    """One sequence's step before drafting (`CerberusCandidateGenerator._plan`)."""
+
+    input_ids: torch.LongTensor
+    room: int
+    static: TreeSpec | None
+    can_draft: bool
+    step: StepDrafts | None
+
+
+@torch.no_grad()
+def propose_together(
+    generators: list[CerberusCandidateGenerator], input_ids: list[torch.LongTensor], hidden: list[torch.Tensor],
+    next_token_logits: list[torch.Tensor], last_tokens: list[int | None], gate_decisions: list[bool | None],
+) -> list[Draft | None]:
+    """`CerberusCandidateGenerator.propose` for several sequences (one generator each, all of one drafter), with each
+    depth's guesses for every sequence computed in one call of the drafter (`drafting.run_together`): the gate's
+    depth 0 first, then the trees' searches level by level. Each sequence gets the draft it would get alone (up to
+    the rounding of a batched call); one sequence is `propose` itself."""
+    plans = [g._plan(ids, h, last) for g, ids, h, last in zip(generators, input_ids, hidden, last_tokens)]
+    prime_roots([plan.step for plan in plans if plan.step is not None])
+    for g, plan, h, last, logits, decision in zip(generators, plans, hidden, last_tokens, next_token_logits,
+                                                  gate_decisions):
+        first_logits = plan.step.root_logits()[None] if plan.step is not None else None
+        if plan.can_draft and decision is None:
+            decision = g.gate.should_draft(logits, first_logits)
+        plan.can_draft = plan.can_draft and bool(decision)  # from here on: whether this step drafts
+        if plan.can_draft and plan.step is None and not g.drafter.drafts_chains:
+            plan.step = g._step_drafts(plan.input_ids, h, last)
+        if plan.room > 0 and (g.dynamic is not None or plan.static is not None):  # no room is not the gate's decision
+            g.stats.record_gate(plan.can_draft)
+    searches = {i: g._search(plan) for i, (g, plan) in enumerate(zip(generators, plans)) if plan.can_draft}
+    together = [i for i, search in searches.items() if search is not None]
+    results = dict(zip(together, run_together([plans[i].step for i in together], [searches[i] for i in together])))
+    return [g._with_lookup(g._draft(plan, results.get(i)) if plan.can_draft else None, plan)
+            for i, (g, plan) in enumerate(zip(generators, plans))]

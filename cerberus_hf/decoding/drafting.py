@@ -22,6 +22,7 @@ one call per depth serves every node.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -83,6 +84,11 @@ class StepDrafts:
 def static_draft(step: StepDrafts, tree: TreeSpec) -> torch.LongTensor:
     """Tokens ``[len(tree)]`` of a fixed tree of ranks. The shape is known beforehand, so every token stays on the
     device: nothing is read back to the host while drafting (each read would stall a GPU)."""
+    return run_alone(step, static_levels(step, tree))
+
+
+def static_levels(step: StepDrafts, tree: TreeSpec) -> Levels:
+    """`static_draft` as `Levels`: each depth's expansion is asked of the caller (`run_alone`, `run_together`)."""
     device = step.hidden.device
     nodes: list[_Node | None] = [None] * len(tree)
     tokens = torch.zeros(len(tree), dtype=torch.long, device=device)
@@ -91,7 +97,7 @@ def static_draft(step: StepDrafts, tree: TreeSpec) -> torch.LongTensor:
         members = [i for i, path in enumerate(tree.paths) if len(path) == depth + 1]
         parents = list(dict.fromkeys(tree.parents[i] for i in members))
         row = {parent: r for r, parent in enumerate(parents)}
-        states, logits = step.expand(depth, [step.root if p < 0 else nodes[p] for p in parents])
+        states, logits = yield depth, [step.root if p < 0 else nodes[p] for p in parents]
         top = step.drafter.token_ids(logits.topk(tree.top_k, dim=-1).indices)
         rows = [row[tree.parents[i]] for i in members]
         picked = top[rows, [tree.paths[i][-1] for i in members]]
@@ -100,6 +106,71 @@ def static_draft(step: StepDrafts, tree: TreeSpec) -> torch.LongTensor:
             parent_tokens = nodes[tree.parents[i]].tokens if tree.parents[i] >= 0 else no_tokens
             nodes[i] = _Node(torch.cat([parent_tokens, picked[j:j + 1]]), states[rows[j]])
     return tokens
+
+
+# A draft's search written as a generator: it yields ``(depth, parents)`` whenever it needs the drafter's guesses under
+# ``parents`` at ``depth``, is sent ``(states, logits)`` back (`StepDrafts.expand`), and returns its result. One
+# sequence's search runs alone (`run_alone`); the rows of a batch run theirs in lockstep, each depth's guesses for
+# every row computed in one call of the drafter (`run_together`).
+Levels = Generator[tuple[int, list[_Node]], tuple[torch.Tensor, torch.Tensor], object]
+
+
+def run_alone(step: StepDrafts, levels: Levels):
+    """The result of one sequence's search ``levels``, each level expanded by ``step``."""
+    try:
+        request = next(levels)
+        while True:
+            request = levels.send(step.expand(*request))
+    except StopIteration as done:
+        return done.value
+
+
+def run_together(steps: list[StepDrafts], searches: list[Levels]) -> list:
+    """The results of several sequences' searches (one `StepDrafts` each, all of one drafter), run level by level with
+    each depth's guesses for every sequence computed in one call of the drafter (`expand_together`)."""
+    results: list = [None] * len(steps)
+    requests: dict[int, tuple[int, list[_Node]]] = {}
+
+    def advance(i: int, reply=None) -> None:
+        try:
+            requests[i] = next(searches[i]) if reply is None else searches[i].send(reply)
+        except StopIteration as done:
+            results[i] = done.value
+
+    for i in range(len(steps)):
+        advance(i)
+    while requests:
+        depth = min(depth for depth, _ in requests.values())
+        members = [i for i, (d, _) in requests.items() if d == depth]
+        replies = expand_together(depth, [steps[i] for i in members], [requests.pop(i)[1] for i in members])
+        for i, reply in zip(members, replies):
+            advance(i, reply)
+    return results
+
+
+def expand_together(depth: int, steps: list[StepDrafts], parents: list[list[_Node]]
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`StepDrafts.expand` of several sequences at one depth in one call of their drafter: what each sequence's heads
+    read, the tokens above each node and the drafter's states are stacked, and the guesses split back. A drafter that
+    attends to a context of its own per sequence (EAGLE-3's KV cache) expands each sequence apart."""
+    if len(steps) == 1 or any(step.context is not None for step in steps):
+        return [step.expand(depth, nodes) for step, nodes in zip(steps, parents)]
+    drafter = steps[0].drafter
+    if not drafter.reads_tokens:  # one call per depth serves every node of a sequence (`StepDrafts.expand`)
+        missing = [step for step in steps if depth not in step._shared]
+        if missing:
+            previous = torch.cat([step._shared[depth - 1][0] for step in missing]) if depth > 0 else None
+            tokens = torch.tensor([[step.last_token] * (depth + 1) for step in missing], device=missing[0].hidden.device)
+            states, logits = drafter.draft_level(depth, torch.cat([step.hidden for step in missing]), tokens, previous)
+            for r, step in enumerate(missing):
+                step._shared[depth] = (states[r: r + 1], logits[r: r + 1])
+        return [step.expand(depth, nodes) for step, nodes in zip(steps, parents)]
+    counts = [len(nodes) for nodes in parents]
+    hidden = torch.cat([step.hidden.expand(len(nodes), -1) for step, nodes in zip(steps, parents)])
+    tokens = torch.cat([step._path_tokens(nodes) for step, nodes in zip(steps, parents)])
+    previous = torch.stack([node.state for nodes in parents for node in nodes]) if depth > 0 else None
+    states, logits = drafter.draft_level(depth, hidden, tokens, previous)
+    return list(zip(states.split(counts), logits.split(counts)))
 
 
 @lru_cache(maxsize=4096)
@@ -162,7 +233,12 @@ def node_budget(log_probs: torch.Tensor, top_p: float, min_ratio: float) -> torc
 
 def device_selection(step: StepDrafts, settings: DynamicTree, max_depth: int) -> dict[tuple[int, ...], int]:
     """`dynamic_selection` without a rescorer, searched on the device and read back once (each read would stall a
-    GPU): the same nodes in the same order.
+    GPU): the same nodes in the same order (`device_levels`)."""
+    return run_alone(step, device_levels(step, settings, max_depth))
+
+
+def device_levels(step: StepDrafts, settings: DynamicTree, max_depth: int) -> Levels:
+    """`device_selection` as `Levels`: each level's expansion is asked of the caller (`run_alone`, `run_together`).
 
     Every level keeps a fixed number of frontier rows, so no shape depends on values: a child outside Clover's
     budget gets the score -inf instead of being left out, and so do its descendants. Ties are broken as the host's
@@ -177,7 +253,7 @@ def device_selection(step: StepDrafts, settings: DynamicTree, max_depth: int) ->
     drafted_scores, drafted_tokens, drafted_parents, drafted_ranks = [], [], [], []
     count = 0
     for level in range(depth):
-        states, logits = step.expand(level, frontier)
+        states, logits = yield level, frontier
         top = torch.log_softmax(logits.float(), dim=-1).topk(min(settings.top_k, logits.shape[-1]), dim=-1)
         width = top.values.shape[-1]
         values = top.values
@@ -222,8 +298,25 @@ def dynamic_draft(
         chosen = device_selection(step, settings, max_depth)
     else:
         chosen = dynamic_selection(step, settings, max_depth, rescore)
+    return chosen_tree(chosen, step.hidden.device)
+
+
+def chosen_tree(chosen: dict[tuple[int, ...], int], device: torch.device) -> tuple[TreeSpec, torch.LongTensor] | None:
+    """The tree of a dynamic search's ``chosen`` nodes, with its tokens in tree order on ``device`` (None for none)."""
     if not chosen:
         return None
     tree = _tree_of(tuple(sorted(chosen, key=lambda p: (len(p), p))))
-    tokens = torch.tensor([chosen[path] for path in tree.paths], dtype=torch.long, device=step.hidden.device)
-    return tree, tokens
+    return tree, torch.tensor([chosen[path] for path in tree.paths], dtype=torch.long, device=device)
+
+
+def prime_roots(steps: list[StepDrafts]) -> None:
+    """Compute depth 0 (what a head-entropy gate reads, `StepDrafts.root_logits`) for several sequences in one call
+    of their drafter (each apart where the drafter attends to a context of its own per sequence)."""
+    missing = [step for step in steps if 0 not in step._shared]
+    if len(missing) > 1 and all(step.context is None for step in missing):
+        tokens = torch.tensor([[step.last_token] for step in missing], device=missing[0].hidden.device)
+        states, logits = missing[0].drafter.draft_level(0, torch.cat([step.hidden for step in missing]), tokens, None)
+        for r, step in enumerate(missing):
+            step._shared[0] = (states[r: r + 1], logits[r: r + 1])
+    for step in missing:
+        step.root_logits()
