@@ -181,3 +181,18 @@ def test_each_depth_is_drafted_for_every_row_in_one_call(family, tree):
     depth = 3
     assert len(calls) <= depth * forwards.count  # at most one call per depth and step, whatever the rows
     assert max(calls) >= len(ids)  # a call drafted for several rows
+
+
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_a_batched_step_reads_the_device_once(tree):
+    """Greedy decoding of a batch reads every row's accepted branch in one read a step (on a GPU each read is a
+    synchronisation): at most about one read per base forward, plus a few per call, whatever the rows."""
+    from cerberus_hf.decoding.profiling import HostReads
+
+    ids, mask = padded_batch(lengths=(8, 5, 3, 6), seed=4)
+    model = fresh_model("llama", "hydra", randomize=True, seed=5, num_heads=3)
+    with HostReads() as reads, ForwardCounter(model.base) as forwards:
+        model.generate(ids, attention_mask=mask, max_new_tokens=NEW, **TREES[tree])
+    walk = sum(n for line, n in reads.by_line.items() if "walk_rows" in line)
+    assert walk == forwards.count  # one read a forward for all rows' acceptance (the prefill's included)
+    assert reads.total <= forwards.count + 30, sorted(reads.by_line.items(), key=lambda x: -x[1])[:5]

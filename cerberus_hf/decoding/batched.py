@@ -170,7 +170,8 @@ def batched_speculative_generate(
     pad = pad_token_id(generation_config)
     pad = 0 if pad is None else pad
     phase = phase_timer(profiler)
-    # stopping criteria and logits processors see a row with its padding, as in batched generate(); drafting without
+    # stopping criteria and logits processors see a row with its padding, as in batched generate(); drafting sees it
+    # without (`pads`)
     sequences = [input_ids[b: b + 1] for b in range(batch)]
     live = list(range(batch))  # the rows still decoding, in the cache's batch order
     drafts: list[Draft | None] = [None] * batch
@@ -180,7 +181,7 @@ def batched_speculative_generate(
             generator.start(model, cache)
         with phase("prefill"):
             outputs = prefill(model, input_ids, generation_config, model_kwargs)
-        valid = (mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool))
+        valid = mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [live, slots]
         # what the forward computed, kept apart: drafting a row may run the base's lm_head, whose hook records anew
         step_captured = dict(captured)
         step_logits = outputs.logits[:, -1:]
@@ -188,11 +189,8 @@ def batched_speculative_generate(
         while True:
             kept, lasts, finished = [], [], []
             with phase("accept"):
-                for i, row in enumerate(live):
-                    draft = drafts[row]
-                    fed = 1 + (len(draft.tokens) if draft is not None else 0)
-                    sequences[row], accepted, done, last_token, next_scores, gated = acceptance.walk(
-                        step_logits[i: i + 1, :fed], draft, sequences[row])
+                walked = acceptance.walk_rows(step_logits, [drafts[row] for row in live], [sequences[row] for row in live])
+                for row, (sequences[row], accepted, done, last_token, next_scores, gated) in zip(live, walked):
                     generators[row].update_candidate_strategy(sequences[row], next_scores, num_matches=len(accepted))
                     kept.append([0] + [n + 1 for n in accepted])
                     last = accepted[-1] + 1 if accepted else 0

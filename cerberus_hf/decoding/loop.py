@@ -79,8 +79,13 @@ def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None, gate: EntropyGa
     when its token is its parent position's choice, it is the first such child of its parent (as the walk takes
     the first match), and so is every ancestor. The emitted tokens are the root's choice and each accepted node's:
     exactly what the token-by-token walk emits, before stopping criteria."""
-    choices = step_logits[0].float().argmax(dim=-1)  # the root's, then each node's (no node without a draft)
-    fed = choices.shape[0]
+    return _walk_read(_walk_parts(step_logits[0], draft, gate).tolist(), draft, gate)
+
+
+def _walk_parts(logits: torch.Tensor, draft: Draft | None, gate: EntropyGate | None) -> torch.Tensor:
+    """What `_greedy_walk` reads of one sequence's fed positions (``logits`` ``[fed, V]``), in one device tensor: the
+    choice at every position, whether each node is accepted, the gate's decision at every position."""
+    choices = logits.float().argmax(dim=-1)  # the root's, then each node's (no node without a draft)
     parts = [choices]
     if draft is not None:
         tree = draft.tree.on(choices.device)
@@ -88,8 +93,14 @@ def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None, gate: EntropyGa
         match &= ~(tree.earlier_siblings & match[None, :]).any(dim=-1)
         parts.append((~(tree.node_ancestors & ~match[None, :]).any(dim=-1)).long())
     if gate is not None:
-        parts.append(gate.draft_rows(step_logits[0]).long())
-    packed = torch.cat(parts).tolist()
+        parts.append(gate.draft_rows(logits).long())
+    return torch.cat(parts)
+
+
+def _walk_read(packed: list[int], draft: Draft | None, gate: EntropyGate | None
+               ) -> tuple[list[int], list[int], list[bool] | None]:
+    """`_greedy_walk`'s result from `_walk_parts` read to the host."""
+    fed = 1 + (len(draft.tokens) if draft is not None else 0)
     choices, flags, gated = packed[:fed], packed[fed: 2 * fed - 1], packed[2 * fed - 1:]
     nodes = [node for node, ok in enumerate(flags) if ok]  # an accepted chain, parents listed before children
     return [choices[0]] + [choices[node + 1] for node in nodes], nodes, [bool(d) for d in gated] if gate else None
@@ -125,15 +136,7 @@ class Acceptance:
         emitted token as an int (None where the host has not read it), the last position's processed scores (None
         on the one-read path), the gate's decision at every fed position or None) for one sequence ``[1, ...]``."""
         if self.one_read:
-            emitted, accepted, gated = _greedy_walk(step_logits, draft, self.base_gate)
-            max_length, eos = self.host_stopping
-            finished = False
-            for count, token in enumerate(emitted, start=1):
-                if token in eos or (max_length is not None and input_ids.shape[1] + count >= max_length):
-                    emitted, accepted, finished = emitted[:count], accepted[: count - 1], True
-                    break
-            input_ids = torch.cat([input_ids, input_ids.new_tensor([emitted])], dim=-1)
-            return input_ids, accepted, finished, emitted[-1], None, gated
+            return self._emit(*_greedy_walk(step_logits, draft, self.base_gate), input_ids)
         draft_tokens = draft.tokens.tolist() if draft is not None else []
         accepted, node, last_token = [], -1, None
         while True:
@@ -158,6 +161,33 @@ class Acceptance:
                 break
             accepted.append(node)
         return input_ids, accepted, finished, last_token, next_scores, None
+
+    def walk_rows(self, step_logits: torch.Tensor, drafts: list[Draft | None], rows: list[torch.LongTensor]) -> list:
+        """`walk` for every row of a batched forward (``step_logits`` ``[rows, F, V]``, row ``i`` fed its newest token
+        and ``drafts[i]``): on the one-read path every row's decisions are read to the host together, once."""
+        fed = [1 + (len(d.tokens) if d is not None else 0) for d in drafts]
+        if not self.one_read:
+            return [self.walk(step_logits[i: i + 1, :n], draft, row)
+                    for i, (n, draft, row) in enumerate(zip(fed, drafts, rows))]
+        parts = [_walk_parts(step_logits[i, :n], draft, self.base_gate) for i, (n, draft) in enumerate(zip(fed, drafts))]
+        packed = torch.cat(parts).tolist()
+        out, start = [], 0
+        for part, draft, row in zip(parts, drafts, rows):
+            out.append(self._emit(*_walk_read(packed[start: start + part.shape[0]], draft, self.base_gate), row))
+            start += part.shape[0]
+        return out
+
+    def _emit(self, emitted: list[int], accepted: list[int], gated: list[bool] | None, input_ids: torch.LongTensor):
+        """`walk`'s result on the one-read path: the emitted tokens cut at generate()'s length or end-of-sequence
+        stop, appended to ``input_ids``."""
+        max_length, eos = self.host_stopping
+        finished = False
+        for count, token in enumerate(emitted, start=1):
+            if token in eos or (max_length is not None and input_ids.shape[1] + count >= max_length):
+                emitted, accepted, finished = emitted[:count], accepted[: count - 1], True
+                break
+        input_ids = torch.cat([input_ids, input_ids.new_tensor([emitted])], dim=-1)
+        return input_ids, accepted, finished, emitted[-1], None, gated
 
 
 def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
