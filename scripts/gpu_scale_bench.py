@@ -1,0 +1,178 @@
+"""The decoding machinery at the scale users run, with nothing to download: bases built from the configs of real 1B-8B
+models with random weights, drafts from an oracle that knows the base's greedy continuation, optionally corrupted per
+depth to match the acceptance real heads reach (issue 38, part 3; batch sizes for issue 39).
+
+    python scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --batch-sizes 1 4 16
+    python scripts/gpu_scale_bench.py --shape llama-3.2-1b --layers 2 --device cpu --prompts 2 --new 16   # a dry run
+
+The drafter is a real Hydra drafter of the base's width (untrained: its drafting costs what a real one's does); only
+its logits are replaced, on the device, by the oracle's (no host read per node), so the loop, the trees, the
+verification forward and the cache are the real ones. ``--acceptance FILE`` corrupts depth k's guess wherever a
+seeded draw exceeds the per-depth acceptance a bench JSON recorded for a shipped checkpoint (its best row's
+``head_acceptance``), so tau is about what those heads reach; without it every draft is right (tau about the depth + 1).
+Prints, per batch size: plain `generate()`, the static-cache peer (which generate() compiles on CUDA), and the oracle
+drafter's chain: tokens/s, speedup, tau, identical share, host reads per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.decoding.profiling import HostReads, synchronize
+
+SHAPES = {  # the published configs' shapes (no weights are read)
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                         tie_word_embeddings=True),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rope_theta=1000000.0),
+}
+
+
+def build_base(shape: str, layers: int | None, device: str, dtype: torch.dtype, seed: int = 0):
+    values = dict(SHAPES[shape], max_position_embeddings=4096, bos_token_id=1, eos_token_id=None, pad_token_id=0)
+    if layers:
+        values["num_hidden_layers"] = layers
+    config = AutoConfig.for_model(**values)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        base = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():  # sharper than the initialisation's near-uniform logits, so greedy choices are clear
+        base.get_output_embeddings().weight.mul_(8.0)
+    return base.eval()
+
+
+def install_device_oracle(model: CerberusForCausalLM, references: torch.Tensor, acceptance: list[float] | None,
+                          seed: int = 0) -> None:
+    """Replace the heads' logits by the oracle's: the state the heads read is matched (nearest, on the device) to the
+    references' states; depth k ranks the token k + 2 ahead first, or a wrong one where a seeded draw exceeds
+    ``acceptance[k]`` (the conditional acceptance of depth k)."""
+    heads = model.heads
+    with torch.no_grad(), heads.capture(model.base) as captured:
+        model.base(references)
+    table = captured["hidden"].reshape(-1, captured["hidden"].shape[-1]).float()
+    batch, length = references.shape
+    ahead = torch.arange(length, device=references.device)[:, None] + 2 + torch.arange(heads.num_heads,
+                                                                                      device=references.device)
+    targets = references[:, ahead.clamp(max=length - 1)].reshape(-1, heads.num_heads)  # [batch * length, heads]
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    draws = torch.rand(table.shape[0], heads.num_heads, generator=generator).to(references.device)
+    if acceptance is not None:
+        keep = torch.tensor((acceptance + [acceptance[-1]] * heads.num_heads)[: heads.num_heads],
+                            device=references.device)
+        wrong = draws > keep  # per position and depth
+        targets = torch.where(wrong, (targets + 1) % model.config.vocab_size, targets)
+    real_class = type(heads)
+
+    class DeviceOracle(real_class):
+        def draft_level(self, k, hidden, tokens, previous, context=None):
+            state, logits = real_class.draft_level(self, k, hidden, tokens, previous, context)
+            row = torch.cdist(hidden.float(), table).argmin(dim=-1)
+            logits = torch.full_like(logits, -10.0)
+            return state, logits.scatter(1, targets[row, k][:, None], 0.0)
+
+    heads.__class__ = DeviceOracle
+
+
+def timed(run, device) -> tuple[torch.Tensor, float]:
+    synchronize(device)
+    start = time.perf_counter()
+    out = run()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b")
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers than the shape (a dry run)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=8, help="random prompts of --prompt-length tokens")
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    parser.add_argument("--acceptance", default=None, metavar="BENCH_JSON",
+                        help="match the per-depth acceptance of the first heads row of this bench JSON")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    base = build_base(args.shape, args.layers, args.device, dtype)
+    vocab = base.config.vocab_size
+    generator = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, vocab, (args.prompts, args.prompt_length), generator=generator).to(args.device)
+    acceptance = None
+    if args.acceptance:
+        rows = [r for r in json.load(open(args.acceptance))["methods"] if r.get("head_acceptance")]
+        acceptance = rows[0]["head_acceptance"]
+    call = dict(max_new_tokens=args.new, do_sample=False)
+    references = base.generate(prompts, max_new_tokens=args.new + args.heads + 2, do_sample=False)
+    model = CerberusForCausalLM.from_base(base, head_type="hydra", num_heads=args.heads, gate_threshold=None)
+    install_device_oracle(model, references, acceptance)
+    result = {"shape": args.shape, "layers": base.config.num_hidden_layers, "device": str(args.device),
+              "dtype": args.dtype, "acceptance": acceptance, "rows": []}
+    if str(args.device).startswith("cuda"):
+        result["gpu"] = torch.cuda.get_device_name()
+    print(f"{args.shape} ({base.config.num_hidden_layers} layers, random weights), {args.dtype} on {args.device}"
+          + (f" ({result['gpu']})" if "gpu" in result else "") + f"; drafts: {'accuracy-matched' if acceptance else 'oracle'}")
+    print("| batch | method | tokens/s | speedup | tau | identical rows | host reads per step |")
+    print("|---|---|---|---|---|---|---|")
+    for size in args.batch_sizes:
+        batches = [prompts[i: i + size] for i in range(0, args.prompts, size)]
+        methods = {"plain generate()": lambda ids: base.generate(ids, **call)}
+        # generate() compiles the forward of a static-cache call itself on CUDA (not on a CPU)
+        peer = "plain, static cache" + (", compiled" if str(args.device).startswith("cuda") else "")
+        methods[peer] = lambda ids: base.generate(ids, cache_implementation="static", **call)
+        methods[f"oracle hydra chain of {args.heads}"] = lambda ids: model.generate(ids, **call)
+        totals = {name: [0, 0.0, 0, 0] for name in methods}  # tokens, seconds, identical rows, steps
+        broken = {}
+        for name, run in methods.items():  # warm-up (and the compiled peer's compilation)
+            try:
+                run(batches[0][:, :16])
+            except Exception as error:  # noqa: BLE001 - a peer this transformers or device cannot run is reported
+                broken[name] = f"{type(error).__name__}: {error}"[:160]
+        for index, ids in enumerate(batches):
+            names = [n for n in methods if n not in broken]
+            names = names[index % len(names):] + names[: index % len(names)]
+            outputs = {}
+            for name in names:
+                out, seconds = timed(lambda: methods[name](ids), torch.device(args.device))
+                outputs[name] = out
+                totals[name][0] += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+                totals[name][1] += seconds
+                if name.startswith("oracle"):
+                    totals[name][3] += model.generation_stats.steps
+            reference = outputs["plain generate()"]
+            for name, out in outputs.items():
+                totals[name][2] += int((out == reference).all(dim=1).sum()) if out.shape == reference.shape else 0
+        with HostReads() as reads:
+            model.generate(batches[0], **call)
+        plain_rate = totals["plain generate()"][0] / totals["plain generate()"][1]
+        for name, (tokens, seconds, same, steps) in totals.items():
+            if name in broken:
+                print(f"| {size} | {name} | not run: {broken[name]} | | | | |")
+                continue
+            tau = tokens / steps if steps else 1.0
+            reads_per_step = reads.total / model.generation_stats.steps if name.startswith("oracle") else None
+            row = {"batch": size, "method": name, "tokens_per_s": tokens / seconds, "speedup": tokens / seconds / plain_rate,
+                   "tau": tau, "identical_rows": same / args.prompts, "host_reads_per_step": reads_per_step}
+            result["rows"].append(row)
+            print(f"| {size} | {name} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | {tau:.2f} | "
+                  f"{same}/{args.prompts} | {'' if reads_per_step is None else f'{reads_per_step:.1f}'} |")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
