@@ -3,6 +3,9 @@
 # so the checkout fits a device call; carry .whl with a transformers wheel in the supported range, since the device
 # machine has 5.17). Results go to $OUT (at most 8 files come back). About 6-8 minutes on an H100.
 #
+#   echo /.whl/ >> .git/info/exclude   # once; then the wheel (the machine has huggingface_hub, tokenizers, safetensors):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl transformers==5.24.0
 #   device run, carry [".whl"], timeout 600:  bash scripts/gpu_run.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
