@@ -310,8 +310,9 @@ class _Plan:
     input_ids: torch.LongTensor
     room: int
     static: TreeSpec | None
-    can_draft: bool
+    can_draft: bool  # a draft fits before max_length
     step: StepDrafts | None
+    drafts: bool = False  # the gate let this step draft (set by `propose_together`)
 
 
 @torch.no_grad()
@@ -330,13 +331,13 @@ def propose_together(
         first_logits = plan.step.root_logits()[None] if plan.step is not None else None
         if plan.can_draft and decision is None:
             decision = g.gate.should_draft(logits, first_logits)
-        plan.can_draft = plan.can_draft and bool(decision)  # from here on: whether this step drafts
-        if plan.can_draft and plan.step is None and not g.drafter.drafts_chains:
+        plan.drafts = plan.can_draft and bool(decision)
+        if plan.drafts and plan.step is None and not g.drafter.drafts_chains:
             plan.step = g._step_drafts(plan.input_ids, h, last)
-        if plan.room > 0 and (g.dynamic is not None or plan.static is not None):  # no room is not the gate's decision
-            g.stats.record_gate(plan.can_draft)
-    searches = {i: g._search(plan) for i, (g, plan) in enumerate(zip(generators, plans)) if plan.can_draft}
+        if plan.can_draft:  # no room left for a draft is not the gate's decision
+            g.stats.record_gate(plan.drafts)
+    searches = {i: g._search(plan) for i, (g, plan) in enumerate(zip(generators, plans)) if plan.drafts}
     together = [i for i, search in searches.items() if search is not None]
     results = dict(zip(together, run_together([plans[i].step for i in together], [searches[i] for i in together])))
-    return [g._with_lookup(g._draft(plan, results.get(i)) if plan.can_draft else None, plan)
+    return [g._with_lookup(g._draft(plan, results.get(i)) if plan.drafts else None, plan)
             for i, (g, plan) in enumerate(zip(generators, plans))]
