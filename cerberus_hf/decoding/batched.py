@@ -38,7 +38,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..compat import attn_implementation, cache_argument, handed_cache, prefill
 from .batching import pad_token_id
 from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
-from .loop import Acceptance, check_supported
+from .loop import Acceptance, check_supported, keep_cache_positions
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .tree import TreeSpec
@@ -91,29 +91,6 @@ def _with_max_length(config: GenerationConfig, max_length: int) -> GenerationCon
     config = copy.copy(config)
     config.max_length = max_length
     return config
-
-
-def keep_batch_positions(cache: DynamicCache, fed: int, keep: list[list[int]]) -> int:
-    """Keep, of the last ``fed`` cached slots of each row, those at indices ``keep[row]`` (ascending), moved to the
-    front of them; cut the cache after the longest row's. Returns the slots kept (a row that kept fewer has empty
-    slots after its own, for the mask to hide)."""
-    width = max(len(k) for k in keep)
-    if any(k != list(range(len(k))) for k in keep):
-        orders = [k + [i for i in range(fed) if i not in set(k)] for k in keep]
-        index_on: dict[torch.device, torch.Tensor] = {}
-        for layer in cache.layers:
-            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
-                continue
-            device = layer.keys.device
-            if device not in index_on:
-                index_on[device] = torch.tensor(orders, device=device)[:, None, :, None]
-            start = layer.keys.shape[-2] - fed
-            for tensor in (layer.keys, layer.values):
-                index = index_on[device].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
-                tensor[..., start:, :] = tensor[..., start:, :].gather(-2, index)
-    if width < fed:
-        cache.crop(-(fed - width))
-    return width
 
 
 def _step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], lengths: list[int], valid: torch.Tensor,
@@ -199,7 +176,7 @@ def batched_speculative_generate(
             with phase("cache"):
                 if not after_prefill:
                     fed = step_logits.shape[1]
-                    slots = keep_batch_positions(cache, fed, kept)
+                    slots = keep_cache_positions(cache, fed, kept)
                     new = torch.arange(slots)[None, :] < torch.tensor([len(k) for k in kept])[:, None]
                     valid = torch.cat([valid, new.to(valid.device)], dim=-1)
             if all(finished):

@@ -206,27 +206,31 @@ def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, 
     )
 
 
-def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[int]) -> None:
-    """Keep, of the last ``fed`` cached positions, those at indices ``keep`` (ascending); drop the rest.
+def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[list[int]]) -> int:
+    """Keep, of the last ``fed`` cached positions of each batch row, those at indices ``keep[row]`` (ascending), moved
+    to the front of them; cut the cache after the longest row's. Returns the positions kept (in a batch, a row that
+    kept fewer has empty slots after its own, which the batched loop's mask hides).
 
-    A branch of a tree is first moved to the front of those positions, in place (only the ``fed`` newest
-    positions are copied, and the index goes to each device once, not once per layer: on CUDA each copy of
-    it is a host sync); then the cache's own ``crop`` drops the tail, so each layer type keeps its
+    Only the ``fed`` newest positions are copied, in place, and the index goes to each device once, not once per layer
+    (on CUDA each copy of it is a host sync); then the cache's own ``crop`` drops the tail, so each layer type keeps its
     bookkeeping (e.g. sliding-window lengths) right."""
-    if keep != list(range(len(keep))):
-        kept = set(keep)
-        order = keep + [i for i in range(fed) if i not in kept]
+    width = max(len(k) for k in keep)
+    if any(k != list(range(len(k))) for k in keep):
+        orders = [k + [i for i in range(fed) if i not in set(k)] for k in keep]
         index_on: dict[torch.device, torch.Tensor] = {}
         for layer in cache.layers:
             if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
                 continue
             device = layer.keys.device
             if device not in index_on:
-                index_on[device] = torch.tensor(order, device=device)
+                index_on[device] = torch.tensor(orders, device=device)[:, None, :, None]
             start = layer.keys.shape[-2] - fed
-            layer.keys[..., start:, :] = layer.keys[..., start:, :].index_select(-2, index_on[device])
-            layer.values[..., start:, :] = layer.values[..., start:, :].index_select(-2, index_on[device])
-    cache.crop(-(fed - len(keep)))
+            for tensor in (layer.keys, layer.values):
+                index = index_on[device].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
+                tensor[..., start:, :] = tensor[..., start:, :].gather(-2, index)
+    if width < fed:
+        cache.crop(-(fed - width))
+    return width
 
 
 def speculative_generate(
@@ -285,7 +289,7 @@ def speculative_generate(
             kept = [0] + [n + 1 for n in accepted]
             if draft is not None:
                 with phase("cache"):
-                    keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=kept)
+                    keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=[kept])
             if finished:
                 break
             last = accepted[-1] + 1 if accepted else 0
