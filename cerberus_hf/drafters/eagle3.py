@@ -53,14 +53,19 @@ def default_feature_layers(num_layers: int) -> list[int]:
     return [min(max(i, 1), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)]
 
 
+def check_feature_layers(feature_layers: list[int], count: int) -> None:
+    """Refuse layers a base of ``count`` decoder layers cannot give: each state read enters layer 1 to ``count - 1``."""
+    if not 1 <= min(feature_layers) <= max(feature_layers) < count:
+        raise ValueError(f"feature_layers must lie between 1 and {count - 1} for this base ({count} layers), got "
+                         f"{feature_layers}.")
+
+
 @contextmanager
 def capture_features(model: nn.Module, feature_layers: list[int], source: str = "lm_head_input") -> Iterator[dict]:
     """`capture_states`, plus ``captured["features"]``: the states entering each of ``feature_layers``, concatenated
     (``[batch, positions, len(feature_layers) * hidden]``), on every forward that runs those layers."""
     _, _, layers = decoder_layers(model)
-    if not 1 <= min(feature_layers) <= max(feature_layers) < len(layers):
-        raise ValueError(f"feature_layers must lie between 1 and {len(layers) - 1} for this base ({len(layers)} layers), "
-                         f"got {feature_layers}.")
+    check_feature_layers(feature_layers, len(layers))
     outputs: dict[int, torch.Tensor] = {}
 
     def hook_for(index: int):
@@ -227,9 +232,7 @@ class Eagle3Drafter(Drafter):
         count = len(decoder_layers(base)[2])
         if self.feature_layers is None:
             self.feature_layers = default_feature_layers(count)
-        if not 1 <= min(self.feature_layers) <= max(self.feature_layers) < count:
-            raise ValueError(f"feature_layers must lie between 1 and {count - 1} for this base ({count} layers), got "
-                             f"{self.feature_layers}.")
+        check_feature_layers(self.feature_layers, count)  # on attaching, before any forward runs
         super().attach(base)
 
     def capture(self, model: nn.Module):
