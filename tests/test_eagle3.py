@@ -6,6 +6,7 @@ on the true path (or training fits the wrong thing), and that the cache follows 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -125,3 +126,11 @@ def test_saved_heads_load_with_their_layers_and_draft_the_same(tmp_path):
         assert torch.equal(mine, theirs), name
     prompt = reference("llama")[:, :8]
     assert torch.equal(loaded.generate(prompt, max_new_tokens=12), model.generate(prompt, max_new_tokens=12))
+
+
+def test_feature_layers_outside_the_base_are_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"feature_layers must lie between 1 and 1 for this base \(2 layers\)"):
+        fresh_model("llama", "eagle3", num_heads=2, feature_layers=[1, 2])
+    with pytest.raises(ValueError, match="must lie between 1 and 1"):
+        with capture_features(get_base("llama"), [1, 2]):
+            pass
