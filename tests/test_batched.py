@@ -196,3 +196,13 @@ def test_a_batched_step_reads_the_device_once(tree):
     walk = sum(n for line, n in reads.by_line.items() if "walk_rows" in line)
     assert walk == forwards.count  # one read a forward for all rows' acceptance (the prefill's included)
     assert reads.total <= forwards.count + 30, sorted(reads.by_line.items(), key=lambda x: -x[1])[:5]
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 5])
+def test_short_limits_end_every_row_where_the_base_does(max_new_tokens):
+    """Limits that end the batch at the prefill, or inside what one step's drafts would cover."""
+    ids, mask = padded_batch()
+    model = heads("llama", "hydra", "oracle", ids, mask)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, **TREES["static"])
+    expected = get_base("llama").generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
+    assert out.tolist() == expected.tolist()
