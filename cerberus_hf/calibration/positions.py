@@ -64,7 +64,6 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
     index_of = model.rescorer.draft_index() if uses_lm else None
     fed = 1 + max((s.top_k * (s.depth - 1) for s in rescorings), default=0)  # nodes an LM scorer may feed
     records = []
-    num_heads = model.config.num_heads
     for seq, skip in tqdm(sequences, desc="head ranks", unit="seq"):
         ids = torch.tensor([seq], device=model.device)
         with model.heads.capture(model.base) as captured:  # what the heads read: their state_source

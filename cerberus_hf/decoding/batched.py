@@ -36,7 +36,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import attn_implementation, cache_argument, handed_cache, prefill
-from .batching import pad_token_id
+from .batching import pad_batch, pad_token_id
 from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
 from .loop import Acceptance, check_supported, keep_cache_positions
 from .profiling import StepProfiler, phase_timer
@@ -71,12 +71,10 @@ def shared_budget(settings: DecodingSettings, rows: int) -> DecodingSettings:
         tree = settings.dynamic
         return replace(settings, dynamic=replace(tree, nodes=nodes, depth=min(tree.depth, nodes),
                                                  top_k=min(tree.top_k, nodes)))
-    depth = settings.tree.depth if settings.tree is not None else None
-    width = len(settings.tree) if settings.tree is not None else None
-    if width is None:  # the chain of every head (the candidate generator's default)
+    if settings.tree is None:  # the chain of every head (the candidate generator's default)
         return settings
-    nodes = max(1, round((width + 1) / rows) - 1)
-    return replace(settings, tree=TreeSpec.chain(min(depth, nodes)))
+    nodes = max(1, round((len(settings.tree) + 1) / rows) - 1)
+    return replace(settings, tree=TreeSpec.chain(min(settings.tree.depth, nodes)))
 
 
 def _row_view(captured: dict, index: int, length: int | None = None) -> dict:
@@ -212,10 +210,9 @@ def batched_speculative_generate(
             step_captured = dict(captured)
             step_logits = outputs.logits
 
-    longest = max(s.shape[1] for s in sequences)
-    out = input_ids.new_full((batch, longest), pad)
-    for b, sequence in enumerate(sequences):
-        out[b, : sequence.shape[1]] = sequence[0]
+    # padded as batched generate() pads: the prompts as given, each row's new tokens, the pad id after a row's end
+    out = pad_batch(input_ids, [input_ids[b: b + 1, pads[b]:] for b in range(batch)],
+                    [sequence[:, pads[b]:] for b, sequence in enumerate(sequences)], generation_config)
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=out)
     return out

@@ -199,13 +199,15 @@ def batch_inputs(encoded: list[torch.Tensor], batch_size: int, pad_token_id: int
     return batches
 
 
+def _new_lengths(out: torch.Tensor, width: int, eos: set[int]) -> list[int]:
+    """Each row's tokens after a ``width``-token prompt, up to and with its first end-of-sequence token (the padding
+    after a row that ended early is not the row's)."""
+    return [next((i + 1 for i, token in enumerate(row) if token in eos), len(row)) for row in out[:, width:].tolist()]
+
+
 def count_new_tokens(out: torch.Tensor, width: int, eos: set[int]) -> int:
-    """The tokens generated after a batch of ``width``-token prompts: each row's up to its first end-of-sequence token
-    (the padding after a row that ended early is not counted)."""
-    total = 0
-    for row in out[:, width:].tolist():
-        total += next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
-    return total
+    """The tokens generated after a batch of ``width``-token prompts (`_new_lengths`, added up)."""
+    return sum(_new_lengths(out, width, eos))
 
 
 def run_bench(
@@ -291,9 +293,7 @@ def identical_share(out: torch.Tensor, reference: torch.Tensor, width: int, eos:
     """The share of rows of ``out`` identical to ``reference``'s up to each row's end (its first end-of-sequence token
     after the ``width``-token prompt; the padding after it does not count): 1.0 or 0.0 for a single prompt."""
     def ends(batch: torch.Tensor) -> list[list[int]]:
-        rows = batch.tolist()
-        return [row[: width + next((i + 1 for i, t in enumerate(row[width:]) if t in eos), len(row) - width)]
-                for row in rows]
+        return [row[: width + length] for row, length in zip(batch.tolist(), _new_lengths(batch, width, eos))]
 
     return sum(a == b for a, b in zip(ends(out), ends(reference))) / out.shape[0]
 
