@@ -38,10 +38,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..compat import attn_implementation, cache_argument, handed_cache, prefill
 from .batching import pad_batch, pad_token_id
 from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
-from .loop import Acceptance, check_supported, keep_cache_positions
+from .loop import Acceptance, check_supported
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .tree import TreeSpec
+from .verification import keep_cache_positions, step_inputs
 
 
 def batch_unsupported(base: nn.Module, drafter, settings: DecodingSettings) -> str | None:
@@ -89,30 +90,6 @@ def _with_max_length(config: GenerationConfig, max_length: int) -> GenerationCon
     config = copy.copy(config)
     config.max_length = max_length
     return config
-
-
-def _step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], lengths: list[int], valid: torch.Tensor,
-                 dtype: torch.dtype, pad: int) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]:
-    """(tokens ``[L, F]``, positions ``[L, F]``, additive mask ``[L, 1, F, slots + F]``) of one verification forward:
-    each row's newest token and draft, padded to the widest; a row sees its valid slots (``valid`` ``[L, slots]``) and
-    its own tree, a padding position only itself. ``lengths``: each row's token count (its newest token included)."""
-    device = valid.device
-    fed = 1 + max((len(d.tokens) for d in drafts if d is not None), default=0)
-    count = len(rows)
-    tokens = torch.full((count, fed), pad, dtype=torch.long, device=device)
-    offsets = torch.zeros(count, fed, dtype=torch.long)
-    tree = torch.eye(fed, dtype=torch.bool).repeat(count, 1, 1)
-    for i, (row, draft) in enumerate(zip(rows, drafts)):
-        tokens[i, :1] = row[0, -1:]
-        if draft is not None:
-            n = len(draft.tokens) + 1
-            tokens[i, 1:n] = draft.tokens
-            offsets[i, :n] = draft.tree.position_offsets
-            tree[i, :n, :n] = draft.tree.ancestor_mask
-    positions = torch.tensor(lengths)[:, None] - 1 + offsets
-    allowed = torch.cat([valid[:, None, :].expand(-1, fed, -1), tree.to(device)], dim=-1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return tokens, positions.to(device), mask[:, None]
 
 
 def batched_speculative_generate(
@@ -202,7 +179,7 @@ def batched_speculative_generate(
                     live = [live[i] for i in staying]
             with phase("verify"):
                 rows = [sequences[row] for row in live]
-                tokens, positions, attention = _step_inputs(
+                tokens, positions, attention = step_inputs(
                     rows, [drafts[row] for row in live], [r.shape[1] - pads[row] for r, row in zip(rows, live)],
                     valid, model.dtype, pad)
                 outputs = model(input_ids=tokens, position_ids=positions, attention_mask=attention, use_cache=True,

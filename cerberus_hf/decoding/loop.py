@@ -34,6 +34,7 @@ from .candidate_generator import CerberusCandidateGenerator, Draft
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .strict import strict_view
+from .verification import keep_cache_positions, verify
 
 
 def check_supported(model: nn.Module, generation_config: GenerationConfig, model_kwargs: dict) -> None:
@@ -190,49 +191,6 @@ class Acceptance:
         return input_ids, accepted, finished, emitted[-1], None, gated
 
 
-def _verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
-    """One base forward over the last token and the draft, at depth-based positions, under tree attention
-    (a chain needs only the model's own causal mask)."""
-    past = input_ids.shape[1] - 1
-    if draft is None:
-        step_input, offsets, mask = input_ids[:, -1:], torch.zeros(1, dtype=torch.long), None
-    else:
-        step_input = torch.cat([input_ids[:, -1:], draft.tokens[None]], dim=-1)
-        offsets = draft.tree.position_offsets
-        mask = None if draft.tree.is_chain else draft.tree.attention_mask(past, model.dtype, input_ids.device)
-    position_ids = (past + offsets.to(input_ids.device))[None]
-    return model(
-        input_ids=step_input, position_ids=position_ids, attention_mask=mask, use_cache=True, **cache_argument(cache)
-    )
-
-
-def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[list[int]]) -> int:
-    """Keep, of the last ``fed`` cached positions of each batch row, those at indices ``keep[row]`` (ascending), moved
-    to the front of them; cut the cache after the longest row's. Returns the positions kept (in a batch, a row that
-    kept fewer has empty slots after its own, which the batched loop's mask hides).
-
-    Only the ``fed`` newest positions are copied, in place, and the index goes to each device once, not once per layer
-    (on CUDA each copy of it is a host sync); then the cache's own ``crop`` drops the tail, so each layer type keeps its
-    bookkeeping (e.g. sliding-window lengths) right."""
-    width = max(len(k) for k in keep)
-    if any(k != list(range(len(k))) for k in keep):
-        orders = [k + [i for i in range(fed) if i not in set(k)] for k in keep]
-        index_on: dict[torch.device, torch.Tensor] = {}
-        for layer in cache.layers:
-            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
-                continue
-            device = layer.keys.device
-            if device not in index_on:
-                index_on[device] = torch.tensor(orders, device=device)[:, None, :, None]
-            start = layer.keys.shape[-2] - fed
-            for tensor in (layer.keys, layer.values):
-                index = index_on[device].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
-                tensor[..., start:, :] = tensor[..., start:, :].gather(-2, index)
-    if width < fed:
-        cache.crop(-(fed - width))
-    return width
-
-
 def speculative_generate(
     model: nn.Module,
     input_ids: torch.LongTensor,
@@ -306,7 +264,7 @@ def speculative_generate(
                     draft = candidate_generator.cut_to(draft, strict_rows - 1)
             with phase("verify"), candidate_generator.verifying(
                     strict_model if draft is not None else model, input_ids, draft) as verifier:
-                outputs = _verify(verifier, cache, input_ids, draft)
+                outputs = verify(verifier, cache, input_ids, draft)
             step_logits = outputs.logits
             step_hidden = captured["hidden"]
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -52,7 +53,7 @@ _last_plan = threading.local()
 
 def _tree_plan(attention_mask: torch.Tensor, queries: int) -> list[tuple[int, int]]:
     """``(row, path length)`` for each query row of a tree block, in depth-first order. ``attention_mask`` is the
-    tree mask `_verify` passes (additive float, 0 where visible, or bool), of which only the fed columns are read
+    tree mask `verification.verify` passes (additive float, 0 where visible, or bool), of which only the fed columns are read
     (the cache before them is visible to every row). A row sees the root, its ancestors and itself, which come
     in that order among the fed positions (a tree lists parents before children), so its parent is the last
     position it sees before itself. One plan serves every layer of a forward: it is kept for its mask."""

@@ -1,0 +1,83 @@
+"""The verification forward's inputs and the KV cache's roll-back after it, shared by the single-sequence loop
+(`loop`) and the batched one (`batched`).
+
+A verification step feeds the base the newest token and a draft (a chain, or a tree under a 4D mask) in one forward,
+at depth-based positions; afterwards only the accepted branch may stay in the cache, moved in place to the front of
+the positions fed, and the rest is cut off.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..compat import cache_argument
+from .candidate_generator import Draft
+
+
+def verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
+    """One base forward over the last token and the draft, at depth-based positions, under tree attention
+    (a chain needs only the model's own causal mask)."""
+    past = input_ids.shape[1] - 1
+    if draft is None:
+        step_input, offsets, mask = input_ids[:, -1:], torch.zeros(1, dtype=torch.long), None
+    else:
+        step_input = torch.cat([input_ids[:, -1:], draft.tokens[None]], dim=-1)
+        offsets = draft.tree.position_offsets
+        mask = None if draft.tree.is_chain else draft.tree.attention_mask(past, model.dtype, input_ids.device)
+    position_ids = (past + offsets.to(input_ids.device))[None]
+    return model(
+        input_ids=step_input, position_ids=position_ids, attention_mask=mask, use_cache=True, **cache_argument(cache)
+    )
+
+
+def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[list[int]]) -> int:
+    """Keep, of the last ``fed`` cached positions of each batch row, those at indices ``keep[row]`` (ascending), moved
+    to the front of them; cut the cache after the longest row's. Returns the positions kept (in a batch, a row that
+    kept fewer has empty slots after its own, which the batched loop's mask hides).
+
+    Only the ``fed`` newest positions are copied, in place, and the index goes to each device once, not once per layer
+    (on CUDA each copy of it is a host sync); then the cache's own ``crop`` drops the tail, so each layer type keeps its
+    bookkeeping (e.g. sliding-window lengths) right."""
+    width = max(len(k) for k in keep)
+    if any(k != list(range(len(k))) for k in keep):
+        orders = [k + [i for i in range(fed) if i not in set(k)] for k in keep]
+        index_on: dict[torch.device, torch.Tensor] = {}
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            device = layer.keys.device
+            if device not in index_on:
+                index_on[device] = torch.tensor(orders, device=device)[:, None, :, None]
+            start = layer.keys.shape[-2] - fed
+            for tensor in (layer.keys, layer.values):
+                index = index_on[device].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
+                tensor[..., start:, :] = tensor[..., start:, :].gather(-2, index)
+    if width < fed:
+        cache.crop(-(fed - width))
+    return width
+
+
+def step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], lengths: list[int], valid: torch.Tensor,
+                 dtype: torch.dtype, pad: int) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]:
+    """(tokens ``[L, F]``, positions ``[L, F]``, additive mask ``[L, 1, F, slots + F]``) of one verification forward:
+    each row's newest token and draft, padded to the widest; a row sees its valid slots (``valid`` ``[L, slots]``) and
+    its own tree, a padding position only itself. ``lengths``: each row's token count (its newest token included)."""
+    device = valid.device
+    fed = 1 + max((len(d.tokens) for d in drafts if d is not None), default=0)
+    count = len(rows)
+    tokens = torch.full((count, fed), pad, dtype=torch.long, device=device)
+    offsets = torch.zeros(count, fed, dtype=torch.long)
+    tree = torch.eye(fed, dtype=torch.bool).repeat(count, 1, 1)
+    for i, (row, draft) in enumerate(zip(rows, drafts)):
+        tokens[i, :1] = row[0, -1:]
+        if draft is not None:
+            n = len(draft.tokens) + 1
+            tokens[i, 1:n] = draft.tokens
+            offsets[i, :n] = draft.tree.position_offsets
+            tree[i, :n, :n] = draft.tree.ancestor_mask
+    positions = torch.tensor(lengths)[:, None] - 1 + offsets
+    allowed = torch.cat([valid[:, None, :].expand(-1, fed, -1), tree.to(device)], dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return tokens, positions.to(device), mask[:, None]
