@@ -38,6 +38,21 @@ def handed_cache(model_kwargs: dict) -> Any:
     return cache if cache is not None else model_kwargs.get("past_key_values")
 
 
+def set_handed_cache(model_kwargs: dict, cache: Any) -> None:
+    """Put ``cache`` in ``model_kwargs`` where generate() put the one it prepared (the prefill reads it there)."""
+    name = "cache" if model_kwargs.get("cache") is not None else "past_key_values"
+    model_kwargs[name] = cache
+
+
+def auto_compile(model: Any, cache: Any, generation_config: Any) -> bool:
+    """``GenerationMixin._valid_auto_compile_criteria`` (private, 5.18-5.24): whether generate() would compile
+    ``model``'s forward for plain decoding with ``cache`` and this config (a compileable cache on CUDA and other
+    accelerators unless ``disable_compile``; elsewhere only with ``compile_config._compile_all_devices``), so that a
+    call compiles the draft-verify loop exactly when it would compile plain decoding. It reads the cache from
+    generate()'s model_kwargs, under either name."""
+    return bool(model._valid_auto_compile_criteria({"cache": cache, "past_key_values": cache}, generation_config))
+
+
 def output_cache(output: Any) -> Any:
     """The KV cache a forward returned (``output.cache`` from 5.24 on, where ``past_key_values`` warns)."""
     return output.get(CACHE_ARGUMENT)

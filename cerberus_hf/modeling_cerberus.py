@@ -455,6 +455,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             streamer=streamer,
             settings=settings,
             profiler=profiler,
+            compile_base=self.base,
             make_candidate_generator=functools.partial(
                 self._candidate_generator, settings=settings, stats=stats, profiler=profiler),
         )
@@ -584,10 +585,10 @@ def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:
         raise ValueError("assistant_model / assistant_early_exit cannot be combined with draft heads (they are the drafter).")
     if model_kwargs.get("custom_generate") is not None:
         raise ValueError("CerberusForCausalLM.generate supplies its own decoding loop; custom_generate is not accepted.")
-    if config.cache_implementation not in (None, "dynamic"):
+    if config.cache_implementation not in (None, "dynamic", "static"):
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r} is not supported: the draft-verify loop rolls the "
-            "cache back after each step and needs the default dynamic cache."
+            "cache back after each step; use the default dynamic cache or 'static'."
         )
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("inputs_embeds is not supported with draft heads: pass input_ids.")

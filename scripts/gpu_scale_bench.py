@@ -10,8 +10,9 @@ its logits are replaced, on the device, by the oracle's (no host read per node),
 verification forward and the cache are the real ones. ``--acceptance FILE`` corrupts depth k's guess wherever a
 seeded draw exceeds the per-depth acceptance a bench JSON recorded for a shipped checkpoint (its best row's
 ``head_acceptance``), so tau is about what those heads reach; without it every draft is right (tau about the depth + 1).
-Prints, per batch size: plain `generate()`, the static-cache peer (which generate() compiles on CUDA), and the oracle
-drafter's chain: tokens/s, speedup, tau, identical share, host reads per step.
+Prints, per batch size: plain `generate()`, the static-cache peer (which generate() compiles on CUDA), the oracle
+drafter's chain, and at batch 1 the same through the loop's own static cache (`decoding.static_cache`, compiled as the
+peer is): tokens/s, speedup, tau, identical share, host reads per step.
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ def main() -> int:
         peer = "plain, static cache" + (", compiled" if str(args.device).startswith("cuda") else "")
         methods[peer] = lambda ids: base.generate(ids, cache_implementation="static", **call)
         methods[f"oracle hydra chain of {args.heads}"] = lambda ids: model.generate(ids, **call)
+        if size == 1:  # the draft-verify loop's static cache, compiled as the peer is (batches use the dynamic one)
+            methods[f"oracle hydra chain of {args.heads}, {peer[len('plain, '):]}"] = lambda ids: model.generate(
+                ids, cache_implementation="static", **call)
         totals = {name: [0, 0.0, 0, 0] for name in methods}  # tokens, seconds, identical rows, steps
         broken = {}
         for name, run in methods.items():  # warm-up (and the compiled peer's compilation)

@@ -31,6 +31,22 @@ def test_batched_bench_counts_each_rows_tokens_against_plain_batched_generate():
     assert [r["new_tokens"] for r in heads["prompts"]] == [alone[0] + alone[1], alone[2]]
 
 
+def test_static_cache_rows_run_beside_the_dynamic_ones():
+    """``--cache both [--compile]``: every row once with each cache, the dynamic plain row the reference."""
+    from transformers import CompileConfig
+
+    base = get_base("llama")
+    model = fresh_model("llama", "hydra", num_heads=3)
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    result = run_bench(base, {"hydra tiny": model}, [get_prompt("llama")], max_new_tokens=12, warmup=0, variants=[],
+                       prompt_lookup=False, caches=("dynamic", "static"), compile_config=config)
+    assert [row["method"] for row in result["methods"]] == [
+        "plain generate()", "hydra tiny", "plain generate() [static cache, compiled]",
+        "hydra tiny [static cache, compiled]"]
+    assert all(row["identical"] == 1.0 for row in result["methods"])
+
+
 def test_bench_runs_every_method_and_reports_exactness(tmp_path):
     base = get_base("llama")
     model = fresh_model("llama", "cerberus", randomize=True, num_heads=3)

@@ -25,6 +25,8 @@ CASES = {
     # one read a step: the accepted branch; about 9 more per call (generate()'s preparation, the tree's top-k)
     "chain": (CHAIN, 1.4),
     "static": (dict(CHAIN, draft_tree=STATIC_TREE), 1.4),
+    # the same tree verified through a static cache (`decoding.static_cache`): its padding and mask add no read
+    "static+static_cache": (dict(CHAIN, draft_tree=STATIC_TREE, cache_implementation="static"), 1.4),
     # a gate on the base's logits decides for every position in the walk's read (`EntropyGate.draft_rows`)
     "chain+gate": (dict(CHAIN, gate_threshold=10.0), 1.4),
     # a dynamic tree is searched on the device and its shape read once (`drafting.device_selection`)

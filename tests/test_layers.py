@@ -26,7 +26,8 @@ LAYERS = [
     # the drafter interface and the families
     ["drafters", "drafters.*"],
     # the draft-verify loop, which knows drafters only through their interface
-    ["decoding", "decoding.drafting", "decoding.candidate_generator", "decoding.verification", "decoding.loop", "decoding.batched"],
+    ["decoding", "decoding.drafting", "decoding.candidate_generator", "decoding.verification", "decoding.static_cache",
+     "decoding.loop", "decoding.batched"],
     # reading a saved folder and the base it names
     ["loading", "base_model", "real_models"],
     # the model users load, and its entry points

@@ -30,18 +30,19 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers import DynamicCache, GenerationConfig
+from transformers import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..compat import attn_implementation, cache_argument, handed_cache, prefill
+from ..compat import attn_implementation, cache_argument, prefill
 from .batching import pad_batch, pad_token_id
 from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
 from .loop import Acceptance, check_supported
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .tree import TreeSpec
+from .static_cache import verification_for
 from .verification import keep_cache_positions, step_inputs
 
 
@@ -103,6 +104,7 @@ def batched_speculative_generate(
     make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
     settings: DecodingSettings | None = None,
     profiler: StepProfiler | None = None,
+    compile_base: nn.Module | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of a left-padded batch (``input_ids`` ``[B, width]`` with generate()'s
@@ -110,13 +112,14 @@ def batched_speculative_generate(
     (a streamer, scores and logits take one sequence and are refused by `CerberusForCausalLM.generate`). Rows equal
     what plain batched `generate()` returns for them: left padding kept, finished rows padded with the pad id."""
     check_supported(model, generation_config, model_kwargs)
-    cache: DynamicCache = handed_cache(model_kwargs)
     batch, width = input_ids.shape
     mask = model_kwargs.get("attention_mask")
     pads = (width - mask.sum(-1)).tolist() if mask is not None else [0] * batch
     # each row's candidate generator counts its length limit without the row's padding (drafts never run past it)
     generators = [make_candidate_generator(_with_max_length(generation_config, generation_config.max_length - pad))
                   for pad in pads]
+    cache = verification_for(model, compile_base or model, generation_config, model_kwargs, generators[0].drafter,
+                             settings, rows=batch).cache  # a dynamic cache (rows are selected from it)
     typical = settings.typical if settings is not None else None
     acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, generators[0].gate)
     pad = pad_token_id(generation_config)

@@ -288,7 +288,8 @@ class CerberusCandidateGenerator(CandidateGenerator):
         return self._last
 
     def cut_to(self, draft: Draft, nodes: int) -> Draft | None:
-        """Verify only the draft's first ``nodes`` nodes this step (strict verification's row limit)."""
+        """Verify only the draft's first ``nodes`` nodes this step (strict verification's row limit, a static cache's
+        room)."""
         self._last = draft.first_nodes(nodes)
         return self._last
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, StaticCache
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -34,7 +34,7 @@ from .candidate_generator import CerberusCandidateGenerator, Draft
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .strict import strict_view
-from .verification import keep_cache_positions, verify
+from .static_cache import verification_for
 
 
 def check_supported(model: nn.Module, generation_config: GenerationConfig, model_kwargs: dict) -> None:
@@ -42,10 +42,10 @@ def check_supported(model: nn.Module, generation_config: GenerationConfig, model
     if not generation_config.use_cache:
         raise ValueError("Speculative decoding needs the KV cache: use_cache=False is not supported.")
     cache = handed_cache(model_kwargs)
-    if not isinstance(cache, DynamicCache):
+    if type(cache) not in (DynamicCache, StaticCache):
         raise ValueError(
-            f"Speculative decoding needs a DynamicCache it can roll back; got {type(cache).__name__}. "
-            "Static, quantized and offloaded caches are not supported: drop `cache_implementation` / "
+            f"Speculative decoding needs a cache it can roll back (dynamic or static); got {type(cache).__name__}. "
+            "Quantized, offloaded and sliding-window caches are not supported: drop `cache_implementation` / "
             "`cache` / `past_key_values` from the call."
         )
     if generation_config.output_attentions or generation_config.output_hidden_states:
@@ -202,6 +202,7 @@ def speculative_generate(
     make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
     settings: DecodingSettings | None = None,
     profiler: StepProfiler | None = None,
+    compile_base: nn.Module | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
@@ -213,7 +214,8 @@ def speculative_generate(
     reads ``typical`` (Medusa's lossy typical acceptance, opt-in) and ``strict_rows`` (strict verification, see
     `strict`: at most that many positions per forward, the root included, each position's attention computed as a
     one-token forward computes it); the candidate generator reads the rest. ``profiler`` collects wall time per
-    phase of the loop.
+    phase of the loop. ``compile_base``: the base ``model`` is a per-call view of, whose compiled forward serves a static
+    cache (`static_cache`; default ``model``).
     """
     typical = settings.typical if settings is not None else None
     strict_rows = settings.strict_rows if settings is not None else None
@@ -221,7 +223,9 @@ def speculative_generate(
         raise ValueError("This loop decodes one sequence; CerberusForCausalLM.generate batches rows (`batched`).")
     check_supported(model, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
-    cache: DynamicCache = handed_cache(model_kwargs)
+    verification = verification_for(model, compile_base or model, generation_config, model_kwargs,
+                                    candidate_generator.drafter, settings)
+    cache = verification.cache
     want_dict = generation_config.return_dict_in_generate
     acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, streamer,
                             candidate_generator.gate)
@@ -247,7 +251,7 @@ def speculative_generate(
             kept = [0] + [n + 1 for n in accepted]
             if draft is not None:
                 with phase("cache"):
-                    keep_cache_positions(cache, fed=len(draft.tokens) + 1, keep=[kept])
+                    verification.keep(kept)
             if finished:
                 break
             last = accepted[-1] + 1 if accepted else 0
@@ -262,9 +266,12 @@ def speculative_generate(
                     draft = candidate_generator.fall_back_to_chain(draft)
                 if draft is not None and strict_rows is not None and len(draft.tokens) >= strict_rows:
                     draft = candidate_generator.cut_to(draft, strict_rows - 1)
+                room = verification.max_draft(input_ids.shape[1] - 1)
+                if draft is not None and room is not None and len(draft.tokens) > room:
+                    draft = candidate_generator.cut_to(draft, room)
             with phase("verify"), candidate_generator.verifying(
                     strict_model if draft is not None else model, input_ids, draft) as verifier:
-                outputs = verify(verifier, cache, input_ids, draft)
+                outputs = verification.forward(verifier, input_ids, draft, captured)
             step_logits = outputs.logits
             step_hidden = captured["hidden"]
 

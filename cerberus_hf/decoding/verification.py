@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from ..compat import cache_argument
 from .candidate_generator import Draft
@@ -32,14 +32,15 @@ def verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, d
     )
 
 
-def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[list[int]]) -> int:
+def keep_cache_positions(cache: Cache, fed: int, keep: list[list[int]], end: int | None = None) -> int:
     """Keep, of the last ``fed`` cached positions of each batch row, those at indices ``keep[row]`` (ascending), moved
     to the front of them; cut the cache after the longest row's. Returns the positions kept (in a batch, a row that
     kept fewer has empty slots after its own, which the batched loop's mask hides).
 
     Only the ``fed`` newest positions are copied, in place, and the index goes to each device once, not once per layer
     (on CUDA each copy of it is a host sync); then the cache's own ``crop`` drops the tail, so each layer type keeps its
-    bookkeeping (e.g. sliding-window lengths) right."""
+    bookkeeping (e.g. sliding-window lengths) right. ``end``: the cache's length, given for a static cache, whose
+    tensors are longer than what it holds (a dynamic cache's length is its tensors')."""
     width = max(len(k) for k in keep)
     if any(k != list(range(len(k))) for k in keep):
         orders = [k + [i for i in range(fed) if i not in set(k)] for k in keep]
@@ -50,22 +51,23 @@ def keep_cache_positions(cache: DynamicCache, fed: int, keep: list[list[int]]) -
             device = layer.keys.device
             if device not in index_on:
                 index_on[device] = torch.tensor(orders, device=device)[:, None, :, None]
-            start = layer.keys.shape[-2] - fed
+            stop = layer.keys.shape[-2] if end is None else end
             for tensor in (layer.keys, layer.values):
                 index = index_on[device].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
-                tensor[..., start:, :] = tensor[..., start:, :].gather(-2, index)
+                tensor[..., stop - fed: stop, :] = tensor[..., stop - fed: stop, :].gather(-2, index)
     if width < fed:
         cache.crop(-(fed - width))
     return width
 
 
 def step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], lengths: list[int], valid: torch.Tensor,
-                 dtype: torch.dtype, pad: int) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]:
+                 dtype: torch.dtype, pad: int, width: int = 0) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]:
     """(tokens ``[L, F]``, positions ``[L, F]``, additive mask ``[L, 1, F, slots + F]``) of one verification forward:
     each row's newest token and draft, padded to the widest; a row sees its valid slots (``valid`` ``[L, slots]``) and
-    its own tree, a padding position only itself. ``lengths``: each row's token count (its newest token included)."""
+    its own tree, a padding position only itself. ``lengths``: each row's token count (its newest token included);
+    ``width``: feed at least that many positions (a compiled forward's fixed size)."""
     device = valid.device
-    fed = 1 + max((len(d.tokens) for d in drafts if d is not None), default=0)
+    fed = max(width, 1 + max((len(d.tokens) for d in drafts if d is not None), default=0))
     count = len(rows)
     tokens = torch.full((count, fed), pad, dtype=torch.long, device=device)
     offsets = torch.zeros(count, fed, dtype=torch.long)
@@ -81,3 +83,26 @@ def step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], length
     allowed = torch.cat([valid[:, None, :].expand(-1, fed, -1), tree.to(device)], dim=-1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     return tokens, positions.to(device), mask[:, None]
+
+
+class Verification:
+    """The verification forward of one sequence over generate()'s dynamic cache, and the roll-back after it; the
+    loop's only way to the cache, so that a static one (`static_cache.StaticVerification`) can stand in."""
+
+    def __init__(self, cache: Cache):
+        self.cache = cache
+        self.fed = 0  # positions fed by the last forward
+
+    def forward(self, model: nn.Module, input_ids: torch.LongTensor, draft: Draft | None, captured: dict):
+        """`verify` of ``draft`` after ``input_ids``; ``captured`` (the drafter's record of the forward) is left as the
+        forward's hooks wrote it."""
+        self.fed = 1 + (len(draft.tokens) if draft is not None else 0)
+        return verify(model, self.cache, input_ids, draft)
+
+    def keep(self, kept: list[int]) -> None:
+        """Keep of the last forward's positions those at ``kept`` (the root and the accepted branch)."""
+        keep_cache_positions(self.cache, self.fed, [kept])
+
+    def max_draft(self, past: int) -> int | None:
+        """The most draft nodes a forward after ``past`` cached positions can take (None: no limit)."""
+        return None

@@ -80,9 +80,12 @@ def in_this_thread(record: Callable[..., None]) -> Callable[..., None]:
 
     A capture hooks modules of a base that other threads may be running at the same time (their own
     `generate()` calls on the same model): each capture must see its own thread's forwards only. A hook is
-    the one thing a capture adds to the base, and it changes nothing the base computes."""
+    the one thing a capture adds to the base, and it changes nothing the base computes. Under ``torch.compile`` (a
+    static cache's compiled forward, `decoding.static_cache`) it runs uncompiled: recording into a Python dict is a
+    side effect the graph cannot hold, so the forward's graph is cut there."""
     owner = threading.get_ident()
 
+    @torch.compiler.disable
     @functools.wraps(record)
     def recorded(*args, **kwargs) -> None:
         if threading.get_ident() == owner:

@@ -116,6 +116,8 @@ def build_methods(
     variants: list[str] | None = None,
     profile: bool = False,
     prompt_lookup: bool = True,
+    caches: tuple[str, ...] = ("dynamic",),
+    compile_config=None,
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
@@ -124,9 +126,29 @@ def build_methods(
     running every family in every configuration; ``default`` is the checkpoint as calibrated (a row that
     only a list names); a variant ending in ``+strict`` runs with ``strict=True``. ``profile`` records
     per-phase step times of the head methods; ``prompt_lookup=False`` leaves out transformers' prompt lookup row (an hour-long run need not repeat
-    a baseline it already has)."""
-    call = {"max_new_tokens": max_new_tokens, "do_sample": False}
-    methods = [Method("plain generate()", lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
+    a baseline it already has). ``caches``: run plain generate() and every head row with each of these
+    ``cache_implementation``s (``"dynamic"``, ``"static"``: `decoding.static_cache`), static rows with
+    ``compile_config`` where given (transformers then compiles on any device); the first is the reference."""
+    methods: list[Method] = []
+    for cache in caches:
+        call = {"max_new_tokens": max_new_tokens, "do_sample": False}
+        tag = ""
+        if cache == "static":
+            call["cache_implementation"] = "static"
+            compiled = compile_config is not None or base.device.type == "cuda"
+            if compile_config is not None:
+                call["compile_config"] = compile_config
+            tag = " [static cache, compiled]" if compiled else " [static cache]"
+        methods += _methods_for_call(base, head_models, call, tag, variants, profile,
+                                     prompt_lookup and cache == caches[0])
+    return methods
+
+
+def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: list[str] | None, profile: bool,
+                      prompt_lookup: bool) -> list[Method]:
+    """`build_methods`' rows for one set of generate() arguments ``call``, their names ending in ``tag``."""
+    methods = [Method("plain generate()" + tag,
+                      lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (
             base.generate(**_arguments(inputs), prompt_lookup_num_tokens=10, **call), None)))
@@ -156,7 +178,7 @@ def build_methods(
                 out = model.generate(**_arguments(inputs), **call, **overrides, profile=profile)
                 return out, model.generation_stats
 
-            methods.append(Method(f"{label} ({suffix})" if suffix else label, run))
+            methods.append(Method((f"{label} ({suffix})" if suffix else label) + tag, run))
     return methods
 
 
@@ -222,10 +244,13 @@ def run_bench(
     checkpoint: str | Path | None = None,
     resume: bool = False,
     run_identity: dict | None = None,
+    caches: tuple[str, ...] = ("dynamic",),
+    compile_config=None,
 ) -> dict:
     """Decode every prompt or batch (`batch_inputs`) with every method of `build_methods`; returns per-method summaries
     and per-prompt (per-batch) records (``checkpoint``, ``resume``: see `run_methods`)."""
-    methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup)
+    methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup, caches,
+                            compile_config)
     eos = base.generation_config.eos_token_id
     return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
                        {"max_new_tokens": max_new_tokens, **(run_identity or {})},
@@ -499,6 +524,16 @@ def add_cli(subparsers) -> None:
                              "(throughput over the batch); above 1 the prompt-lookup row is left out")
     parser.add_argument("--no-prompt-lookup", action="store_true",
                         help="leave out the row of transformers' prompt lookup (plain generate() stays)")
+    parser.add_argument("--cache", default="dynamic", choices=("dynamic", "static", "both"),
+                        help="the KV cache every row decodes with; 'both' runs each row with each, the dynamic rows "
+                             "first (plain dynamic generate() stays the reference). A static cache is compiled on "
+                             "CUDA, as transformers compiles it")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the static-cache rows on any device, the CPU included (transformers' "
+                             "compile_config with _compile_all_devices)")
+    parser.add_argument("--warmup", type=arguments.positive_int, default=1,
+                        help="prompts decoded by every row, untimed, before timing (a compiled row compiles each "
+                             "step size it meets once)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run whose finished prompts are in JSON.partial (written after each "
                              "prompt when --json is given); refused if that file is another run's")
@@ -526,12 +561,24 @@ def run_cli(args: argparse.Namespace) -> int:
     checkpoint = args.json and args.json + ".partial"
     if checkpoint and Path(checkpoint).exists() and not args.resume:
         print(f"{checkpoint} holds an unfinished run; starting afresh (--resume continues it)", file=sys.stderr)
-    result = run_bench(base, head_models, encoded, args.max_new_tokens, variants=args.variants,
+    if args.compile and args.cache == "dynamic":
+        raise UserError("--compile compiles the static-cache rows: add --cache static or --cache both")
+    caches = ("dynamic", "static") if args.cache == "both" else (args.cache,)
+    compile_config = None
+    if args.compile:
+        from transformers import CompileConfig
+
+        compile_config = CompileConfig(mode=None if base.device.type == "cpu" else "reduce-overhead")
+        compile_config._compile_all_devices = True
+    result = run_bench(base, head_models, encoded, args.max_new_tokens, variants=args.variants, warmup=args.warmup,
                        profile=args.profile, prompt_lookup=not args.no_prompt_lookup and args.batch_size == 1,
                        checkpoint=checkpoint, resume=args.resume,
                        run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
-                                     "heads": args.heads, "batch_size": args.batch_size})
+                                     "heads": args.heads, "batch_size": args.batch_size, "cache": args.cache,
+                                     "compile": args.compile},
+                       caches=caches, compile_config=compile_config)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
+                  cache=args.cache, compile=args.compile, warmup=args.warmup,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, date=time.strftime("%Y-%m-%d"),
                   command="cerberus-hf " + " ".join(sys.argv[1:]), machine=machine,
                   calibrations={label: model.decoding_settings(base.device, base.dtype)["calibration"]

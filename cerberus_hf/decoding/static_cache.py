@@ -1,0 +1,161 @@
+"""Verification through a pre-allocated (static) KV cache, its forward compiled once per bucket of step sizes.
+
+``generate(..., cache_implementation="static")`` asks transformers for a cache whose tensors are allocated once and
+updated in place, so that a compiled forward sees the same addresses and shapes every step (on CUDA, through CUDA
+graphs: a step replays recorded kernels instead of launching each from Python). The draft-verify loop uses it as it
+uses the dynamic cache: each step appends the newest token and the draft, the accepted branch is moved to the front
+of the fed positions in place and the cache's length is cut back after it (`loop.keep_cache_positions`; a static
+layer's ``crop`` only moves its length, and the next step overwrites what lies beyond).
+
+What a compiled forward needs, and how this gives it:
+
+- **Fixed shapes.** A step feeds 1 + its draft's nodes; compiled, it is padded to the next of a few bucket sizes
+  (`BUCKETS`), so a call compiles at most one graph per bucket and none after warm-up. A padding position attends only to the
+  past and itself; its cache slot lies beyond the kept length and is overwritten later. A larger step runs
+  uncompiled at its own size.
+- **One mask layout.** Every step passes an explicit 4D mask over all of the cache's slots: the past visible, the
+  tree by ancestry, the free slots hidden (a chain gets its causal mask the same way).
+- **Room.** The cache holds ``max_length`` plus the largest bucket, rounded up to `ROOM_MULTIPLE` slots so that
+  calls of different lengths share compiled graphs, as transformers keeps the largest length it has seen. A tree
+  wider than that near the end of a call is cut to the room left (`max_draft`).
+- **One compiled forward per base.** The forward is the base's own ``get_compiled_call``: compiled on the base,
+  not on the per-call view `CerberusForCausalLM.generate` runs (a view compiled anew every call would recompile).
+  The drafter's capture hooks run inside it (one graph break, where a hook records a state); what they recorded and
+  the logits are copied out after the forward, since a CUDA graph's outputs live in memory its next replay reuses.
+
+Whether it compiles follows transformers' own rule for plain decoding (`compat.auto_compile`): on CUDA (and a few
+other accelerators) with a static cache, unless ``disable_compile``; elsewhere only with a ``compile_config`` whose
+``_compile_all_devices`` is set. Uncompiled, the static cache gives the same tokens through the same forward.
+
+What it cannot serve (`static_unsupported`) decodes with the dynamic cache instead, after a one-line warning: a
+sliding-window base (a static window layer rolls its slots over and cannot be rolled back in place), flash attention
+(it takes no 4D mask), Kangaroo and the neural rescorer (they draft through the base's own cache), strict verification
+(its attention runs position by position), a batch (`decoding.batched` selects rows of a dynamic cache), and a
+transformers before 5.24, whose static cache cannot be cut back.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import CompileConfig, DynamicCache, GenerationConfig, StaticCache
+from transformers.cache_utils import StaticLayer
+from transformers.utils import logging
+
+from ..compat import attn_implementation, auto_compile, cache_argument, handed_cache, set_handed_cache
+from .candidate_generator import Draft
+from .settings import DecodingSettings
+from .verification import Verification, keep_cache_positions, step_inputs
+
+logger = logging.get_logger(__name__)
+
+# The step sizes a compiled forward is specialised to (the newest token plus the draft's nodes, padded up): one graph
+# each. A step larger than the largest runs uncompiled at its own size.
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+ROOM_MULTIPLE = 256
+
+
+def static_unsupported(base: nn.Module, drafter, settings: DecodingSettings | None, rows: int) -> str | None:
+    """Why this call cannot verify through a static cache (None: it can)."""
+    if not getattr(StaticLayer, "is_croppable", False):
+        return "this transformers' static cache cannot be cut back (5.24 or later can)"
+    if rows > 1:
+        return "a batch decodes with the dynamic cache"
+    if getattr(base.config.get_text_config(), "sliding_window", None) is not None:
+        return "the base has sliding-window layers, which a static cache cannot roll back in place"
+    if "flash" in str(attn_implementation(base.config) or ""):
+        return "flash attention takes no 4D mask"
+    if drafter.drafts_chains:
+        return f"{drafter.drafter_type} drafts through the base's own cache"
+    if settings is not None and settings.rescoring is not None and settings.rescoring.lm_weight > 0:
+        return "the neural rescorer drafts through the base's own cache"
+    if settings is not None and settings.strict_rows is not None:
+        return "strict verification runs its attention position by position"
+    return None
+
+
+def dynamic_instead(model: nn.Module, model_kwargs: dict, why: str) -> DynamicCache:
+    """Swap the static cache generate() prepared for a dynamic one, saying why in one line."""
+    logger.warning_once(f"cerberus-hf: cache_implementation='static' is not used here ({why}); decoding with the "
+                        "dynamic cache.")
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    set_handed_cache(model_kwargs, cache)
+    return cache
+
+
+def verification_for(model: nn.Module, compile_base: nn.Module, generation_config: GenerationConfig,
+                     model_kwargs: dict, drafter, settings: DecodingSettings | None, rows: int = 1) -> Verification:
+    """How this call verifies: through generate()'s dynamic cache, or, when the call asked for a static one, a static
+    cache with room for the drafts (`StaticVerification`) where this call can use one, and the dynamic cache with a
+    one-line warning where it cannot. Called before the prefill, which fills the cache chosen."""
+    cache = handed_cache(model_kwargs)
+    if not isinstance(cache, StaticCache):
+        return Verification(cache)
+    why = static_unsupported(model, drafter, settings, rows)
+    if why is not None:
+        return Verification(dynamic_instead(model, model_kwargs, why))
+    return StaticVerification.prepare(model, compile_base, generation_config, model_kwargs)
+
+
+def bucket(size: int) -> int:
+    """The compiled step size ``size`` positions are padded to (``size`` itself beyond the largest bucket)."""
+    return next((b for b in BUCKETS if b >= size), size)
+
+
+class StaticVerification(Verification):
+    """Verification forwards over a static cache sized for the call, padded to `BUCKETS`, compiled where transformers
+    would compile plain decoding. Created before the prefill (`prepare`), which it replaces generate()'s cache for."""
+
+    def __init__(self, cache: StaticCache, room: int, forward: Callable, compiled: bool):
+        super().__init__(cache)
+        self.room = room  # the cache's slots
+        self.forward_call = forward  # the compiled forward, or the base itself
+        self.compiled = compiled
+        self.length = 0  # the cache's length after the last forward, padding included
+
+    @classmethod
+    def prepare(cls, model: nn.Module, compile_base: nn.Module, generation_config: GenerationConfig,
+                model_kwargs: dict) -> "StaticVerification":
+        """Replace generate()'s static cache (sized ``max_length``, with no room for the last step's draft) by one
+        with room for the largest bucket, and choose the forward: ``compile_base``'s compiled call (the base itself,
+        not a per-call view of it) where transformers would compile, ``model`` otherwise."""
+        room = generation_config.max_length + BUCKETS[-1]
+        room = -(-room // ROOM_MULTIPLE) * ROOM_MULTIPLE
+        cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=room)
+        set_handed_cache(model_kwargs, cache)
+        compiled = auto_compile(compile_base, cache, generation_config)
+        if compiled:
+            forward = compile_base.get_compiled_call(generation_config.compile_config or CompileConfig())
+        else:
+            forward = model
+        return cls(cache, room, forward, compiled)
+
+    def forward(self, model: nn.Module, input_ids: torch.LongTensor, draft: Draft | None, captured: dict):
+        """The base's forward over the newest token and ``draft``, padded to its bucket; returns the outputs with
+        logits (and ``captured``'s states) of the fed positions only, copied out of the forward's buffers."""
+        past = input_ids.shape[1] - 1
+        size = 1 + (len(draft.tokens) if draft is not None else 0)
+        padded = bucket(size) if self.compiled else size  # padding only buys an uncompiled forward more work
+        valid = torch.ones(1, past, dtype=torch.bool, device=input_ids.device)
+        tokens, positions, mask = step_inputs([input_ids], [draft], [past + 1], valid, model.dtype,
+                                              pad=0, width=padded)
+        # the cache's free slots, hidden
+        mask = torch.nn.functional.pad(mask, (0, self.room - past - padded), value=torch.finfo(model.dtype).min)
+        call = self.forward_call if padded in BUCKETS else model
+        outputs = call(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
+                       **cache_argument(self.cache))
+        self.fed, self.length = padded, past + padded
+        outputs.logits = outputs.logits[:, :size].clone()
+        for name, value in list(captured.items()):
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == padded:
+                captured[name] = value[:, :size].clone()
+        return outputs
+
+    def keep(self, kept: list[int]) -> None:
+        keep_cache_positions(self.cache, self.fed, [kept], end=self.length)
+
+    def max_draft(self, past: int) -> int | None:
+        """A draft wider than the largest bucket runs at its own size, and near the end of a call may not fit."""
+        return self.room - past - 1
