@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU run: what is owed on CUDA that needs nothing but the checkout (scripts/device_slim.sh enter first,
 # so the checkout fits a device call; carry .whl with a transformers wheel in the supported range, since the device
-# machine has 5.17). Results go to $OUT (at most 8 files come back). About 6-8 minutes on an H100.
+# machine has 5.17). Results go to $OUT (at most 8 files come back). At most about 9 minutes: each step has its own
+# time limit.
 #
 #   echo /.whl/ >> .git/info/exclude   # once; then the wheel (the machine has huggingface_hub, tokenizers, safetensors):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -18,13 +19,17 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt"
 # 1. exactness of the batched and single loops on the GPU, fp32 (tiny models)
-CERBERUS_TEST_DEVICE=cuda timeout 150 python3 -m pytest -p no:cacheprovider -q -x -m "not real_model and not slow" \
+CERBERUS_TEST_DEVICE=cuda timeout 120 python3 -m pytest -p no:cacheprovider -q -x -m "not real_model and not slow" \
   tests/test_batched.py tests/test_exactness.py > "$OUT/pytest_cuda.txt" 2>&1
+# 1b. the static cache on CUDA, where generate() compiles its forward with CUDA graphs (one family per architecture)
+CERBERUS_TEST_DEVICE=cuda timeout 80 python3 -m pytest -p no:cacheprovider -q -m "not real_model and not slow" \
+  tests/test_static_cache.py -k "greedy_output_equals_base and hydra or compiled or partly_accepted" \
+  > "$OUT/pytest_cuda_static.txt" 2>&1
 # 2. the 8B-shaped base, oracle drafts, batch 1 / 4 / 16: speedup against plain and the compiled static-cache peer
-timeout 200 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 16 \
+timeout 170 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 16 \
   --batch-sizes 1 4 16 --json "$OUT/scale_8b_oracle.json" > "$OUT/scale_8b_oracle.md" 2>&1
 # 3. the same with drafts matched to the shipped Hydra's per-depth acceptance on MT-Bench (bf16, Xeon run)
-timeout 200 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 16 \
+timeout 170 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 16 \
   --batch-sizes 1 4 16 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json \
   --json "$OUT/scale_8b_matched.json" > "$OUT/scale_8b_matched.md" 2>&1
 tail -n 3 "$OUT"/*.md "$OUT"/*.txt
