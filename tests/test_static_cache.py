@@ -152,6 +152,18 @@ def test_what_cannot_use_a_static_cache_says_so_and_stays_exact(case, reason, mo
         assert row.tolist() == base.generate(ids[None], max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
 
 
+def test_a_transformers_whose_static_cache_cannot_be_cut_back_falls_back(monkeypatch):
+    """Before 5.24 a static layer has no ``crop`` (checked on 5.18.0): the call says so and uses the dynamic cache."""
+    monkeypatch.setattr(static_cache, "StaticLayer", type("OldStaticLayer", (), {}))
+    said = []
+    monkeypatch.setattr(static_cache.logger, "warning_once", said.append)
+    model = fresh_model("llama", "hydra", randomize=True, num_heads=3)
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, return_dict_in_generate=True, **STATIC)
+    assert out.sequences.tolist() == reference("llama").tolist()
+    assert not isinstance(output_cache(out), StaticCache)
+    assert len(said) == 1 and "5.24 or later" in said[0]
+
+
 def test_other_cache_implementations_are_refused_in_one_line():
     model = fresh_model("llama", "hydra")
     with pytest.raises(ValueError, match="cache_implementation='offloaded' is not supported") as error:
