@@ -105,8 +105,8 @@ def bucket(size: int) -> int:
 
 
 class StaticVerification(Verification):
-    """Verification forwards over a static cache sized for the call, padded to `BUCKETS`, compiled where transformers
-    would compile plain decoding. Created before the prefill (`prepare`), which it replaces generate()'s cache for."""
+    """Verification forwards over a static cache sized for the call, compiled where transformers would compile plain
+    decoding, and then padded to `BUCKETS`. Created before the prefill (`prepare`), whose cache it replaces."""
 
     def __init__(self, cache: StaticCache, room: int, forward: Callable, compiled: bool):
         super().__init__(cache)
@@ -133,8 +133,9 @@ class StaticVerification(Verification):
         return cls(cache, room, forward, compiled)
 
     def forward(self, model: nn.Module, input_ids: torch.LongTensor, draft: Draft | None, captured: dict):
-        """The base's forward over the newest token and ``draft``, padded to its bucket; returns the outputs with
-        logits (and ``captured``'s states) of the fed positions only, copied out of the forward's buffers."""
+        """The base's forward over the newest token and ``draft`` (padded to its bucket when compiled); returns the
+        outputs with logits (and ``captured``'s states) of the fed positions only, copied out of the forward's
+        buffers."""
         past = input_ids.shape[1] - 1
         size = 1 + (len(draft.tokens) if draft is not None else 0)
         padded = bucket(size) if self.compiled else size  # padding only buys an uncompiled forward more work
