@@ -4,7 +4,7 @@
 updated in place, so that a compiled forward sees the same addresses and shapes every step (on CUDA, through CUDA
 graphs: a step replays recorded kernels instead of launching each from Python). The draft-verify loop uses it as it
 uses the dynamic cache: each step appends the newest token and the draft, the accepted branch is moved to the front
-of the fed positions in place and the cache's length is cut back after it (`loop.keep_cache_positions`; a static
+of the fed positions in place and the cache's length is cut back after it (`verification.keep_cache_positions`; a static
 layer's ``crop`` only moves its length, and the next step overwrites what lies beyond).
 
 What a compiled forward needs, and how this gives it:
@@ -15,20 +15,23 @@ What a compiled forward needs, and how this gives it:
   uncompiled at its own size.
 - **One mask layout.** Every step passes an explicit 4D mask over all of the cache's slots: the past visible, the
   tree by ancestry, the free slots hidden (a chain gets its causal mask the same way).
-- **Room.** The cache holds ``max_length`` plus the largest bucket, rounded up to `ROOM_MULTIPLE` slots so that
-  calls of different lengths share compiled graphs, as transformers keeps the largest length it has seen. A tree
-  wider than that near the end of a call is cut to the room left (`max_draft`).
-- **One compiled forward per base.** The forward is the base's own ``get_compiled_call``: compiled on the base,
-  not on the per-call view `CerberusForCausalLM.generate` runs (a view compiled anew every call would recompile).
-  The drafter's capture hooks run inside it (one graph break, where a hook records a state); what they recorded and
-  the logits are copied out after the forward, since a CUDA graph's outputs live in memory its next replay reuses.
+- **Room.** The cache holds ``max_length`` plus the largest bucket, rounded up to `ROOM_MULTIPLE` slots; compiled,
+  it keeps the largest room a call on this base has had, as transformers keeps the largest length it has seen, so
+  that calls of different lengths share compiled graphs. A tree wider than the room left near the end of a call is
+  cut to it (`max_draft`). A cache the caller passed is replaced by one with that room (its contents are not read).
+- **One compiled forward per base.** The forward is the base's own ``get_compiled_call`` with the call's
+  ``compile_config`` (None: transformers' default), as plain decoding's: compiled on the base, not on the per-call
+  view `CerberusForCausalLM.generate` runs (a view compiled anew every call would recompile). The drafter's capture
+  hooks run inside it, uncompiled (one graph break where a hook records a state, so ``fullgraph=True`` is turned off
+  with a one-line note); what they recorded and the logits are copied out after the forward, since a CUDA graph's
+  outputs live in memory its next replay reuses.
 
 Whether it compiles follows transformers' own rule for plain decoding (`compat.auto_compile`): on CUDA (and a few
 other accelerators) with a static cache, unless ``disable_compile``; elsewhere only with a ``compile_config`` whose
 ``_compile_all_devices`` is set. Uncompiled, the static cache gives the same tokens through the same forward.
 
-What it cannot serve (`static_unsupported`) decodes with the dynamic cache instead, after a one-line warning: a
-sliding-window base (a static window layer rolls its slots over and cannot be rolled back in place), flash attention
+What it cannot serve (`static_unsupported`, and a static cache whose layers are not all plain attention layers) decodes
+with the dynamic cache instead, after a one-line warning: a sliding-window base (a static window layer rolls its slots over and cannot be rolled back in place), flash attention
 (it takes no 4D mask), Kangaroo and the neural rescorer (they draft through the base's own cache), strict verification
 (its attention runs position by position), a batch (`decoding.batched` selects rows of a dynamic cache), and a
 transformers before 5.24, whose static cache cannot be cut back.
@@ -38,9 +41,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+import copy
+
 import torch
 from torch import nn
-from transformers import CompileConfig, DynamicCache, GenerationConfig, StaticCache
+from transformers import DynamicCache, GenerationConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.utils import logging
 
@@ -96,7 +101,12 @@ def verification_for(model: nn.Module, compile_base: nn.Module, generation_confi
     why = static_unsupported(model, drafter, settings, rows)
     if why is not None:
         return Verification(dynamic_instead(model, model_kwargs, why))
-    return StaticVerification.prepare(model, compile_base, generation_config, model_kwargs)
+    verification = StaticVerification.prepare(model, compile_base, generation_config)
+    if any(type(layer) is not StaticLayer for layer in verification.cache.layers):
+        return Verification(dynamic_instead(model, model_kwargs, "the base's static cache has layers other than "
+                                            "plain attention, which cannot be rolled back in place"))
+    set_handed_cache(model_kwargs, verification.cache)
+    return verification
 
 
 def bucket(size: int) -> int:
@@ -116,21 +126,28 @@ class StaticVerification(Verification):
         self.length = 0  # the cache's length after the last forward, padding included
 
     @classmethod
-    def prepare(cls, model: nn.Module, compile_base: nn.Module, generation_config: GenerationConfig,
-                model_kwargs: dict) -> "StaticVerification":
-        """Replace generate()'s static cache (sized ``max_length``, with no room for the last step's draft) by one
-        with room for the largest bucket, and choose the forward: ``compile_base``'s compiled call (the base itself,
-        not a per-call view of it) where transformers would compile, ``model`` otherwise."""
-        room = generation_config.max_length + BUCKETS[-1]
-        room = -(-room // ROOM_MULTIPLE) * ROOM_MULTIPLE
-        cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=room)
-        set_handed_cache(model_kwargs, cache)
+    def prepare(cls, model: nn.Module, compile_base: nn.Module, generation_config: GenerationConfig
+                ) -> "StaticVerification":
+        """A static cache to stand in for generate()'s (sized ``max_length``, with no room for the last step's draft)
+        with room for the largest bucket, and the forward: ``compile_base``'s compiled call (the base itself, not a
+        per-call view of it) where transformers would compile, ``model`` otherwise."""
+        config = model.config.get_text_config(decoder=True)
+        room = -(-(generation_config.max_length + BUCKETS[-1]) // ROOM_MULTIPLE) * ROOM_MULTIPLE
+        cache = StaticCache(config=config, max_cache_len=room)  # allocated at its first update
         compiled = auto_compile(compile_base, cache, generation_config)
-        if compiled:
-            forward = compile_base.get_compiled_call(generation_config.compile_config or CompileConfig())
-        else:
-            forward = model
-        return cls(cache, room, forward, compiled)
+        if not compiled:
+            return cls(cache, room, model, compiled)
+        largest = getattr(compile_base, "_cerberus_static_room", 0)
+        if largest > room:  # the shapes an earlier call compiled
+            room, cache = largest, StaticCache(config=config, max_cache_len=largest)
+        compile_base._cerberus_static_room = room
+        compile_config = generation_config.compile_config
+        if compile_config is not None and compile_config.fullgraph:
+            logger.warning_once("cerberus-hf: compile_config.fullgraph=True is turned off for the draft-verify loop: "
+                                "the drafter's hook on the base cuts the graph where it records a state.")
+            compile_config = copy.copy(compile_config)
+            compile_config.fullgraph = False
+        return cls(cache, room, compile_base.get_compiled_call(compile_config), compiled)
 
     def forward(self, model: nn.Module, input_ids: torch.LongTensor, draft: Draft | None, captured: dict):
         """The base's forward over the newest token and ``draft`` (padded to its bucket when compiled); returns the
@@ -144,7 +161,7 @@ class StaticVerification(Verification):
                                               pad=0, width=padded)
         # the cache's free slots, hidden
         mask = torch.nn.functional.pad(mask, (0, self.room - past - padded), value=torch.finfo(model.dtype).min)
-        call = self.forward_call if padded in BUCKETS else model
+        call = self.forward_call if self.compiled and padded in BUCKETS else model
         outputs = call(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
                        **cache_argument(self.cache))
         self.fed, self.length = padded, past + padded
