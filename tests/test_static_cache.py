@@ -153,18 +153,6 @@ def test_what_cannot_use_a_static_cache_says_so_and_stays_exact(case, reason, mo
         assert row.tolist() == plain.generate(ids[None], max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
 
 
-def test_a_transformers_whose_static_cache_cannot_be_cut_back_falls_back(monkeypatch):
-    """Before 5.24 a static layer has no ``crop`` (checked on 5.18.0): the call says so and uses the dynamic cache."""
-    monkeypatch.setattr(static_cache, "StaticLayer", type("OldStaticLayer", (), {}))
-    said = []
-    monkeypatch.setattr(static_cache.logger, "warning_once", said.append)
-    model = fresh_model("llama", "hydra", randomize=True, num_heads=3)
-    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, return_dict_in_generate=True, **STATIC)
-    assert out.sequences.tolist() == reference("llama").tolist()
-    assert not isinstance(output_cache(out), StaticCache)
-    assert len(said) == 1 and "5.24 or later" in said[0]
-
-
 def test_other_cache_implementations_are_refused_in_one_line():
     model = fresh_model("llama", "hydra")
     with pytest.raises(ValueError, match="cache_implementation='offloaded' is not supported") as error:
@@ -222,17 +210,22 @@ def test_a_compiled_call_keeps_the_largest_room_so_later_calls_reuse_its_graphs(
     assert out.sequences.tolist() == reference("llama").tolist()
 
 
-def test_a_static_cache_with_other_layers_falls_back(monkeypatch):
-    """A layer type the roll-back does not know (a sliding window, an indexer, linear attention) is not rolled back
-    in place: the call says so and uses the dynamic cache."""
-    monkeypatch.setattr(static_cache, "StaticLayer", type("OnlyKnownLayer", (), {"is_croppable": True}))
+@pytest.mark.parametrize("layer, reason", [
+    # before 5.24 a static layer has no ``crop`` (checked on 5.18.0)
+    (type("OldStaticLayer", (), {}), "5.24 or later"),
+    # a layer type the roll-back does not know (a sliding window, an indexer, linear attention)
+    (type("OnlyKnownLayer", (), {"is_croppable": True}), "other than plain attention"),
+], ids=["not_croppable", "other_layers"])
+def test_a_static_cache_it_cannot_roll_back_in_place_falls_back(layer, reason, monkeypatch):
+    """The call says so in one line and uses the dynamic cache."""
+    monkeypatch.setattr(static_cache, "StaticLayer", layer)
     said = []
     monkeypatch.setattr(static_cache.logger, "warning_once", said.append)
     model = fresh_model("llama", "hydra", randomize=True, num_heads=3)
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, return_dict_in_generate=True, **STATIC)
     assert out.sequences.tolist() == reference("llama").tolist()
     assert not isinstance(output_cache(out), StaticCache)
-    assert len(said) == 1 and "other than plain attention" in said[0]
+    assert len(said) == 1 and reason in said[0]
 
 
 @pytest.mark.slow  # inductor generates and builds C++ for every graph: about a minute on two cores

@@ -43,7 +43,7 @@ from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .tree import TreeSpec
 from .static_cache import verification_for
-from .verification import keep_cache_positions, step_inputs
+from .verification import drafts_through_base_cache, keep_cache_positions, step_inputs
 
 
 def batch_unsupported(base: nn.Module, drafter, settings: DecodingSettings) -> str | None:
@@ -52,10 +52,9 @@ def batch_unsupported(base: nn.Module, drafter, settings: DecodingSettings) -> s
         return "flash attention takes no 4D mask"
     if getattr(base.config.get_text_config(), "sliding_window", None) is not None:
         return "the base has sliding-window layers"
-    if drafter.drafts_chains:
-        return f"{drafter.drafter_type} drafts through the base's own cache"
-    if settings.rescoring is not None and settings.rescoring.lm_weight > 0:
-        return "the neural rescorer drafts through the base's own cache"
+    through_base = drafts_through_base_cache(drafter, settings)
+    if through_base is not None:
+        return through_base
     if settings.strict_rows is not None:
         return "strict verification computes each position as a one-token forward does"
     return None

@@ -10,9 +10,9 @@ layer's ``crop`` only moves its length, and the next step overwrites what lies b
 What a compiled forward needs, and how this gives it:
 
 - **Fixed shapes.** A step feeds 1 + its draft's nodes; compiled, it is padded to the next of a few bucket sizes
-  (`BUCKETS`), so a call compiles at most one graph per bucket and none after warm-up. A padding position attends only to the
-  past and itself; its cache slot lies beyond the kept length and is overwritten later. A larger step runs
-  uncompiled at its own size.
+  (`BUCKETS`), so a call compiles at most one graph per bucket and none after warm-up. A padding position attends
+  only to the past and itself; its cache slot lies beyond the kept length and is overwritten later. A larger step
+  runs uncompiled at its own size.
 - **One mask layout.** Every step passes an explicit 4D mask over all of the cache's slots: the past visible, the
   tree by ancestry, the free slots hidden (a chain gets its causal mask the same way).
 - **Room.** The cache holds ``max_length`` plus the largest bucket, rounded up to `ROOM_MULTIPLE` slots; compiled,
@@ -30,11 +30,12 @@ Whether it compiles follows transformers' own rule for plain decoding (`compat.a
 other accelerators) with a static cache, unless ``disable_compile``; elsewhere only with a ``compile_config`` whose
 ``_compile_all_devices`` is set. Uncompiled, the static cache gives the same tokens through the same forward.
 
-What it cannot serve (`static_unsupported`, and a static cache whose layers are not all plain attention layers) decodes
-with the dynamic cache instead, after a one-line warning: a sliding-window base (a static window layer rolls its slots over and cannot be rolled back in place), flash attention
-(it takes no 4D mask), Kangaroo and the neural rescorer (they draft through the base's own cache), strict verification
-(its attention runs position by position), a batch (`decoding.batched` selects rows of a dynamic cache), and a
-transformers before 5.24, whose static cache cannot be cut back.
+What it cannot serve (`static_unsupported`, and a static cache whose layers are not all plain attention layers)
+decodes with the dynamic cache instead, after a one-line warning: a sliding-window base (a static window layer rolls
+its slots over and cannot be rolled back in place), flash attention (it takes no 4D mask), Kangaroo and the neural
+rescorer (they draft through the base's own cache), strict verification (its attention runs position by position), a
+batch (`decoding.batched` selects rows of a dynamic cache), and a transformers before 5.24, whose static cache
+cannot be cut back.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from transformers.utils import logging
 from ..compat import attn_implementation, auto_compile, cache_argument, handed_cache, set_handed_cache
 from .candidate_generator import Draft
 from .settings import DecodingSettings
-from .verification import Verification, keep_cache_positions, step_inputs
+from .verification import Verification, drafts_through_base_cache, keep_cache_positions, step_inputs
 
 logger = logging.get_logger(__name__)
 
@@ -72,10 +73,9 @@ def static_unsupported(base: nn.Module, drafter, settings: DecodingSettings | No
         return "the base has sliding-window layers, which a static cache cannot roll back in place"
     if "flash" in str(attn_implementation(base.config) or ""):
         return "flash attention takes no 4D mask"
-    if drafter.drafts_chains:
-        return f"{drafter.drafter_type} drafts through the base's own cache"
-    if settings is not None and settings.rescoring is not None and settings.rescoring.lm_weight > 0:
-        return "the neural rescorer drafts through the base's own cache"
+    through_base = drafts_through_base_cache(drafter, settings)
+    if through_base is not None:
+        return through_base
     if settings is not None and settings.strict_rows is not None:
         return "strict verification runs its attention position by position"
     return None

@@ -61,7 +61,8 @@ def keep_cache_positions(cache: Cache, fed: int, keep: list[list[int]], end: int
 
 
 def step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], lengths: list[int], valid: torch.Tensor,
-                 dtype: torch.dtype, pad: int, width: int = 0) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]:
+                 dtype: torch.dtype, pad: int, width: int = 0
+                ) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor]:
     """(tokens ``[L, F]``, positions ``[L, F]``, additive mask ``[L, 1, F, slots + F]``) of one verification forward:
     each row's newest token and draft, padded to the widest; a row sees its valid slots (``valid`` ``[L, slots]``) and
     its own tree, a padding position only itself. ``lengths``: each row's token count (its newest token included);
@@ -83,6 +84,16 @@ def step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], length
     allowed = torch.cat([valid[:, None, :].expand(-1, fed, -1), tree.to(device)], dim=-1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     return tokens, positions.to(device), mask[:, None]
+
+
+def drafts_through_base_cache(drafter, settings) -> str | None:
+    """Why this call's drafting runs through the base's own KV cache (None: it does not), which a cache shared by a
+    batch's rows or rolled back in place cannot serve: Kangaroo's chain, the neural rescorer's small LM."""
+    if drafter.drafts_chains:
+        return f"{drafter.drafter_type} drafts through the base's own cache"
+    if settings is not None and settings.rescoring is not None and settings.rescoring.lm_weight > 0:
+        return "the neural rescorer drafts through the base's own cache"
+    return None
 
 
 class Verification:
