@@ -619,6 +619,26 @@ def test_every_epoch_has_the_same_batches_in_its_own_order():
     assert all(max(lengths[i] for i in group) * len(group) <= 64 for group in epochs[0])
 
 
+def test_eagle3_run_starts_from_a_saved_drafter_and_refuses_other_layers(base, data_path, cache_dir, tmp_path):
+    """``init_from`` for EAGLE-3: a run continues from the saved drafter (with a zero learning rate it ends on it), records
+    the folder, and refuses a drafter that fuses other layers before anything is computed."""
+    from cerberus_hf.training.sequence_trainer import train_sequence_drafter
+
+    first = fresh(base, "eagle3")
+    train_sequence_drafter(first, data_path, tmp_path / "first", max_steps=3, cache_dir=cache_dir, **EAGLE_FAST)
+    second = fresh(base, "eagle3")
+    assert not heads_equal(second, first)
+    metrics = train_sequence_drafter(second, data_path, tmp_path / "second", max_steps=1, cache_dir=cache_dir,
+                                     init_from=tmp_path / "first", **dict(EAGLE_FAST, lr=0.0))
+    assert metrics["config"]["init_from"] == str(tmp_path / "first")
+    assert heads_equal(second, first)
+    other = fresh(base, "eagle3", feature_layers=[1])
+    with pytest.raises(ValueError, match="feature_layers"):
+        train_sequence_drafter(other, data_path, tmp_path / "other", max_steps=1, cache_dir=cache_dir,
+                               init_from=tmp_path / "first", **EAGLE_FAST)
+    assert not (tmp_path / "other").exists()
+
+
 def test_eagle3_features_are_cached_once_and_resume_after_a_kill(base, data_path, tmp_path, monkeypatch):
     from cerberus_hf.drafters.eagle3 import capture_features
     from cerberus_hf.training import sequence_trainer

@@ -37,7 +37,7 @@ def add_cli(subparsers):
             "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo", "eagle3"),
             "adapter_heads": ("kangaroo", "clover", "hydra", "eagle3"),
             "adapter_head_dim": ("kangaroo", "clover", "hydra", "eagle3"), "context_window": ("clover", "hydra"),
-            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": heads,
+            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": (*heads, "eagle3"),
             "feature_layers": ("eagle3",), "compute_dtype": ("eagle3",)}
     parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
     return parser
@@ -223,7 +223,7 @@ def _run_sequence_cli(args: argparse.Namespace, base) -> int:
         teacher_topk=args.teacher_topk, eval_every=args.eval_every, save_every=args.save_every or 50,
         eval_fraction=args.eval_fraction, seed=args.seed, max_steps=args.max_steps, cache_dir=args.cache_dir,
         num_threads=args.num_threads, train_vocab=args.train_vocab, compute_dtype=args.compute_dtype,
-        resume=not args.no_resume, show_progress=not args.no_progress,
+        init_from=args.init_from, resume=not args.no_resume, show_progress=not args.no_progress,
     )
     cost = metrics["cost"]
     if metrics["eval"] is not None:

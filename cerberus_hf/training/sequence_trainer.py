@@ -190,6 +190,7 @@ def train_sequence_drafter(
     num_threads: int | None = None,
     train_vocab: int | None = None,
     compute_dtype: torch.dtype | str = torch.float32,
+    init_from: str | os.PathLike | None = None,
     resume: bool = True,
     show_progress: bool = True,
 ) -> dict:
@@ -197,8 +198,12 @@ def train_sequence_drafter(
     distillation JSONL; returns the metrics, also written to ``output_dir/training_metrics.json``, and saves the
     drafter there. ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``compute_dtype`` bfloat16
     runs the unrolled steps under autocast and the projection in bfloat16 (several times faster where bf16 matmuls are:
-    AMX CPUs, GPUs), the weights and the optimizer staying float32; the rest are `train_heads`' arguments."""
+    AMX CPUs, GPUs), the weights and the optimizer staying float32; ``init_from`` continues from a saved drafter of the
+    same shape with a fresh schedule (more updates for a run that stopped early); the rest are `train_heads`'
+    arguments."""
     from accelerate import Accelerator
+
+    from .trainer import load_initial_heads
 
     started = time.perf_counter()
     if num_threads is not None:
@@ -210,6 +215,8 @@ def train_sequence_drafter(
     drafter = model.heads
     if not hasattr(drafter, "unrolled_outputs"):
         raise ValueError(f"{drafter.drafter_type} heads do not unroll over sequences; train them with train_heads.")
+    if init_from is not None:  # before the features, so that a wrong folder fails at once
+        load_initial_heads(model, init_from)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     device = accelerator.device
     model.base.to(device)
@@ -253,7 +260,8 @@ def train_sequence_drafter(
                   "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
                   "seed": seed, "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction,
                   "max_seq_len": max_seq_len, "train_vocab": train_vocab,
-                  "compute_dtype": str(compute_dtype).replace("torch.", "")}
+                  "compute_dtype": str(compute_dtype).replace("torch.", ""),
+                  "init_from": str(init_from) if init_from is not None else None}
     return run_training(
         model, drafter, data, Path(output_dir), make_batch=make, batch_loss=batch_loss,
         evaluate=lambda batches, vocab: evaluate_unrolled(drafter, batches, chunk_rows, vocab),
