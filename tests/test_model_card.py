@@ -104,3 +104,18 @@ def test_card_states_the_strict_settings_beside_an_entry():
     assert "Calibrated for `cpu/bfloat16/X` (used by default on the closest hardware): static tree of 3 nodes" in card
     assert ("  - with `generate(strict=True)` (output bit-identical to plain `generate()` in this dtype; at most 32 "
             "positions a verification): static tree of 2 nodes `[[0], [1]]`, no gate") in card
+
+
+def test_card_states_the_earlier_runs_a_run_continued_from():
+    """A run started from saved heads (``init_from``): the card states each earlier run and the whole training behind
+    the heads, not only the last run's steps and minutes."""
+    model = fresh_model("llama", "cerberus", num_heads=2)
+    first = {"folder": "a", "steps": 600, "epochs": 0.42, "train_time_s": 2220.0, "continued_from": None}
+    training = {"top1": [0.3, 0.2], "top5": [0.5, 0.4], "config": {}, "data": {}, "steps": 1800, "epochs": 1.25,
+                "cost": {"wall_time_s": 4800.0, "train_time_s": 4680.0}, "continued_from": first}
+    card = render_card(model.config, training, None, "cerberus-hf card", None)
+    assert ("- Continued from earlier training: 600 steps (0.42 epoch(s), 37.0 min), then this run; 2400 steps "
+            "(1.67 epochs) and 115.0 min of training in all.") in card
+    second = dict(training, continued_from={**first, "steps": 100, "continued_from": dict(first, steps=50)})
+    assert "50 steps (0.42 epoch(s), 37.0 min); 100 steps" in render_card(model.config, second, None, "c", None)
+    assert "Continued" not in render_card(model.config, dict(training, continued_from=None), None, "c", None)

@@ -463,6 +463,8 @@ def test_a_run_starts_from_saved_heads_and_refuses_other_ones(base, data_path, c
     metrics = train_heads(second, data_path, tmp_path / "second", max_steps=1, cache_dir=cache_dir,
                           init_from=tmp_path / "first", **dict(FAST, lr=0.0))
     assert metrics["config"]["init_from"] == str(tmp_path / "first")
+    assert metrics["continued_from"]["steps"] == 6 and metrics["continued_from"]["continued_from"] is None
+    assert metrics["continued_from"]["train_time_s"] > 0
     assert second.heads.draft_vocab is None and not second.config.draft_vocab_trained
     trained = {k: v for k, v in first.heads.state_dict().items() if k != "draft_vocab"}
     assert trained.keys() == second.heads.state_dict().keys()
@@ -631,6 +633,7 @@ def test_eagle3_run_starts_from_a_saved_drafter_and_refuses_other_layers(base, d
     metrics = train_sequence_drafter(second, data_path, tmp_path / "second", max_steps=1, cache_dir=cache_dir,
                                      init_from=tmp_path / "first", **dict(EAGLE_FAST, lr=0.0))
     assert metrics["config"]["init_from"] == str(tmp_path / "first")
+    assert metrics["continued_from"]["steps"] == 3  # from the first run's metrics: its card states both runs
     assert heads_equal(second, first)
     other = fresh(base, "eagle3", feature_layers=[1])
     with pytest.raises(ValueError, match="feature_layers"):

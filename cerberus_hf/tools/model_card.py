@@ -109,6 +109,26 @@ def _cost_text(cost: dict) -> str:
     return f"- Cost: {wall / 60:.1f} minutes on {device}, of which training {total / 60:.1f} min and "
 
 
+def _continued_text(training: dict) -> list[str]:
+    """A run that started from saved heads (``init_from``): the earlier runs behind them, and the whole."""
+    earlier, runs = training.get("continued_from"), []
+    while earlier:
+        runs.append(earlier)
+        earlier = earlier.get("continued_from")
+    if not runs:
+        return []
+    minutes = [r["train_time_s"] / 60 for r in runs if r.get("train_time_s") is not None]
+    cost = training.get("cost", {})
+    total_minutes = cost.get("train_time_s_total", cost.get("train_time_s", 0)) / 60 + sum(minutes)
+    parts = "; ".join(f"{r.get('steps', 'n/a')} steps ({r.get('epochs', 'n/a')} epoch(s)"
+                      + (f", {r['train_time_s'] / 60:.1f} min" if r.get("train_time_s") is not None else "") + ")"
+                      for r in reversed(runs))
+    steps = training.get("steps", 0) + sum(r.get("steps") or 0 for r in runs)
+    epochs = training.get("epochs", 0) + sum(r.get("epochs") or 0 for r in runs)
+    return [f"- Continued from earlier training: {parts}, then this run; {steps} steps ({epochs:.2f} epochs) and "
+            f"{total_minutes:.1f} min of training in all."]
+
+
 def _cache_text(config, cost: dict) -> str:
     """What the run spent on the base's states, which earlier runs may have cached."""
     states = {"kangaroo": f"the base's layer-{config.exit_layer} states",
@@ -259,6 +279,7 @@ def render_card(
                                                       "projection_dtype",
                                                       "seed") if k in run),
             _cost_text(cost) + _cache_text(config, cost),
+            *_continued_text(training),
             "",
         ]
         if training.get("top1"):

@@ -44,6 +44,20 @@ RNG_JSON_NAME = "rng_state_{}.json"  # per process: Python's and NumPy's generat
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt")
 
 
+def earlier_run(folder: str | os.PathLike | None) -> dict | None:
+    """What the run that saved ``folder`` did (steps, epochs, its own ``continued_from``, training seconds over all its
+    processes), read from its metrics file; None when there is none. A run that starts from saved heads
+    (``init_from``) records it, so that its card can state the training behind the heads, not only its own part."""
+    path = Path(folder) / METRICS_NAME if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    cost = saved.get("cost", {})
+    return {"folder": str(folder), "steps": saved.get("steps"), "epochs": saved.get("epochs"),
+            "train_time_s": cost.get("train_time_s_total", cost.get("train_time_s")), "device": cost.get("device"),
+            "continued_from": saved.get("continued_from")}
+
+
 def _checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
     folder = output_dir / CHECKPOINTS_DIR
     found = []

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..hardware import describe_device
 from . import checkpointing  # its on_step_end is looked up at each step (tests replace it)
-from .checkpointing import METRICS_NAME, cosine_with_warmup, resume_checkpoint, save_checkpoint
+from .checkpointing import METRICS_NAME, cosine_with_warmup, earlier_run, resume_checkpoint, save_checkpoint
 from .data import Record, frequent_tokens, read_records
 from .hidden_cache import build_hidden_cache, record_sequence, split_record_ids
 
@@ -221,6 +221,7 @@ def run_training(
                  "eval_time_s": round(eval_time, 3),
                  "positions_per_s": round(positions / train_time, 1) if positions and train_time > 0 else None,
                  "device": describe_device(device)},
+        "continued_from": earlier_run(run_config.get("init_from")),
         "history": state["history"], "evals": state["evals"],
     }
     output_dir.mkdir(parents=True, exist_ok=True)

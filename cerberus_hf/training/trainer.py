@@ -46,6 +46,7 @@ from .batches import HeadStates, Rows, head_losses, lm_head_projection
 from .checkpointing import (
     METRICS_NAME,
     cosine_with_warmup,
+    earlier_run,
     resume_checkpoint,
     save_checkpoint,
 )
@@ -420,6 +421,7 @@ def train_heads(
             "device": describe_device(device),
             "num_processes": accelerator.num_processes,
         },
+        "continued_from": earlier_run(init_from),
         "history": trainer_state["history"],
         "evals": trainer_state["evals"],
     }
