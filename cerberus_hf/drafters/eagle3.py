@@ -44,7 +44,7 @@ from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
 from .base import Drafter, SequenceState, capture_states, decoder_layers, in_this_thread
-from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotate
+from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotary, rotate
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
@@ -141,9 +141,10 @@ class FeatureLayer(nn.Module):
         """(keys, values ``[B, KVH, N, D]``, queries ``[B, H, N, D]``) for inputs ``[B, N, hidden]`` at ``positions``
         ``[N]``."""
         x = torch.cat([self.embed_norm(embeds), self.hidden_norm(states)], dim=-1)
-        keys = rotate(self._heads(self.k_proj(x), self.kv_heads), positions)
+        rotation = rotary(positions, self.head_dim, x.dtype)
+        keys = rotate(self._heads(self.k_proj(x), self.kv_heads), rotation)
         values = self._heads(self.v_proj(x), self.kv_heads)
-        queries = rotate(self._heads(self.q_proj(x), self.num_heads), positions)
+        queries = rotate(self._heads(self.q_proj(x), self.num_heads), rotation)
         return keys, values, queries
 
     def finish(self, states: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:

@@ -9,12 +9,20 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (base 10000, rotate-half layout) of ``x`` ``[..., T, d]`` at ``positions`` ``[T]``."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
+def rotary(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) ``[T, dim // 2]`` of the rotary position embedding (base 10000) at ``positions`` ``[T]``, for heads of
+    ``dim``: computed once per layer call and shared by its keys and queries (a drafting step's dozens of small ops
+    cost more than its matrix products on a CPU)."""
+    half = dim // 2
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=positions.device, dtype=torch.float32) / half))
     angles = positions.to(torch.float32)[:, None] * inv_freq[None]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``x`` ``[..., T, d]`` rotated by ``rotation`` (`rotary` of its positions; rotate-half layout)."""
+    cos, sin = rotation
+    half = x.shape[-1] // 2
     first, second = x[..., :half], x[..., half:]
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
@@ -68,11 +76,12 @@ class AttentionAdapter(nn.Module):
         to (e.g. not padding); ``attend`` ``[T, past + T]`` (bool): the keys each position sees, in place of the
         causal mask (e.g. a tree's: the past, the position's ancestors and itself)."""
         normed = self.input_norm(x)
-        k = rotate(self._heads(self.k_proj(normed)), positions)
+        cos, sin = rotary(positions, self.head_dim, x.dtype)
+        k = rotate(self._heads(self.k_proj(normed)), (cos, sin))
         v = self._heads(self.v_proj(normed))
         if queries is not None:
-            x, normed, positions = x[:, -queries:], normed[:, -queries:], positions[-queries:]
-        q = rotate(self._heads(self.q_proj(normed)), positions)
+            x, normed, cos, sin = x[:, -queries:], normed[:, -queries:], cos[-queries:], sin[-queries:]
+        q = rotate(self._heads(self.q_proj(normed)), (cos, sin))
         if past is not None:
             k, v = torch.cat([past[0], k], dim=-2), torch.cat([past[1], v], dim=-2)
         steps, total = x.shape[1], k.shape[-2]
