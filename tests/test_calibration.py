@@ -16,10 +16,12 @@ from cerberus_hf.calibration.pipeline import store_calibration
 from cerberus_hf.calibration.fit import (
     accepted_length, build_tree, dynamic_accepted, fit_dynamic_tree, fit_gate, path_frequencies, static_accepted,
 )
+from cerberus_hf.calibration import measure
+from cerberus_hf.calibration.measure import non_decreasing
 from cerberus_hf.calibration.positions import ChainPosition, PositionRecord, collect_chain_positions
 from cerberus_hf.tools.calibrate import parse_budgets
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
-from tiny_models import DEVICE
+from tiny_models import DEVICE, tiny_model
 
 
 def records(rank_rows, signal=None):
@@ -52,6 +54,33 @@ def test_tree_size_follows_the_cost_curve():
     steep = {n: float(n) for n in range(1, 65)}
     small, best_small, _ = build_tree(recs, steep, draft_time=0.0)
     assert len(small) < len(paths) and small[0] == [0]
+
+
+def test_non_decreasing_pools_each_fall_into_its_mean():
+    assert non_decreasing([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert non_decreasing([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]
+    assert non_decreasing([1.0, 1.0, 2.0, 5.0]) == [1.0, 1.0, 2.0, 5.0]
+
+
+def test_cost_curve_holds_its_shape_while_the_machine_drifts(monkeypatch):
+    """A forward over n tokens costs 1 + n / 10 units, and the machine slows down steadily, by a tenth of its first
+    speed after every second forward (as a shared or heating machine drifts). Pairing each size with a one-token
+    forward just before it keeps the relative costs exact; times taken seconds apart would not."""
+    base = tiny_model("llama")
+    clock, forwards = [0.0], [0]
+
+    def advance(module, args, kwargs):
+        n = kwargs["input_ids"].shape[1]
+        clock[0] += (1 + n / 10) * (1 + 0.1 * (forwards[0] // 2))
+        forwards[0] += 1
+
+    base.register_forward_pre_hook(advance, with_kwargs=True)
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    forwards[0] = 1  # the prefix's forward runs alone: pairs start after it
+    cost = measure.measure_cost_curve(base, max_tokens=8, context=16, repeats=3)
+    assert sorted(cost) == list(range(1, 9))
+    for n in range(2, 9):
+        assert cost[n] / cost[1] == pytest.approx((1 + n / 10) / 1.1)
 
 
 def test_gate_threshold_separates_good_from_bad_positions():

@@ -25,10 +25,16 @@ from .positions import rescorer_state
 @torch.no_grad()
 def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: int = 5,
                        strict: bool = False) -> dict[int, float]:
-    """Median seconds of one cached forward with ``n`` new tokens for ``n = 1..max_tokens`` after a
-    ``context``-token prefix. Sizes are interleaved across repeats so drifting load hits all alike.
-    ``strict``: the forwards verify as strict verification does (`decoding.strict`), one attention call per
-    position."""
+    """Seconds of one cached forward with ``n`` new tokens for ``n = 1..max_tokens`` after a ``context``-token
+    prefix: the median time at ``n = 1`` times each size's cost relative to it.
+
+    A shared machine's speed drifts by tens of percent within seconds (on a 2-core Xeon, the median forward of one
+    token measured 42.6 ms in one pass over the sizes and 74.0 ms in the next), so times taken seconds apart do not
+    compare. Each forward over ``n`` tokens therefore follows one over a single token, and the relative cost is the
+    median of those back-to-back ratios; the ratios are then fitted by the closest non-decreasing curve
+    (`non_decreasing`), since a forward over more tokens does not cost less, and a dip left in would pick a tree
+    whose cost was under-measured. ``strict``: the forwards verify as strict verification does
+    (`decoding.strict`), one attention call per position."""
     device = base.device
     vocab = base.get_output_embeddings().weight.shape[0]
     limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
@@ -39,18 +45,41 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
     cache = DynamicCache(config=base.config)
     base(input_ids=prefix, **cache_argument(cache), use_cache=True)
     verifier = strict_view(base) if strict else base
-    times: dict[int, list[float]] = {n: [] for n in range(1, max_tokens + 1)}
+
+    def forward(n: int) -> float:
+        tokens = torch.randint(0, vocab, (1, n), generator=generator).to(device)
+        positions = torch.arange(context, context + n, device=device)[None]
+        synchronize(device)
+        start = time.perf_counter()
+        verifier(input_ids=tokens, **cache_argument(cache), position_ids=positions, use_cache=True)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+        cache.crop(-n)
+        return seconds
+
+    singles: list[float] = []
+    ratios: dict[int, list[float]] = {n: [] for n in range(2, max_tokens + 1)}
     for _ in tqdm(range(repeats), desc="cost curve", unit="pass"):
-        for n in times:
-            tokens = torch.randint(0, vocab, (1, n), generator=generator).to(device)
-            positions = torch.arange(context, context + n, device=device)[None]
-            synchronize(device)
-            start = time.perf_counter()
-            verifier(input_ids=tokens, **cache_argument(cache), position_ids=positions, use_cache=True)
-            synchronize(device)
-            times[n].append(time.perf_counter() - start)
-            cache.crop(-n)
-    return {n: statistics.median(values) for n, values in times.items()}
+        for n in ratios:
+            single = forward(1)
+            singles.append(single)
+            ratios[n].append(forward(n) / single)
+    relative = non_decreasing([1.0] + [statistics.median(values) for values in ratios.values()])
+    one = statistics.median(singles)
+    return {n: one * ratio for n, ratio in enumerate(relative, start=1)}
+
+
+def non_decreasing(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in squares (pool adjacent violators): each run of values
+    that falls is replaced by its mean."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
+                          blocks[-1][1] + count]
+    return [mean for mean, count in blocks for _ in range(count)]
 
 
 @torch.no_grad()
