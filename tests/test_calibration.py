@@ -67,7 +67,7 @@ def test_cost_curve_holds_its_shape_while_the_machine_drifts(monkeypatch):
     speed after every second forward (as a shared or heating machine drifts). Pairing each size with a one-token
     forward just before it keeps the relative costs exact; times taken seconds apart would not."""
     base = tiny_model("llama")
-    clock, forwards = [0.0], [0]
+    clock, forwards = [0.0], [1]  # the prefix's forward runs alone: pairs start after it
 
     def advance(module, args, kwargs):
         n = kwargs["input_ids"].shape[1]
@@ -76,7 +76,6 @@ def test_cost_curve_holds_its_shape_while_the_machine_drifts(monkeypatch):
 
     base.register_forward_pre_hook(advance, with_kwargs=True)
     monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
-    forwards[0] = 1  # the prefix's forward runs alone: pairs start after it
     cost = measure.measure_cost_curve(base, max_tokens=8, context=16, repeats=3)
     assert sorted(cost) == list(range(1, 9))
     for n in range(2, 9):
