@@ -18,18 +18,20 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt"
-# 1. exactness of the batched and single loops on the GPU, fp32 (tiny models)
-CERBERUS_TEST_DEVICE=cuda timeout 120 python3 -m pytest -p no:cacheprovider -q -x -m "not real_model and not slow" \
-  tests/test_batched.py tests/test_exactness.py > "$OUT/pytest_cuda.txt" 2>&1
-# 1b. the static cache on CUDA, where generate() compiles its forward with CUDA graphs (a few cases: each compiles)
-CERBERUS_TEST_DEVICE=cuda timeout 120 python3 -m pytest -p no:cacheprovider -q -m "not real_model and not slow" \
+# 1. the 8B-shaped base at batch 1 (4 prompts), oracle drafts then drafts matched to the shipped Hydra's per-depth
+#    acceptance on MT-Bench: speedup against plain and the compiled static-cache peer. First, because on 2026-11-27
+#    the same bench at 16 prompts and batch 1/4/16 printed no row within 150 s (one H200); stderr shows each phase.
+timeout 200 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 4 \
+  --batch-sizes 1 --json "$OUT/scale_8b_oracle.json" > "$OUT/scale_8b_oracle.md" 2>&1
+timeout 160 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 4 \
+  --batch-sizes 1 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json \
+  --json "$OUT/scale_8b_matched.json" > "$OUT/scale_8b_matched.md" 2>&1
+# 2. the static cache on CUDA, where generate() compiles its forward with CUDA graphs (passed 13/13 on 2026-11-27)
+CERBERUS_TEST_DEVICE=cuda timeout 80 python3 -m pytest -p no:cacheprovider -q -m "not real_model and not slow" \
   tests/test_static_cache.py -k "(greedy_output_equals_base and hydra and not prefix and (llama or gpt2)) \
   or compiled_forward_is_exact or (partly_accepted and llama) or fed_a_bucket" > "$OUT/pytest_cuda_static.txt" 2>&1
-# 2. the 8B-shaped base, oracle drafts, batch 1 / 4 / 16: speedup against plain and the compiled static-cache peer
-timeout 150 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 16 \
-  --batch-sizes 1 4 16 --json "$OUT/scale_8b_oracle.json" > "$OUT/scale_8b_oracle.md" 2>&1
-# 3. the same with drafts matched to the shipped Hydra's per-depth acceptance on MT-Bench (bf16, Xeon run)
-timeout 150 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --prompts 16 \
-  --batch-sizes 1 4 16 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json \
-  --json "$OUT/scale_8b_matched.json" > "$OUT/scale_8b_matched.md" 2>&1
+# 3. exactness of the batched and single loops on the GPU, fp32, with what time is left (204 passed, none failed,
+#    in the 120 s of 2026-11-27)
+CERBERUS_TEST_DEVICE=cuda timeout 90 python3 -m pytest -p no:cacheprovider -q -m "not real_model and not slow" \
+  tests/test_batched.py tests/test_exactness.py > "$OUT/pytest_cuda.txt" 2>&1
 tail -n 3 "$OUT"/*.md "$OUT"/*.txt

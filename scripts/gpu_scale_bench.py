@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -91,6 +92,14 @@ def timed(run, device) -> tuple[torch.Tensor, float]:
     return out, time.perf_counter() - start
 
 
+_START = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    """One line on stderr with the seconds since start: a run cut by its time limit still shows where the time went."""
+    print(f"[{time.perf_counter() - _START:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b")
@@ -108,6 +117,7 @@ def main() -> int:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     base = build_base(args.shape, args.layers, args.device, dtype)
+    progress(f"built the {args.shape}-shaped base on {args.device}")
     vocab = base.config.vocab_size
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(3, vocab, (args.prompts, args.prompt_length), generator=generator).to(args.device)
@@ -117,8 +127,11 @@ def main() -> int:
         acceptance = rows[0]["head_acceptance"]
     call = dict(max_new_tokens=args.new, do_sample=False)
     references = base.generate(prompts, max_new_tokens=args.new + args.heads + 2, do_sample=False)
+    progress("greedy references generated")
     model = CerberusForCausalLM.from_base(base, head_type="hydra", num_heads=args.heads, gate_threshold=None)
+    progress("drafter built")
     install_device_oracle(model, references, acceptance)
+    progress("oracle installed")
     result = {"shape": args.shape, "layers": base.config.num_hidden_layers, "device": str(args.device),
               "dtype": args.dtype, "acceptance": acceptance, "rows": []}
     if str(args.device).startswith("cuda"):
@@ -144,6 +157,7 @@ def main() -> int:
                 run(batches[0][:, :16])
             except Exception as error:  # noqa: BLE001 - a peer this transformers or device cannot run is reported
                 broken[name] = f"{type(error).__name__}: {error}"[:160]
+            progress(f"batch {size}: warmed up {name}" + (f" (failed: {broken[name]})" if name in broken else ""))
         for index, ids in enumerate(batches):
             names = [n for n in methods if n not in broken]
             names = names[index % len(names):] + names[: index % len(names)]
@@ -155,6 +169,7 @@ def main() -> int:
                 totals[name][1] += seconds
                 if name.startswith("oracle"):
                     totals[name][3] += model.generation_stats.steps
+                progress(f"batch {size}, prompts {index * size}-{index * size + ids.shape[0] - 1}: {name} {seconds:.2f} s")
             reference = outputs["plain generate()"]
             for name, out in outputs.items():
                 totals[name][2] += int((out == reference).all(dim=1).sum()) if out.shape == reference.shape else 0
