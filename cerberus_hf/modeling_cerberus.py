@@ -47,6 +47,7 @@ from .decoding.gate import EntropyGate
 from .decoding.lookup import DEFAULT_MAX_NGRAM
 from .decoding.loop import speculative_generate
 from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .decoding.packed import PackedWeights, packed_view, packing_available
 from .decoding.profiling import StepProfiler, phase_timer
 from .decoding.rescoring import Rescoring
 from .decoding.settings import (
@@ -104,6 +105,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.ngram: NgramModel | None = None  # the lattice rescorer's n-gram model, when the folder has one
         self.rescorer: Drafter | None = None  # the lattice rescorer's small LM (a Kangaroo drafter), when it has one
         self.rescorer_config: CerberusConfig | None = None
+        self.packed_weights = PackedWeights()  # the base's linear weights packed for oneDNN, on a CPU's first call
         self.post_init()
 
     # ----------------------------------------------------------------------------------------- building
@@ -353,6 +355,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         profile: bool = False,
         exit_confidence: float | None = None,
         strict: bool = False,
+        packed_weights: bool | None = None,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
@@ -380,7 +383,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         verification can flip a near tie, output then equals plain `generate()`'s token for token, at the cost
         of one attention call per verified position; drafts are cut to the tallest batch this base's linear
         layers compute row-invariantly here (``generation_stats.strict_rows``; 1 means plain decoding). Needs
-        sdpa attention and no sliding window. ``profile=True`` records the wall time of each phase
+        sdpa attention and no sliding window. ``packed_weights`` (default: on where it can be, a CPU in float32 or
+        bfloat16, unless ``strict``) runs the base's linear layers through weights packed once for oneDNN
+        (`decoding.packed`): on a CPU, a forward over a few drafted tokens then costs about what one token's does.
+        The packed copies are kept beside the model (about its weights' size again in memory); ``False`` leaves
+        them out. ``profile=True`` records the wall time of each phase
         of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
         row by row and re-padded as the base pads them.
         """
@@ -391,6 +398,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         model_kwargs = effective.update(**kwargs)
         _refuse_unsupported(effective, model_kwargs)
         check_int("max_matching_ngram_size", effective.max_matching_ngram_size, 1, optional=True)
+        root = self.decoding_base(strict, packed_weights)  # checked before anything runs
         strict_rows = None
         if strict:
             check_strict_support(self.base)
@@ -462,7 +470,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         # The base's generate() fills unset settings from this model's generation config (greedy by default), as
         # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
         # its generation config stay as they are for other threads (`module_views`).
-        base = module_view(self.base, generation_config=_without_lookup(self.generation_config))
+        base = module_view(root, generation_config=_without_lookup(self.generation_config))
         if generation_config is not None:
             # the call's generation settings (and those set above) go into its config, as generate() would put them:
             # passing both is deprecated from transformers 5.24 on (one warning per call)
@@ -528,6 +536,21 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if rescoring is not None and rescoring.lm_weight > 0 and self.rescorer is None:
             raise ValueError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
                              "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
+
+    def decoding_base(self, strict: bool = False, packed_weights: bool | None = None) -> nn.Module:
+        """The base as `generate()` runs it with these arguments: a view through packed weights (`decoding.packed`)
+        where ``packed_weights`` asks for one or, when None, where packing can apply and ``strict`` is off; else the
+        base itself. Calibration times this, so its costs are decoding's."""
+        if packed_weights and strict:
+            raise ValueError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
+                             "how this base's own linear layers compute each row.")
+        available = packing_available(self.device, self.base.dtype)
+        if packed_weights and not available:
+            raise ValueError(f"packed_weights=True needs a CPU, float32 or bfloat16 and oneDNN; this base is "
+                             f"{self.base.dtype} on {self.device}.")
+        if packed_weights or (packed_weights is None and available and not strict):
+            return packed_view(self.base, self.packed_weights)
+        return self.base
 
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                           strict: bool = False) -> dict:

@@ -23,7 +23,7 @@ def test_batched_bench_counts_each_rows_tokens_against_plain_batched_generate():
     assert [b["input_ids"].shape for b in batches] == [(2, 8), (1, 3)]
     assert batches[0]["attention_mask"][1].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
     result = run_bench(base, {"hydra tiny": model}, batches, max_new_tokens=12, warmup=0, variants=[],
-                       prompt_lookup=False)
+                       prompt_lookup=False, packed_peer=False)
     plain, heads = result["methods"]
     assert heads["identical"] == 1.0
     alone = [base.generate(p, max_new_tokens=12, do_sample=False).shape[1] - p.shape[1] for p in prompts]
@@ -40,7 +40,7 @@ def test_static_cache_rows_run_beside_the_dynamic_ones():
     config = CompileConfig(backend="eager", mode=None)
     config._compile_all_devices = True
     result = run_bench(base, {"hydra tiny": model}, [get_prompt("llama")], max_new_tokens=12, warmup=0, variants=[],
-                       prompt_lookup=False, caches=("dynamic", "static"), compile_config=config)
+                       prompt_lookup=False, packed_peer=False, caches=("dynamic", "static"), compile_config=config)
     assert [row["method"] for row in result["methods"]] == [
         "plain generate()", "hydra tiny", "plain generate() [static cache, compiled]",
         "hydra tiny [static cache, compiled]"]
@@ -54,7 +54,8 @@ def test_bench_runs_every_method_and_reports_exactness(tmp_path):
         DEVICE.type: {"draft_tree": [[0], [1], [0, 0]], "gate_threshold": 3.0, "gate_signal": "base_entropy"}
     }
     prompts = [get_prompt("llama"), prompt_ids(7, length=6)]
-    result = run_bench(base, {"cerberus tiny": model}, prompts, max_new_tokens=12, warmup=1, profile=True)
+    result = run_bench(base, {"cerberus tiny": model}, prompts, max_new_tokens=12, warmup=1, profile=True,
+                       packed_peer=False)
 
     names = [row["method"] for row in result["methods"]]
     assert names == [
@@ -96,7 +97,7 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
     models = {"c": calibrated, "m": plain_heads}
 
     def names(variants):
-        return [m.name for m in build_methods(base, models, 4, variants)][2:]
+        return [m.name for m in build_methods(base, models, 4, variants, packed_peer=False)][2:]
 
     assert names(None) == ["c (chain, gate off)", "c (chain, gate on)", "c (tree, gate off)", "c (tree, gate on)",
                            "m (chain, gate off)"]
@@ -106,7 +107,7 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
     assert names(["medusa:chain+gate", "medusa:chain"]) == ["m (chain, gate off)"]
     assert names(["default", "cerberus:tree"]) == ["c (calibrated default)", "c (tree, gate off)",
                                                    "m (calibrated default)"]
-    assert [m.name for m in build_methods(base, models, 4, ["default"], prompt_lookup=False)] == [
+    assert [m.name for m in build_methods(base, models, 4, ["default"], prompt_lookup=False, packed_peer=False)] == [
         "plain generate()", "c (calibrated default)", "m (calibrated default)"]
     assert names(["default", "tree+gate+strict", "medusa:chain+strict"]) == [
         "c (calibrated default)", "c (tree, gate on, strict)", "m (calibrated default)", "m (chain, gate off, strict)"]
@@ -125,10 +126,11 @@ def test_rescored_rows_need_the_ngram_model_and_category_tau_adds_up():
     model = fresh_model("llama", "medusa", randomize=True, num_heads=2)
     rescoring = {"nodes": 3, "depth": 2, "top_k": 2, "candidates": 3, "weight": 0.5}
     model.generation_config.cerberus_calibration = {DEVICE.type: {"draft_tree": [[0], [1]], "rescoring": rescoring}}
-    names = [m.name for m in build_methods(base, {"m": model}, 4, ["tree", "ltree", "rtree"])][2:]
+    names = [m.name for m in build_methods(base, {"m": model}, 4, ["tree", "ltree", "rtree"], packed_peer=False)][2:]
     assert names == ["m (tree, gate off)"]  # calibrated with an n-gram model the folder does not have
     model.ngram = tiny_ngram(model.config.vocab_size)
-    methods = build_methods(base, {"m": model}, 6, ["tree", "ltree", "rtree"], profile=True)
+    methods = build_methods(base, {"m": model}, 6, ["tree", "ltree", "rtree"], profile=True,
+                            packed_peer=False)
     assert [m.name for m in methods][2:] == ["m (tree, gate off)", "m (lattice tree (no rescorer), gate off)",
                                              "m (rescored tree, gate off)"]
     calls = []
@@ -240,3 +242,17 @@ def test_identical_share_counts_rows_up_to_their_end():
     assert identical_share(out, reference, width=1, eos={2}) == pytest.approx(2 / 3)
     assert identical_share(out[:, :4], reference, width=1, eos={2}) == pytest.approx(2 / 3)
     assert identical_share(reference, reference, width=1, eos=set()) == 1.0
+
+
+def test_the_packed_peer_runs_beside_plain_generate_on_a_cpu():
+    """On a CPU the head rows verify through packed weights (`decoding.packed`); plain generate() through the same
+    kernels sits beside plain generate(), so the table tells drafting's gain from the kernels'."""
+    from cerberus_hf.decoding.packed import packing_available
+
+    base = get_base("llama")
+    model = fresh_model("llama", "hydra", num_heads=3)
+    result = run_bench(base, {"hydra tiny": model}, [get_prompt("llama")], max_new_tokens=12, warmup=0, variants=[],
+                       prompt_lookup=False)
+    peer = ["plain generate(), packed weights"] if packing_available(base.device, base.dtype) else []
+    assert [row["method"] for row in result["methods"]] == ["plain generate()", *peer, "hydra tiny"]
+    assert all(row["identical"] == 1.0 for row in result["methods"])

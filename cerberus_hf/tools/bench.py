@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..configuration_cerberus import HEAD_TYPES
 from ..hardware import describe_device, reduced_precision_note
+from ..decoding.packed import PackedWeights, packed_view, packing_available
 from ..decoding.profiling import PHASES, synchronize
 from ..errors import UserError
 from ..training.data import read_prompt_file
@@ -68,16 +69,19 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # ltree is the rescorers' gain. "rtree-ngram", "rtree-lm" and "rtree-both" rows are the best rescored tree
 # calibration found with the n-gram alone, the LM alone and both.
 # A "default" row runs the checkpoint exactly as `generate()` would for this device and dtype: its
-# calibrated tree kind, gate and lookup, so each family's own best guess sits beside the fixed rows.
+# calibrated tree kind, gate and lookup, so each family's own best guess sits beside the fixed rows; an "unpacked"
+# row runs it without packed weights on a CPU (`decoding.packed`: generate(packed_weights=False)).
 # Any variant with "+strict" appended ("default+strict") runs it with strict verification (generate(strict=True):
 # output bit-identical to plain generate() in reduced precision too; "default+strict" takes the checkpoint's
 # strict calibration where it has one).
 STRICT = "+strict"
+NAMED_ONLY = ("default", "unpacked")  # variants run only where a list names them
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
     "default": ("calibrated default", {}, ()),
+    "unpacked": ("calibrated default, weights unpacked", {"packed_weights": False}, ()),
     "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ()),
     "chain+gate": ("chain, gate on", {"draft_tree": None, **_STATIC, **_NO_LOOKUP}, ("gate_threshold",)),
     "tree": ("tree, gate off", {"gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ("draft_tree",)),
@@ -118,17 +122,20 @@ def build_methods(
     prompt_lookup: bool = True,
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
+    packed_peer: bool = True,
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
     checkpoint once as it is configured. A variant written ``family:key`` (``hydra:dtree``) applies only
     to checkpoints of that head type, so one interleaved run can give each family its own rows without
-    running every family in every configuration; ``default`` is the checkpoint as calibrated (a row that
-    only a list names); a variant ending in ``+strict`` runs with ``strict=True``. ``profile`` records
+    running every family in every configuration; ``default`` is the checkpoint as calibrated and ``unpacked``
+    the same without packed weights (rows that only a list names); a variant ending in ``+strict`` runs with ``strict=True``. ``profile`` records
     per-phase step times of the head methods; ``prompt_lookup=False`` leaves out transformers' prompt lookup row (an hour-long run need not repeat
     a baseline it already has). ``caches``: run plain generate() and every head row with each of these
     ``cache_implementation``s (``"dynamic"``, ``"static"``: `decoding.static_cache`), static rows with
-    ``compile_config`` where given (transformers then compiles on any device); the first is the reference."""
+    ``compile_config`` where given (transformers then compiles on any device); the first is the reference.
+    ``packed_peer``: beside plain generate(), the same through the packed weights the head rows verify with on a
+    CPU (`decoding.packed`; where packing is available), so the table shows what drafting adds to the kernels."""
     methods: list[Method] = []
     for cache in caches:
         call = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -140,15 +147,20 @@ def build_methods(
                 call["compile_config"] = compile_config
             tag = " [static cache, compiled]" if compiled else " [static cache]"
         methods += _methods_for_call(base, head_models, call, tag, variants, profile,
-                                     prompt_lookup and cache == caches[0])
+                                     prompt_lookup and cache == caches[0], packed_peer and cache == caches[0])
     return methods
 
 
 def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: list[str] | None, profile: bool,
-                      prompt_lookup: bool) -> list[Method]:
+                      prompt_lookup: bool, packed_peer: bool) -> list[Method]:
     """`build_methods`' rows for one set of generate() arguments ``call``, their names ending in ``tag``."""
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
+    if packed_peer and packing_available(base.device, base.dtype):
+        # the same kernels as the head rows' verification (`decoding.packed`): what drafting adds on top of them
+        weights = PackedWeights()
+        methods.append(Method("plain generate(), packed weights", lambda inputs: (
+            packed_view(base, weights).generate(**_arguments(inputs), **call), None)))
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (
             base.generate(**_arguments(inputs), prompt_lookup_num_tokens=10, **call), None)))
@@ -169,7 +181,7 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
             (suffix + (", strict" if strict else ""),
              {**overrides, **tree_of.get(key.split("+")[0], {}), **({"strict": True} if strict else {})})
             for key, (suffix, overrides, needs) in VARIANTS.items() for strict in (False, True)
-            if ((key != "default" and not strict) if variants is None else (key + STRICT if strict else key) in wanted)
+            if ((key not in NAMED_ONLY and not strict) if variants is None else (key + STRICT if strict else key) in wanted)
             and all(settings[n] is not None for n in needs)
             and (not key.startswith("rtree-") or tree_of[key]["rescoring"] is not None)
         ]
@@ -246,11 +258,12 @@ def run_bench(
     run_identity: dict | None = None,
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
+    packed_peer: bool = True,
 ) -> dict:
     """Decode every prompt or batch (`batch_inputs`) with every method of `build_methods`; returns per-method summaries
     and per-prompt (per-batch) records (``checkpoint``, ``resume``: see `run_methods`)."""
     methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup, caches,
-                            compile_config)
+                            compile_config, packed_peer)
     eos = base.generation_config.eos_token_id
     return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
                        {"max_new_tokens": max_new_tokens, **(run_identity or {})},
@@ -524,6 +537,9 @@ def add_cli(subparsers) -> None:
                              "(throughput over the batch); above 1 the prompt-lookup row is left out")
     parser.add_argument("--no-prompt-lookup", action="store_true",
                         help="leave out the row of transformers' prompt lookup (plain generate() stays)")
+    parser.add_argument("--no-packed-peer", action="store_true",
+                        help="leave out the row of plain generate() through packed weights (on a CPU, beside plain "
+                             "generate(); the head rows verify through them)")
     parser.add_argument("--cache", default="dynamic", choices=("dynamic", "static", "both"),
                         help="the KV cache every row decodes with; 'both' runs each row with each, the dynamic rows "
                              "first (plain dynamic generate() stays the reference). A static cache is compiled on "
@@ -576,7 +592,7 @@ def run_cli(args: argparse.Namespace) -> int:
                        run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
                                      "heads": args.heads, "batch_size": args.batch_size, "cache": args.cache,
                                      "compile": args.compile},
-                       caches=caches, compile_config=compile_config)
+                       caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   cache=args.cache, compile=args.compile, warmup=args.warmup,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, date=time.strftime("%Y-%m-%d"),

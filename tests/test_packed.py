@@ -1,0 +1,101 @@
+"""Linear layers through packed weights on a CPU (`decoding.packed`): the same numbers as the base's own (bit for bit
+in bfloat16, within float32's rounding in float32), the base left as it was, weights changed in place packed again,
+and generate() using them by default except under strict verification."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import cerberus_hf.decoding.packed as packed
+from cerberus_hf.decoding.packed import PackedWeights, packed_view, packing_available
+from helpers import fresh_model, get_base, get_prompt, reference
+from tiny_models import ARCHITECTURES, DEVICE, prompt_ids, tiny_model
+
+pytestmark = pytest.mark.skipif(not packing_available(DEVICE, torch.float32), reason="packing needs a CPU with oneDNN")
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_packed_view_computes_as_the_base_and_leaves_it_untouched(arch):
+    base = get_base(arch)
+    ids = prompt_ids(3, length=12)
+    before = _logits(base, ids)
+    view = packed_view(base, PackedWeights())
+    assert view is not base
+    torch.testing.assert_close(_logits(view, ids), before, rtol=1e-5, atol=1e-5)
+    assert torch.equal(_logits(base, ids), before)
+    assert all("forward" not in module.__dict__ for module in base.modules())  # the base's modules are its own
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_bfloat16_packed_products_are_bit_identical(arch):
+    base = tiny_model(arch).to(torch.bfloat16)
+    ids = prompt_ids(4, length=9)
+    assert torch.equal(_logits(packed_view(base, PackedWeights()), ids), _logits(base, ids))
+
+
+def test_a_weight_changed_in_place_is_packed_again():
+    base = copy.deepcopy(get_base("llama"))
+    weights = PackedWeights()
+    ids = prompt_ids(5, length=10)
+    stale = packed_view(base, weights)
+    with torch.no_grad():
+        base.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+    expected = _logits(base, ids)
+    torch.testing.assert_close(_logits(stale, ids), expected, rtol=1e-5, atol=1e-5)  # through linear until repacked
+    torch.testing.assert_close(_logits(packed_view(base, weights), ids), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_base_converted_to_another_dtype_is_packed_again():
+    base = copy.deepcopy(get_base("llama"))
+    weights = PackedWeights()
+    count = len(weights.update([base]))
+    assert count == sum(isinstance(m, torch.nn.Linear) for m in base.modules())
+    stale = packed_view(base, weights)
+    base.to(torch.bfloat16)  # the same parameters, their data converted
+    new = weights.update([base])
+    assert len(new) == count and all(entry.packed.dtype == torch.bfloat16 for entry in new.values())
+    ids = prompt_ids(6, length=10)
+    assert torch.equal(_logits(stale, ids), _logits(base, ids))  # through linear until packed again
+    assert torch.equal(_logits(packed_view(base, weights), ids), _logits(base, ids))
+
+
+def test_generate_packs_by_default_on_a_cpu_but_not_when_told_or_strict(monkeypatch):
+    calls = []
+    real = packed._packed_linear
+    monkeypatch.setattr(packed, "_packed_linear", lambda *args: calls.append(1) or real(*args))
+    model = fresh_model("llama", "hydra", num_heads=3)
+    prompt = get_prompt("llama")
+    expected = reference("llama")
+    assert torch.equal(model.generate(prompt, max_new_tokens=24, do_sample=False), expected)
+    assert calls
+    calls.clear()
+    assert torch.equal(model.generate(prompt, max_new_tokens=24, do_sample=False, packed_weights=False), expected)
+    assert torch.equal(model.generate(prompt, max_new_tokens=24, do_sample=False, strict=True), expected)
+    assert not calls
+
+
+def test_packed_weights_are_refused_where_they_cannot_apply():
+    model = fresh_model("llama", "hydra", num_heads=3)
+    prompt = get_prompt("llama")
+    with pytest.raises(ValueError, match="cannot be combined with strict=True"):
+        model.generate(prompt, max_new_tokens=4, packed_weights=True, strict=True)
+    half = fresh_model("llama", "hydra", num_heads=3)
+    half.base = copy.deepcopy(half.base).to(torch.float16)
+    with pytest.raises(ValueError, match="needs a CPU, float32 or bfloat16"):
+        half.generate(prompt, max_new_tokens=4, packed_weights=True)
+
+
+def test_a_copied_model_packs_its_own_weights():
+    model = fresh_model("llama", "hydra", num_heads=3)
+    model.generate(get_prompt("llama"), max_new_tokens=4, do_sample=False)
+    copied = copy.deepcopy(model)
+    assert copied.packed_weights is not model.packed_weights
+    assert torch.equal(copied.generate(get_prompt("llama"), max_new_tokens=24, do_sample=False), reference("llama"))
