@@ -47,7 +47,7 @@ from .decoding.gate import EntropyGate
 from .decoding.lookup import DEFAULT_MAX_NGRAM
 from .decoding.loop import speculative_generate
 from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
-from .decoding.packed import PackedWeights, packed_view, packing_available
+from .decoding.packed import PackedWeights, packed_views, packing_available
 from .decoding.profiling import StepProfiler, phase_timer
 from .decoding.rescoring import Rescoring
 from .decoding.settings import (
@@ -398,7 +398,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         model_kwargs = effective.update(**kwargs)
         _refuse_unsupported(effective, model_kwargs)
         check_int("max_matching_ngram_size", effective.max_matching_ngram_size, 1, optional=True)
-        root = self.decoding_base(strict, packed_weights)  # checked before anything runs
+        decoding = self.decoding_view(strict, packed_weights)  # checked before anything runs
         strict_rows = None
         if strict:
             check_strict_support(self.base)
@@ -465,12 +465,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             profiler=profiler,
             compile_base=self.base,
             make_candidate_generator=functools.partial(
-                self._candidate_generator, settings=settings, stats=stats, profiler=profiler),
+                decoding._candidate_generator, settings=settings, stats=stats, profiler=profiler),
         )
         # The base's generate() fills unset settings from this model's generation config (greedy by default), as
         # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
         # its generation config stay as they are for other threads (`module_views`).
-        base = module_view(root, generation_config=_without_lookup(self.generation_config))
+        base = module_view(decoding.base, generation_config=_without_lookup(self.generation_config))
         if generation_config is not None:
             # the call's generation settings (and those set above) go into its config, as generate() would put them:
             # passing both is deprecated from transformers 5.24 on (one warning per call)
@@ -537,10 +537,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             raise ValueError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
                              "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
 
-    def decoding_base(self, strict: bool = False, packed_weights: bool | None = None) -> nn.Module:
-        """The base as `generate()` runs it with these arguments: a view through packed weights (`decoding.packed`)
-        where ``packed_weights`` asks for one or, when None, where packing can apply and ``strict`` is off; else the
-        base itself. Calibration times this, so its costs are decoding's."""
+    def decoding_view(self, strict: bool = False, packed_weights: bool | None = None) -> "CerberusForCausalLM":
+        """This model as `generate()` runs it with these arguments: a view (`module_views`) whose base and drafter
+        compute through packed weights (`decoding.packed`) where ``packed_weights`` asks for them or, when None,
+        where packing can apply and ``strict`` is off; else the model itself. Calibration measures this view, so its
+        costs are decoding's."""
         if packed_weights and strict:
             raise ValueError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
                              "how this base's own linear layers compute each row.")
@@ -549,8 +550,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             raise ValueError(f"packed_weights=True needs a CPU, float32 or bfloat16 and oneDNN; this base is "
                              f"{self.base.dtype} on {self.device}.")
         if packed_weights or (packed_weights is None and available and not strict):
-            return packed_view(self.base, self.packed_weights)
-        return self.base
+            base, heads = packed_views(self.packed_weights, self.base, self.heads)
+            return module_view(self, {"base": base, "heads": heads})
+        return self
 
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                           strict: bool = False) -> dict:

@@ -166,7 +166,7 @@ def measure_chain_steps(model, context: int = 300, repeats: int = 5) -> dict[str
     ``num_heads``, after a ``context``-token prefix: ``"draft"``, drafting ``n`` tokens, and ``"verify"``, the
     base's forward over the newest token and those ``n`` as decoding runs it (from the exit layer on, the
     shallow layers' work reused). Lengths are interleaved across repeats so drifting load hits all alike."""
-    base, depth, device = model.decoding_base(), model.config.num_heads, model.device  # verified as decoding does
+    base, depth, device = model.base, model.config.num_heads, model.device
     vocab = base.get_output_embeddings().weight.shape[0]
     limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
     if limit:

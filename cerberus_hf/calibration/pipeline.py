@@ -65,8 +65,9 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
             raise ValueError(f"Strict verification can verify no draft here: the base's linear layers in "
                              f"{model.base.dtype} give a row computed in a batch other bits than alone.")
         max_nodes, dynamic_max_nodes = min(max_nodes, rows - 1), min(dynamic_max_nodes, rows - 1)
-    verified = model.decoding_base(strict)  # through packed weights where decoding uses them (`decoding.packed`)
-    cost = measure_cost_curve(verified, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats,
+    decoding = model.decoding_view(strict)  # through packed weights where decoding uses them (`decoding.packed`)
+    packed, model = decoding is not model, decoding
+    cost = measure_cost_curve(model.base, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats,
                               strict=strict)
     draft_time = measure_draft_time(model)
     probe = DynamicTree(nodes=dynamic_max_nodes, depth=model.config.num_heads, top_k=dynamic_top_k)
@@ -172,7 +173,7 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         "gate": gate,
         "cost_curve_seconds": cost,
         "relative_cost": {n: t / cost[1] for n, t in cost.items()},
-        "packed_weights": verified is not model.base,
+        "packed_weights": packed,
         "draft_seconds": draft_time,
         "rank_accuracy": rank_accuracy(records, top_k),
         "positions": len(records),
@@ -185,8 +186,9 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
     ``num_heads``) and the early-exit confidence with the best expected tokens per second, then the gate
     (fitted at the chosen settings' mean step time), stored as `calibrate` stores the heads' settings."""
     depth = model.config.num_heads
-    verified = model.decoding_base()
-    cost = measure_cost_curve(verified, max_tokens=depth + 1, repeats=repeats)
+    decoding = model.decoding_view()
+    packed, model = decoding is not model, decoding
+    cost = measure_cost_curve(model.base, max_tokens=depth + 1, repeats=repeats)
     steps = measure_chain_steps(model, repeats=repeats)
     positions = collect_chain_positions(model, sequences)
     if not positions:
@@ -216,7 +218,7 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
         "settings": settings, "expected": {k: v for k, v in best.items() if k != "accepted"},
         "chains": [{k: v for k, v in row.items() if k != "accepted"} for row in table],
         "gate": gate, "cost_curve_seconds": cost, "relative_cost": {n: t / cost[1] for n, t in cost.items()},
-        "packed_weights": verified is not model.base, "chain_step_seconds": steps, "depth_acceptance": hits, "positions": len(positions),
+        "packed_weights": packed, "chain_step_seconds": steps, "depth_acceptance": hits, "positions": len(positions),
     }
 
 

@@ -7,11 +7,11 @@ measured on SmolLM2-135M in float32 on a 2-core AMD EPYC, one token 61.7 ms and 
 weights packed once, the same forwards took 43.1 ms and 45.6-63.0 ms. Drafting pays because a few more rows cost
 almost nothing in a memory-bound forward; packing makes that true on a CPU.
 
-`PackedWeights` packs every linear weight of a model once (oneDNN's `_reorder_linear_weight`, kept beside the model:
-about the weights' size again in memory); `packed_view` is a view of the model (`module_views`) whose linear layers
-compute with `_linear_pointwise` over the packed weights. A decoding call runs the view, so another thread calling
-the same base meanwhile computes as before. A weight changed in place since it was packed (its version counter
-moved) is packed again on the next call and computed through `linear` until then. Gradients are never taken through
+`PackedWeights` packs every linear weight of a base and its drafter once (oneDNN's `_reorder_linear_weight`, kept
+beside the model: about the weights' size again in memory); `packed_views` are views of them (`module_views`) whose
+linear layers compute with `_linear_pointwise` over the packed weights. A decoding call runs the views, so another
+thread calling the same base meanwhile computes as before. A weight changed in place, moved or converted since it was
+packed is packed again on the next call and computed through `linear` until then. Gradients are never taken through
 it. (A `TorchFunctionMode` would do the same per thread without a view, but it runs Python for every operation of
 the forward: 10-15 ms of a 60 ms forward here.)
 
@@ -89,10 +89,17 @@ class PackedWeights:
 def packed_view(root: nn.Module, weights: PackedWeights) -> nn.Module:
     """A view of ``root`` (`module_views`: the base itself is untouched, so other threads compute as before) whose
     linear layers compute with their packed weights (packed into ``weights`` first where needed)."""
-    table = weights.update([root])
-    replacements = {linear: with_forward(linear, functools.partial(_packed_linear, linear, table[id(linear.weight)]))
-                    for linear in root.modules() if isinstance(linear, nn.Linear) and id(linear.weight) in table}
-    return replace_modules(root, replacements)
+    return packed_views(weights, root)[0]
+
+
+def packed_views(weights: PackedWeights, *roots: nn.Module) -> tuple[nn.Module, ...]:
+    """`packed_view` of each of ``roots`` (a base and its drafter), packed together: ``weights`` keeps the packed
+    weights of exactly these modules, one copy of a weight they share."""
+    table = weights.update(roots)
+    return tuple(replace_modules(root, {
+        linear: with_forward(linear, functools.partial(_packed_linear, linear, table[id(linear.weight)]))
+        for linear in root.modules() if isinstance(linear, nn.Linear) and id(linear.weight) in table})
+        for root in roots)
 
 
 def _packed_linear(linear: nn.Linear, entry: _Packed, x: torch.Tensor) -> torch.Tensor:
