@@ -142,5 +142,6 @@ def test_calibrate_fits_both_rescorers_and_the_bench_runs_each():
     stored = model.decoding_settings(DEVICE)
     assert set(stored["rescoring_options"]) == {"lm"} and stored["rescoring_options"]["lm"]["lm_weight"] == 0.5
     assert "LM weight" in format_report(report)
-    labels = [m.name for m in build_methods(model.base, {"m": model}, 4, variants=["ltree", "rtree-lm", "rtree-ngram"])]
+    labels = [m.name for m in build_methods(model.base, {"m": model}, 4, variants=["ltree", "rtree-lm", "rtree-ngram"],
+                                                  packed_peer=False)]
     assert labels[2:] == ["m (lattice tree (no rescorer), gate off)", "m (rescored tree, LM only, gate off)"]
