@@ -105,7 +105,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.ngram: NgramModel | None = None  # the lattice rescorer's n-gram model, when the folder has one
         self.rescorer: Drafter | None = None  # the lattice rescorer's small LM (a Kangaroo drafter), when it has one
         self.rescorer_config: CerberusConfig | None = None
-        self.packed_weights = PackedWeights()  # the base's linear weights packed for oneDNN, on a CPU's first call
+        self.packed_weights = PackedWeights()  # the base's and drafter's linear weights packed for oneDNN (on a CPU)
         self.post_init()
 
     # ----------------------------------------------------------------------------------------- building
@@ -384,7 +384,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         of one attention call per verified position; drafts are cut to the tallest batch this base's linear
         layers compute row-invariantly here (``generation_stats.strict_rows``; 1 means plain decoding). Needs
         sdpa attention and no sliding window. ``packed_weights`` (default: on where it can be, a CPU in float32 or
-        bfloat16, unless ``strict``) runs the base's linear layers through weights packed once for oneDNN
+        bfloat16, unless ``strict``) runs the base's and drafter's linear layers through weights packed once for oneDNN
         (`decoding.packed`): on a CPU, a forward over a few drafted tokens then costs about what one token's does.
         The packed copies are kept beside the model (about its weights' size again in memory); ``False`` leaves
         them out. ``profile=True`` records the wall time of each phase
