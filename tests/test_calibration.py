@@ -292,6 +292,7 @@ def test_calibrate_cli_in_bfloat16_writes_its_entry_and_leaves_the_weights_as_st
     from safetensors.torch import load_file
 
     from cerberus_hf import CerberusForCausalLM
+    from cerberus_hf.decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
     from cerberus_hf.tools import calibrate as calibrate_tool
     from helpers import get_base
 
@@ -306,6 +307,11 @@ def test_calibrate_cli_in_bfloat16_writes_its_entry_and_leaves_the_weights_as_st
     weights = next((tmp_path / "heads").glob("*.safetensors"))
     before = load_file(weights)
     sequence = reference("llama")[0].tolist()
+    # An n-gram file shared through a link, as the shipped Medusa folder links Cerberus's: --write must leave it be.
+    NgramModel.build([(sequence, 0)], vocab_size=base.config.vocab_size, order=2).save(tmp_path / "shared.safetensors")
+    (tmp_path / "heads" / NGRAM_WEIGHTS_NAME).symlink_to(tmp_path / "shared.safetensors")
+    ngram_bytes = (tmp_path / "shared.safetensors").read_bytes()
+    weights_stat = weights.stat()
     (tmp_path / "data.jsonl").write_text(json.dumps({
         "id": "a", "mode": "greedy", "prompt": "p", "input_ids": sequence[:PROMPT_LEN],
         "output_ids": sequence[PROMPT_LEN:], "finished": True}) + "\n")
@@ -320,6 +326,9 @@ def test_calibrate_cli_in_bfloat16_writes_its_entry_and_leaves_the_weights_as_st
     args = parser.parse_args(["calibrate", "--heads", str(tmp_path / "heads"), "--data", str(tmp_path / "data.jsonl"),
                               "--held-out-fraction", "0", "--dtype", "bfloat16", "--write"])
     assert args.func(args) == 0
+    assert (tmp_path / "heads" / NGRAM_WEIGHTS_NAME).is_symlink()
+    assert (tmp_path / "shared.safetensors").read_bytes() == ngram_bytes
+    assert (weights.stat().st_ino, weights.stat().st_mtime_ns) == (weights_stat.st_ino, weights_stat.st_mtime_ns)
     after = load_file(weights)
     assert set(after) == set(before) and all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k])
                                              for k in before)

@@ -6,6 +6,7 @@ import argparse
 import json
 
 import torch
+from transformers import GenerationConfig
 
 from ..calibration.pipeline import (
     DYNAMIC_BUDGETS,
@@ -100,14 +101,26 @@ def run_cli(args: argparse.Namespace) -> int:
         with open(args.report, "w") as handle:
             json.dump(report, handle, indent=1)
     if args.write:
-        # The folder's weights keep the precision they were stored in: a calibration in another dtype is
-        # written through a fresh copy of the folder, not through the model cast to that dtype.
-        stored = _load_for_calibration(args, records, cast=False)
-        stored.generation_config.cerberus_calibration = model.generation_config.cerberus_calibration
-        stored.save_pretrained(args.heads)
+        _write_calibration(args, model, records)
         print(f"stored in {args.heads}: generation_config.json cerberus_calibration[{report['key']!r}]"
               + (f", a {args.draft_vocab}-token draft vocabulary with the heads" if args.draft_vocab else ""))
     return 0
+
+
+def _write_calibration(args: argparse.Namespace, model, records: list[Record]) -> None:
+    """Store ``model``'s calibration in the ``--heads`` folder. A calibration alone rewrites only
+    ``generation_config.json``: the folder's other files stay as they are (an n-gram file may be a link
+    shared with another folder). ``--draft-vocab``, ``--ngram`` or ``--rescorer`` change the checkpoint, which
+    is then written whole, from a fresh copy of the folder so that its weights keep the precision they were
+    stored in, not the dtype calibration ran in."""
+    if not (args.draft_vocab or args.ngram or args.rescorer):
+        stored_config = GenerationConfig.from_pretrained(args.heads)
+        stored_config.cerberus_calibration = model.generation_config.cerberus_calibration
+        stored_config.save_pretrained(args.heads)
+        return
+    stored = _load_for_calibration(args, records, cast=False)
+    stored.generation_config.cerberus_calibration = model.generation_config.cerberus_calibration
+    stored.save_pretrained(args.heads)
 
 
 def _load_for_calibration(args: argparse.Namespace, records: list[Record], cast: bool = True):
