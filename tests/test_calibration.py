@@ -263,7 +263,6 @@ def test_calibrate_cli_keeps_the_vocabulary_heads_were_trained_over(tmp_path):
     """Heads trained with --train-vocab never trained the other rows: calibrate refuses to swap in another
     draft vocabulary, and without --draft-vocab keeps theirs."""
     import argparse
-    import json
 
     from cerberus_hf.tools import calibrate as calibrate_tool
 
