@@ -7,7 +7,7 @@ own drafter, and with the export loaded by speculators' `Eagle3DraftModel` (its 
 
     python -m venv --system-site-packages /tmp/specvenv
     /tmp/specvenv/bin/pip install transformers==5.18.0 && /tmp/specvenv/bin/pip install --no-deps speculators==0.9.0
-    # plus the modules its import asks for (openai, datasets, ... with --no-deps)
+    /tmp/specvenv/bin/pip install --no-deps openai datasets multiprocess pandas pyarrow dill xxhash fsspec  # its imports
     python scripts/check_speculators_export.py --python /tmp/specvenv/bin/python            # tiny random heads
     python scripts/check_speculators_export.py --python /tmp/specvenv/bin/python --heads model_cards/eagle3-smollm2-135m-instruct
 
