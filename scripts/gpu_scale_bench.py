@@ -9,10 +9,12 @@ The drafter is a real Hydra drafter of the base's width (untrained: its drafting
 its logits are replaced, on the device, by the oracle's (no host read per node), so the loop, the trees, the
 verification forward and the cache are the real ones. ``--acceptance FILE`` corrupts depth k's guess wherever a
 seeded draw exceeds the per-depth acceptance a bench JSON recorded for a shipped checkpoint (its best row's
-``head_acceptance``), so tau is about what those heads reach; without it every draft is right (tau about the depth + 1).
-Prints, per batch size: plain `generate()`, the static-cache peer (which generate() compiles on CUDA), the oracle
+``head_acceptance``), so tau is about what those heads reach; the run first drafts with every draft right (tau about
+the depth + 1), then, given ``--acceptance``, again with the corrupted drafts, in the same process. Prints, per kind of
+drafts and batch size: plain `generate()`, the static-cache peer (which generate() compiles on CUDA), the oracle
 drafter's chain, and at batch 1 the same through the loop's own static cache (`decoding.static_cache`, compiled as the
-peer is): tokens/s, speedup, tau, identical share, host reads per step.
+peer is): tokens/s, speedup, tau, identical share, host reads per step and, on CUDA, the host-device
+synchronisations per step that `torch.cuda.set_sync_debug_mode` reports (`scripts/count_host_syncs.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding.profiling import HostReads, synchronize
+
+from count_host_syncs import count_syncs  # scripts/ is on the path when run as a script
 
 SHAPES = {  # the published configs' shapes (no weights are read)
     "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -72,7 +76,7 @@ def install_device_oracle(model: CerberusForCausalLM, references: torch.Tensor, 
                             device=references.device)
         wrong = draws > keep  # per position and depth
         targets = torch.where(wrong, (targets + 1) % model.config.vocab_size, targets)
-    real_class = type(heads)
+    real_class = getattr(heads, "_real_class", type(heads))  # installed again: the drafter's own class beneath
 
     class DeviceOracle(real_class):
         def draft_level(self, k, hidden, tokens, previous, context=None):
@@ -82,6 +86,7 @@ def install_device_oracle(model: CerberusForCausalLM, references: torch.Tensor, 
             return state, logits.scatter(1, targets[row, k][:, None], 0.0)
 
     heads.__class__ = DeviceOracle
+    heads._real_class = real_class
 
 
 def timed(run, device) -> tuple[torch.Tensor, float]:
@@ -130,67 +135,94 @@ def main() -> int:
     progress("greedy references generated")
     model = CerberusForCausalLM.from_base(base, head_type="hydra", num_heads=args.heads, gate_threshold=None)
     progress("drafter built")
-    install_device_oracle(model, references, acceptance)
-    progress("oracle installed")
     result = {"shape": args.shape, "layers": base.config.num_hidden_layers, "device": str(args.device),
               "dtype": args.dtype, "acceptance": acceptance, "rows": []}
-    if str(args.device).startswith("cuda"):
+    on_cuda = str(args.device).startswith("cuda")
+    if on_cuda:
         result["gpu"] = torch.cuda.get_device_name()
-    print(f"{args.shape} ({base.config.num_hidden_layers} layers, random weights), {args.dtype} on {args.device}"
-          + (f" ({result['gpu']})" if "gpu" in result else "") + f"; drafts: {'accuracy-matched' if acceptance else 'oracle'}")
-    print("| batch | method | tokens/s | speedup | tau | identical rows | host reads per step |")
-    print("|---|---|---|---|---|---|---|")
-    for size in args.batch_sizes:
-        batches = [prompts[i: i + size] for i in range(0, args.prompts, size)]
-        methods = {"plain generate()": lambda ids: base.generate(ids, **call)}
-        # generate() compiles the forward of a static-cache call itself on CUDA (not on a CPU)
-        peer = "plain, static cache" + (", compiled" if str(args.device).startswith("cuda") else "")
-        methods[peer] = lambda ids: base.generate(ids, cache_implementation="static", **call)
-        methods[f"oracle hydra chain of {args.heads}"] = lambda ids: model.generate(ids, **call)
-        if size == 1:  # the draft-verify loop's static cache, compiled as the peer is (batches use the dynamic one)
-            methods[f"oracle hydra chain of {args.heads}, {peer[len('plain, '):]}"] = lambda ids: model.generate(
-                ids, cache_implementation="static", **call)
-        totals = {name: [0, 0.0, 0, 0] for name in methods}  # tokens, seconds, identical rows, steps
-        broken = {}
-        for name, run in methods.items():  # warm-up (and the compiled peer's compilation)
-            try:
-                run(batches[0][:, :16])
-            except Exception as error:  # noqa: BLE001 - a peer this transformers or device cannot run is reported
-                broken[name] = f"{type(error).__name__}: {error}"[:160]
-            progress(f"batch {size}: warmed up {name}" + (f" (failed: {broken[name]})" if name in broken else ""))
-        for index, ids in enumerate(batches):
-            names = [n for n in methods if n not in broken]
-            names = names[index % len(names):] + names[: index % len(names)]
-            outputs = {}
-            for name in names:
-                out, seconds = timed(lambda: methods[name](ids), torch.device(args.device))
-                outputs[name] = out
-                totals[name][0] += (out.shape[1] - ids.shape[1]) * ids.shape[0]
-                totals[name][1] += seconds
-                if name.startswith("oracle"):
-                    totals[name][3] += model.generation_stats.steps
-                progress(f"batch {size}, prompts {index * size}-{index * size + ids.shape[0] - 1}: {name} {seconds:.2f} s")
-            reference = outputs["plain generate()"]
-            for name, out in outputs.items():
-                totals[name][2] += int((out == reference).all(dim=1).sum()) if out.shape == reference.shape else 0
-        with HostReads() as reads:
-            model.generate(batches[0], **call)
-        plain_rate = totals["plain generate()"][0] / totals["plain generate()"][1]
-        for name, (tokens, seconds, same, steps) in totals.items():
-            if name in broken:
-                print(f"| {size} | {name} | not run: {broken[name]} | | | | |")
-                continue
-            tau = tokens / steps if steps else 1.0
-            reads_per_step = reads.total / model.generation_stats.steps if name.startswith("oracle") else None
-            row = {"batch": size, "method": name, "tokens_per_s": tokens / seconds, "speedup": tokens / seconds / plain_rate,
-                   "tau": tau, "identical_rows": same / args.prompts, "host_reads_per_step": reads_per_step}
-            result["rows"].append(row)
-            print(f"| {size} | {name} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | {tau:.2f} | "
-                  f"{same}/{args.prompts} | {'' if reads_per_step is None else f'{reads_per_step:.1f}'} |")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
+    # oracle drafts first, then (with --acceptance) the same drafter corrupted to the shipped heads' acceptance, in the
+    # same process: the base, the references and the compiled graphs are built once
+    for drafts in [None] + ([acceptance] if acceptance else []):
+        install_device_oracle(model, references, drafts)
+        kind = "accuracy-matched" if drafts else "oracle"
+        progress(f"{kind} drafts installed")
+        print(f"\n{args.shape} ({base.config.num_hidden_layers} layers, random weights), {args.dtype} on {args.device}"
+              + (f" ({result['gpu']})" if "gpu" in result else "") + f"; drafts: {kind}")
+        print("| batch | method | tokens/s | speedup | tau | identical rows | host reads per step | syncs per step |")
+        print("|---|---|---|---|---|---|---|---|")
+        for size in args.batch_sizes:
+            result["rows"] += bench_batch_size(args, base, model, prompts, size, call, kind, on_cuda)
+            if args.json:  # after every batch size: a run cut by its time limit keeps what it finished
+                with open(args.json, "w") as handle:
+                    json.dump(result, handle, indent=1)
     return 0
+
+
+def bench_batch_size(args, base, model, prompts, size: int, call: dict, kind: str, on_cuda: bool) -> list[dict]:
+    """One interleaved run at one batch size: each method warmed up on the first batch at full length (so that the
+    compiled forwards meet their timed shapes before the clock runs), then timed over every batch in rotating order."""
+    batches = [prompts[i: i + size] for i in range(0, args.prompts, size)]
+    methods = {"plain generate()": lambda ids: base.generate(ids, **call)}
+    # generate() compiles the forward of a static-cache call itself on CUDA (not on a CPU)
+    peer = "plain, static cache" + (", compiled" if on_cuda else "")
+    methods[peer] = lambda ids: base.generate(ids, cache_implementation="static", **call)
+    drafted = f"{kind} hydra chain of {args.heads}"
+    methods[drafted] = lambda ids: model.generate(ids, **call)
+    if size == 1:  # the draft-verify loop's static cache, compiled as the peer is (batches use the dynamic one)
+        methods[f"{drafted}, {peer[len('plain, '):]}"] = lambda ids: model.generate(
+            ids, cache_implementation="static", **call)
+    totals = {name: [0, 0.0, 0, 0] for name in methods}  # tokens, seconds, identical rows, steps
+    broken = {}
+    for name, run in methods.items():  # warm-up (and the compiled forwards' compilation)
+        start = time.perf_counter()
+        try:
+            run(batches[0])
+        except Exception as error:  # noqa: BLE001 - a peer this transformers or device cannot run is reported
+            broken[name] = f"{type(error).__name__}: {error}"[:160]
+        progress(f"batch {size}: warmed up {name} in {time.perf_counter() - start:.1f} s"
+                 + (f" (failed: {broken[name]})" if name in broken else ""))
+    for index, ids in enumerate(batches):
+        names = [n for n in methods if n not in broken]
+        names = names[index % len(names):] + names[: index % len(names)]
+        outputs = {}
+        for name in names:
+            out, seconds = timed(lambda: methods[name](ids), torch.device(args.device))
+            outputs[name] = out
+            totals[name][0] += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+            totals[name][1] += seconds
+            if name.startswith(kind):
+                totals[name][3] += model.generation_stats.steps
+            progress(f"batch {size}, prompts {index * size}-{index * size + ids.shape[0] - 1}: {name} {seconds:.2f} s")
+        reference = outputs["plain generate()"]
+        for name, out in outputs.items():
+            totals[name][2] += int((out == reference).all(dim=1).sum()) if out.shape == reference.shape else 0
+    reads, syncs = {}, {}
+    for name in methods:
+        if name.startswith(kind) and name not in broken:
+            static = dict(cache_implementation="static") if "static" in name else {}
+            with HostReads() as counter:
+                model.generate(batches[0], **call, **static)
+            reads[name] = counter.total / model.generation_stats.steps
+            if on_cuda:  # the GPU's own count of the host waits (torch.cuda.set_sync_debug_mode)
+                syncs[name] = count_syncs(model, batches[0], **call, **static)
+    plain_rate = totals["plain generate()"][0] / totals["plain generate()"][1]
+    rows = []
+    for name, (tokens, seconds, same, steps) in totals.items():
+        if name in broken:
+            print(f"| {size} | {name} | not run: {broken[name]} | | | | | |")
+            continue
+        tau = tokens / steps if steps else 1.0
+        sync = syncs.get(name)
+        row = {"batch": size, "method": name, "drafts": kind, "tokens_per_s": tokens / seconds,
+               "speedup": tokens / seconds / plain_rate, "tau": tau, "identical_rows": same / args.prompts,
+               "host_reads_per_step": reads.get(name), "syncs_per_step": sync and sync["syncs_per_step"],
+               "syncs_by_line": sync and sync["by_line"]}
+        rows.append(row)
+        read_text = "" if row["host_reads_per_step"] is None else f"{row['host_reads_per_step']:.1f}"
+        sync_text = "" if row["syncs_per_step"] is None else f"{row['syncs_per_step']:.1f}"
+        print(f"| {size} | {name} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | {tau:.2f} | "
+              f"{same}/{args.prompts} | {read_text} | {sync_text} |", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
