@@ -118,6 +118,8 @@ def main() -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     parser.add_argument("--acceptance", default=None, metavar="BENCH_JSON",
                         help="match the per-depth acceptance of the first heads row of this bench JSON")
+    parser.add_argument("--drafts", nargs="+", choices=("oracle", "matched"), default=["oracle", "matched"],
+                        help="which kinds of drafts to run (matched needs --acceptance)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -142,7 +144,8 @@ def main() -> int:
         result["gpu"] = torch.cuda.get_device_name()
     # oracle drafts first, then (with --acceptance) the same drafter corrupted to the shipped heads' acceptance, in the
     # same process: the base, the references and the compiled graphs are built once
-    for drafts in [None] + ([acceptance] if acceptance else []):
+    kinds = ([None] if "oracle" in args.drafts else []) + ([acceptance] if acceptance and "matched" in args.drafts else [])
+    for drafts in kinds:
         install_device_oracle(model, references, drafts)
         kind = "accuracy-matched" if drafts else "oracle"
         progress(f"{kind} drafts installed")
@@ -198,7 +201,8 @@ def bench_batch_size(args, base, model, prompts, size: int, call: dict, kind: st
             totals[name][2] += int((out == reference).all(dim=1).sum()) if out.shape == reference.shape else 0
     reads, syncs = {}, {}
     for name in methods:
-        if name.startswith(kind) and name not in broken:
+        # the uncompiled loop only: a torch function mode or the sync flag would recompile a compiled forward
+        if name == drafted and name not in broken:
             static = dict(cache_implementation="static") if "static" in name else {}
             with HostReads() as counter:
                 model.generate(batches[0], **call, **static)
