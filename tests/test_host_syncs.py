@@ -2,10 +2,16 @@
 on the host several times costs about as much as the forward itself (docs/cuda.md).
 
 `decoding.profiling.HostReads` counts them on any device through a torch function mode (value reads such as
-``item``, ``tolist`` and ``bool``, and outputs whose shape depends on values such as ``nonzero``). Greedy decoding
-of a static tree or a chain reads once a step (the accepted branch, `loop._greedy_walk`), of a dynamic tree twice (its
-shape, `drafting.device_selection`, and the accepted branch), plus a few reads per call; the bounds below are today's
-counts for every kind of step, so that no change adds reads unnoticed.
+``item``, ``tolist`` and ``bool``, outputs whose shape depends on values such as ``nonzero``, and copies of host
+values that wait for the device's queue: a tensor built from Python values on a named device, ``new_tensor``, indexing
+with a Python list). Greedy decoding of a static tree or a chain reads once a step (the accepted branch,
+`loop._greedy_walk`), of a dynamic tree twice (its shape, `drafting.device_selection`, and the accepted branch), plus
+about 16 per call, 7 of them generate()'s own preparation; the bounds below are today's counts for every kind of step,
+so that no change adds reads unnoticed.
+
+The host copies were first counted after an H200 run (2026-11-27) found 19 synchronisations a step where this counter
+saw 1.4: indexing by Python lists and tensors built from host values on the device, 17 of the 19. They now go through
+`transfer.to_device` (pinned memory, a copy that does not wait) or stay on the device.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import torch
 
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.profiling import HostReads
+from cerberus_hf.decoding.transfer import positions_index, to_device
 from helpers import NEW_TOKENS, fresh_model, get_base, get_prompt, reference
 
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -22,25 +29,25 @@ CHAIN = dict(draft_tree=None, dynamic_tree=None, gate_threshold=None)
 # Reads per step (random heads: every draft rejected, one token a step; tiny llama, 24 new tokens, 3 heads), and why
 # a kind of step reads more than once.
 CASES = {
-    # one read a step: the accepted branch; about 9 more per call (generate()'s preparation, the tree's top-k)
-    "chain": (CHAIN, 1.4),
-    "static": (dict(CHAIN, draft_tree=STATIC_TREE), 1.4),
+    # one read a step: the accepted branch; about 16 more per call (generate()'s preparation, the prefill)
+    "chain": (CHAIN, 1.7),
+    "static": (dict(CHAIN, draft_tree=STATIC_TREE), 1.7),
     # the same tree verified through a static cache (`decoding.static_cache`): its padding and mask add no read
-    "static+static_cache": (dict(CHAIN, draft_tree=STATIC_TREE, cache_implementation="static"), 1.4),
+    "static+static_cache": (dict(CHAIN, draft_tree=STATIC_TREE, cache_implementation="static"), 1.5),
     # a gate on the base's logits decides for every position in the walk's read (`EntropyGate.draft_rows`)
-    "chain+gate": (dict(CHAIN, gate_threshold=10.0), 1.4),
+    "chain+gate": (dict(CHAIN, gate_threshold=10.0), 1.7),
     # a dynamic tree is searched on the device and its shape read once (`drafting.device_selection`)
-    "dynamic": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3}), 2.2),
-    "budgeted": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3, "top_p": 0.9, "min_ratio": 0.2}), 2.2),
+    "dynamic": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3}), 2.6),
+    "budgeted": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3, "top_p": 0.9, "min_ratio": 0.2}), 2.6),
     # prompt lookup matches the context's n-grams on the host
-    "chain+lookup": (dict(CHAIN, prompt_lookup_num_tokens=3), 5.1),
+    "chain+lookup": (dict(CHAIN, prompt_lookup_num_tokens=3), 5.7),
     # sampling walks the tree token by token (each token drawn, then matched against the drafted children): two reads
     # per emitted token
-    "chain+sampling": (dict(CHAIN, do_sample=True), 4.0),
+    "chain+sampling": (dict(CHAIN, do_sample=True), 5.0),
 }
 # Kangaroo drafts its chain token by token and ends it on the host when a token's probability falls below its exit
 # confidence.
-KANGAROO_BOUND = 6.8
+KANGAROO_BOUND = 7.1
 
 
 def reads_per_step(model, **kwargs) -> tuple[float, HostReads]:
@@ -59,17 +66,21 @@ def test_the_counter_sees_every_kind_of_read():
     with HostReads() as reads:
         x[2].item(), x.tolist(), bool(x[1] > 0), int(x[3]), float(x[4]), x.nonzero(), x[x > 2], torch.unique(x)
         x + 1, x.sum(), x[1:3]  # no read
+        x[[1, 2]], x.new_tensor([1]), torch.tensor([1], device=x.device)  # host values copied to the device
+        x[[0]] = 5
+        to_device([1, 2], x.device), x[positions_index([0, 1], x.device)], torch.full((2,), 3, device=x.device)  # none
     assert reads.by_kind == {"item": 1, "tolist": 1, "bool": 1, "int": 1, "float": 1, "nonzero": 1,
-                             "bool_index": 1, "unique": 1}
+                             "bool_index": 1, "unique": 1, "list_index": 2, "host_copy": 2}
     # each read is charged to the line that asked (torch.unique asks through torch's own Python wrapper)
-    assert sum(n for line, n in reads.by_line.items() if "test_host_syncs.py" in line) >= 7
+    assert sum(n for line, n in reads.by_line.items() if "test_host_syncs.py" in line) >= 11
 
 
 def test_plain_generate_reads_about_once_a_token():
     base, prompt = get_base("llama"), get_prompt("llama")
     with HostReads(where=False) as reads:
         base.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
-    assert reads.total <= 1.2 * NEW_TOKENS
+    # once a token (the stopping criteria), plus 11 in generate()'s preparation (on an H200: 55 syncs for 48 tokens)
+    assert reads.total <= NEW_TOKENS + 11
 
 
 @pytest.mark.parametrize("head_type", [h for h in HEAD_TYPES if h != "kangaroo"])
@@ -89,7 +100,7 @@ def test_greedy_chain_and_static_tree_read_once_a_step_from_the_loop():
         assert len(per_line) == 1 and "_greedy_walk" in next(iter(per_line)), reads.by_line
 
 
-@pytest.mark.parametrize("signal, bound", [("base_entropy", 1.4), ("base_top1", 1.4), ("head_entropy", 2.3)])
+@pytest.mark.parametrize("signal, bound", [("base_entropy", 1.6), ("base_top1", 1.6), ("head_entropy", 2.5)])
 def test_a_gate_on_the_base_reads_nothing_more_and_one_on_the_heads_once(signal, bound):
     """A gate on the base's logits decides for every position within the walk's read (`EntropyGate.draft_rows`); one
     on the first head's entropy decides after the heads ran, with a read of its own."""

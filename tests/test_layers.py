@@ -21,7 +21,7 @@ LAYERS = [
     # decoding's primitives, which know no drafter: trees and masks, the gate, acceptance, lookup, n-grams, rescoring
     ["decoding.tree", "decoding.gate", "decoding.acceptance", "decoding.lookup", "decoding.ngram", "decoding.stats",
      "decoding.profiling", "decoding.rescoring", "decoding.strict", "decoding.settings", "decoding.batching",
-     "decoding.packed"],
+     "decoding.packed", "decoding.transfer"],
     # what a saved folder is: its config and the code stubs it carries
     ["configuration_cerberus", "remote_code"],
     # the drafter interface and the families

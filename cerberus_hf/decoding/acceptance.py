@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .gate import entropy
+from .transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -45,5 +46,5 @@ def pick_token(
         threshold = typical.threshold(probs)
         for token in drafted:
             if probs[0, token] > threshold:
-                return scores.new_tensor([[token]], dtype=torch.long)
+                return to_device([[token]], scores.device, torch.long)
     return torch.multinomial(probs, num_samples=1)

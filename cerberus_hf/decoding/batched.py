@@ -41,8 +41,9 @@ from .candidate_generator import CerberusCandidateGenerator, Draft, propose_toge
 from .loop import Acceptance, check_supported
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
-from .tree import TreeSpec
 from .static_cache import verification_for
+from .transfer import to_device
+from .tree import TreeSpec
 from .verification import drafts_through_base_cache, keep_cache_positions, step_inputs
 
 
@@ -176,7 +177,7 @@ def batched_speculative_generate(
             if any(finished):
                 with phase("cache"):
                     staying = [i for i, done in enumerate(finished) if not done]
-                    cache.batch_select_indices(torch.tensor(staying, device=input_ids.device))
+                    cache.batch_select_indices(to_device(staying, input_ids.device, torch.long))
                     valid = valid[staying]
                     live = [live[i] for i in staying]
             with phase("verify"):

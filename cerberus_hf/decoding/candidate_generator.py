@@ -28,6 +28,7 @@ from .profiling import phase_timer
 from .rescoring import Rescoring, lattice_rescore
 from .settings import DecodingSettings
 from .stats import GenerationStats
+from .transfer import to_device
 from .tree import TreeSpec, graft_chain
 
 
@@ -64,7 +65,7 @@ def with_copied(draft: Draft | None, copied: list[int], device: torch.device) ->
     if shared == len(copied):
         return draft
     rest = copied[shared:]
-    return Draft(graft_chain(tree, below, len(rest)), torch.tensor(tokens + rest, dtype=torch.long, device=device))
+    return Draft(graft_chain(tree, below, len(rest)), to_device(tokens + rest, device, torch.long))
 
 
 class CerberusCandidateGenerator(CandidateGenerator):
@@ -215,7 +216,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
         input_ids = plan.input_ids
         if self.drafter.drafts_chains:
             chain = self.drafter.draft_chain(self.state, input_ids, plan.static.depth, self.exit_confidence)
-            return Draft(TreeSpec.chain(len(chain)), torch.tensor(chain, dtype=input_ids.dtype, device=input_ids.device))
+            return Draft(TreeSpec.chain(len(chain)), to_device(chain, input_ids.device, input_ids.dtype))
         if isinstance(self.dynamic, Rescoring):
             return self._grown_draft(plan.step, input_ids, plan.room)
         if self.dynamic is not None:

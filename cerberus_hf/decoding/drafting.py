@@ -30,6 +30,7 @@ import torch
 
 from ..drafters.base import Drafter
 from .rescoring import Rescore, Rescoring
+from .transfer import to_device
 from .tree import DynamicTree, TreeSpec
 
 
@@ -57,7 +58,7 @@ class StepDrafts:
         if not self.drafter.reads_tokens:
             if depth not in self._shared:
                 previous = self._shared[depth - 1][0] if depth > 0 else None
-                tokens = torch.tensor([[self.last_token] * (depth + 1)], device=self.hidden.device)
+                tokens = torch.full((1, depth + 1), self.last_token, device=self.hidden.device)
                 self._shared[depth] = self.drafter.draft_level(depth, self.hidden, tokens, previous, self.context)
             state, logits = self._shared[depth]
             return state.expand(len(parents), -1), logits.expand(len(parents), -1)
@@ -68,15 +69,15 @@ class StepDrafts:
     def _path_tokens(self, parents: list[_Node]) -> torch.Tensor:
         """``[len(parents), depth + 1]``: the newest token, then each parent's drafted tokens."""
         if all(isinstance(p.tokens, tuple) for p in parents):
-            return torch.tensor([(self.last_token, *p.tokens) for p in parents], device=self.hidden.device)
-        last = torch.tensor([self.last_token], device=self.hidden.device)
+            return to_device([(self.last_token, *p.tokens) for p in parents], self.hidden.device)
+        last = torch.full((1,), self.last_token, device=self.hidden.device)
         return torch.stack([torch.cat([last, p.tokens]) for p in parents])
 
     def root_logits(self) -> torch.Tensor:
         """Depth 0's logits ``[V]`` (what a head-entropy gate reads); reused by the draft that follows."""
         if 0 not in self._shared:
             self._shared[0] = self.drafter.draft_level(
-                0, self.hidden, torch.tensor([[self.last_token]], device=self.hidden.device), None, self.context
+                0, self.hidden, torch.full((1, 1), self.last_token, device=self.hidden.device), None, self.context
             )
         return self._shared[0][1][0]
 
@@ -93,15 +94,12 @@ def static_levels(step: StepDrafts, tree: TreeSpec) -> Levels:
     nodes: list[_Node | None] = [None] * len(tree)
     tokens = torch.zeros(len(tree), dtype=torch.long, device=device)
     no_tokens = tokens[:0]
-    for depth in range(tree.depth):
-        members = [i for i, path in enumerate(tree.paths) if len(path) == depth + 1]
-        parents = list(dict.fromkeys(tree.parents[i] for i in members))
-        row = {parent: r for r, parent in enumerate(parents)}
+    for depth, ((members, parents, rows), (members_on, rows_on, ranks_on)) in enumerate(
+            zip(tree.levels, tree.on(device).levels)):
         states, logits = yield depth, [step.root if p < 0 else nodes[p] for p in parents]
         top = step.drafter.token_ids(logits.topk(tree.top_k, dim=-1).indices)
-        rows = [row[tree.parents[i]] for i in members]
-        picked = top[rows, [tree.paths[i][-1] for i in members]]
-        tokens[members] = picked
+        picked = top[rows_on, ranks_on]  # indices already on the device: no copy waits for the queue
+        tokens[members_on] = picked
         for j, i in enumerate(members):
             parent_tokens = nodes[tree.parents[i]].tokens if tree.parents[i] >= 0 else no_tokens
             nodes[i] = _Node(torch.cat([parent_tokens, picked[j:j + 1]]), states[rows[j]])
@@ -160,7 +158,7 @@ def expand_together(depth: int, steps: list[StepDrafts], parents: list[list[_Nod
         missing = [step for step in steps if depth not in step._shared]
         if missing:
             previous = torch.cat([step._shared[depth - 1][0] for step in missing]) if depth > 0 else None
-            tokens = torch.tensor([[step.last_token] * (depth + 1) for step in missing], device=missing[0].hidden.device)
+            tokens = to_device([[step.last_token] * (depth + 1) for step in missing], missing[0].hidden.device)
             states, logits = drafter.draft_level(depth, torch.cat([step.hidden for step in missing]), tokens, previous)
             for r, step in enumerate(missing):
                 step._shared[depth] = (states[r: r + 1], logits[r: r + 1])
@@ -202,7 +200,7 @@ def dynamic_selection(
         kept = node_budget(values, settings.top_p, settings.min_ratio).tolist() if budgeted else None
         if rescore is not None:
             values = values + rescore([node.tokens for _, _, node in frontier], candidates)
-        scores = (values + torch.tensor([s for s, _, _ in frontier], device=values.device)[:, None]).tolist()
+        scores = (values + to_device([s for s, _, _ in frontier], values.device)[:, None]).tolist()
         token_ids = candidates.tolist()
         children = [
             (scores[r][j], (*frontier[r][1], j), token_ids[r][j], r)
@@ -306,7 +304,7 @@ def chosen_tree(chosen: dict[tuple[int, ...], int], device: torch.device) -> tup
     if not chosen:
         return None
     tree = _tree_of(tuple(sorted(chosen, key=lambda p: (len(p), p))))
-    return tree, torch.tensor([chosen[path] for path in tree.paths], dtype=torch.long, device=device)
+    return tree, to_device([chosen[path] for path in tree.paths], device, torch.long)
 
 
 def prime_roots(steps: list[StepDrafts]) -> None:
@@ -314,7 +312,7 @@ def prime_roots(steps: list[StepDrafts]) -> None:
     of their drafter (each apart where the drafter attends to a context of its own per sequence)."""
     missing = [step for step in steps if 0 not in step._shared]
     if len(missing) > 1 and all(step.context is None for step in missing):
-        tokens = torch.tensor([[step.last_token] for step in missing], device=missing[0].hidden.device)
+        tokens = to_device([[step.last_token] for step in missing], missing[0].hidden.device)
         states, logits = missing[0].drafter.draft_level(0, torch.cat([step.hidden for step in missing]), tokens, None)
         for r, step in enumerate(missing):
             step._shared[0] = (states[r: r + 1], logits[r: r + 1])

@@ -35,6 +35,7 @@ from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .strict import strict_view
 from .static_cache import verification_for
+from .transfer import to_device
 
 
 def check_supported(model: nn.Module, generation_config: GenerationConfig, model_kwargs: dict) -> None:
@@ -187,7 +188,7 @@ class Acceptance:
             if token in eos or (max_length is not None and input_ids.shape[1] + count >= max_length):
                 emitted, accepted, finished = emitted[:count], accepted[: count - 1], True
                 break
-        input_ids = torch.cat([input_ids, input_ids.new_tensor([emitted])], dim=-1)
+        input_ids = torch.cat([input_ids, to_device([emitted], input_ids.device, input_ids.dtype)], dim=-1)
         return input_ids, accepted, finished, emitted[-1], None, gated
 
 

@@ -76,7 +76,9 @@ def phase_timer(profiler: StepProfiler | None):
 # Tensor operations that make the host wait for a device's values: a value read back (item, tolist, bool, int,
 # float, numpy, a copy to the CPU), or an output whose shape depends on the values (nonzero, masked selection,
 # unique, boolean-mask indexing). On CUDA each is a synchronisation; on a CPU they cost nothing but are counted the
-# same, so a test can bound what a GPU would pay without one.
+# same, so a test can bound what a GPU would pay without one. `HostReads` also counts the copies of host values that
+# wait for the device's queue (`transfer.to_device` does not): a tensor built from Python values on a named device,
+# ``new_tensor``, and indexing with a Python list.
 _VALUE_READS = {
     torch.Tensor.item: "item", torch.Tensor.tolist: "tolist", torch.Tensor.__bool__: "bool",
     torch.Tensor.__int__: "int", torch.Tensor.__float__: "float", torch.Tensor.__index__: "index",
@@ -91,8 +93,10 @@ _SHAPE_FROM_VALUES = {
 
 class HostReads(torch.overrides.TorchFunctionMode):
     """Counts the operations that would synchronise a GPU (`_VALUE_READS`, `_SHAPE_FROM_VALUES`, indexing by a
-    boolean tensor), by kind and by the innermost cerberus_hf (else transformers) line that
-    asked, while active. Works on any device: on a CPU nothing waits, but the count is what a GPU would pay."""
+    boolean tensor, and the host copies that wait: ``host_copy``, ``list_index``), by kind and by the innermost
+    cerberus_hf (else transformers) line that asked, while active. Works on any device: on a CPU nothing waits, but
+    the count is what a GPU would pay. Not seen: ``.to(device)`` of a tensor the code built on the host (on a CPU it
+    cannot be told from a no-op)."""
 
     def __init__(self, where: bool = True):
         super().__init__()
@@ -108,10 +112,17 @@ class HostReads(torch.overrides.TorchFunctionMode):
         kind = _VALUE_READS.get(func) or _SHAPE_FROM_VALUES.get(func)
         if kind is not None:
             return kind
-        if func is torch.Tensor.__getitem__ and len(args) > 1:
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
                 return "bool_index"
+            if any(isinstance(i, list) for i in index):  # the list goes to the device as an index tensor first
+                return "list_index"
+        if func is torch.Tensor.new_tensor or (
+            func in (torch.tensor, torch.as_tensor) and args and not isinstance(args[0], torch.Tensor)
+            and kwargs.get("device") is not None and not kwargs.get("pin_memory")
+        ):
+            return "host_copy"
         return None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

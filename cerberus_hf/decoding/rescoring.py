@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from .ngram import NgramModel
+from .transfer import to_device
 from .tree import tree_settings_from_dict
 
 Rescore = Callable[[list[tuple[int, ...]], torch.Tensor], torch.Tensor]
@@ -64,7 +65,7 @@ def ngram_rescore(model: NgramModel, history: torch.LongTensor, weight: float) -
     context = history[max(history.numel() - (model.order - 1), 0):].to(model.device)
 
     def rescore(paths: list[tuple[int, ...]], candidates: torch.Tensor) -> torch.Tensor:
-        drafted = torch.tensor(paths, dtype=torch.long, device=model.device).reshape(len(paths), -1)
+        drafted = to_device(paths, model.device, torch.long).reshape(len(paths), -1)
         contexts = torch.cat([context.expand(len(paths), -1), drafted], dim=1)
         return weight * model.log_probs(contexts, candidates).to(candidates.device)
 

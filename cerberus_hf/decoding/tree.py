@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import torch
 
+from .transfer import to_device
+
 CONTEXT_RANK = -1  # path entry of a token copied from the context rather than guessed by a head
 
 
@@ -83,7 +85,7 @@ class TreeSpec:
 
     @cached_property
     def top_k(self) -> int:
-        return int(self.rank.max()) + 1
+        return max(p[-1] for p in self.paths) + 1
 
     @cached_property
     def position_offsets(self) -> torch.Tensor:
@@ -115,14 +117,28 @@ class TreeSpec:
         n = len(self.parents)
         return (parents[:, None] == parents[None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
 
+    @cached_property
+    def levels(self) -> list[tuple[list[int], list[int], list[int]]]:
+        """Per depth: its nodes, their parents without repeats (-1: the root) in order, and each node's parent's row
+        in that list (what a drafter expanding the parents returns one row of guesses for)."""
+        out = []
+        for depth in range(1, self.depth + 1):
+            members = [i for i, path in enumerate(self.paths) if len(path) == depth]
+            parents = list(dict.fromkeys(self.parents[i] for i in members))
+            row = {parent: r for r, parent in enumerate(parents)}
+            out.append((members, parents, [row[self.parents[i]] for i in members]))
+        return out
+
     def on(self, device: torch.device) -> "_TreeTensors":
-        """The tensors greedy acceptance reads (`parent_positions`, `earlier_siblings`, the nodes' part of
-        `ancestor_mask`) on ``device``, copied there once per tree and device."""
+        """The tensors decoding reads (`position_offsets`, `ancestor_mask`, what greedy acceptance compares, each
+        depth's node, row and rank indices) on ``device``: copied there once per tree and device, without a wait."""
         cached = self._on.get(device)
         if cached is None:
-            cached = self._on[device] = _TreeTensors(self.parent_positions.to(device),
-                                                     self.earlier_siblings.to(device),
-                                                     self.ancestor_mask[1:, 1:].to(device))
+            levels = tuple(tuple(to_device(index, device, torch.long) for index in (members, rows, [self.paths[i][-1] for i in members]))
+                           for members, _, rows in self.levels)
+            cached = self._on[device] = _TreeTensors(
+                to_device(self.parent_positions, device), to_device(self.earlier_siblings, device),
+                to_device(self.ancestor_mask, device), to_device(self.position_offsets, device), levels)
         return cached
 
     @cached_property
@@ -149,7 +165,7 @@ class TreeSpec:
         """Additive 4D mask [1, 1, n+1, past + n+1]: the whole past is visible, the tree part by ancestry."""
         n = len(self.paths) + 1
         mask = torch.zeros(1, 1, n, past_length + n, dtype=dtype, device=device)
-        blocked = ~self.ancestor_mask.to(device)
+        blocked = ~self.on(device).ancestor_mask
         mask[0, 0, :, past_length:].masked_fill_(blocked, torch.finfo(dtype).min)
         return mask
 
@@ -157,7 +173,13 @@ class TreeSpec:
 class _TreeTensors(NamedTuple):
     parent_positions: torch.Tensor
     earlier_siblings: torch.Tensor
-    node_ancestors: torch.Tensor
+    ancestor_mask: torch.Tensor  # the root's row and column included; `node_ancestors` is the nodes' part
+    position_offsets: torch.Tensor
+    levels: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per depth: nodes, parent rows, ranks
+
+    @property
+    def node_ancestors(self) -> torch.Tensor:
+        return self.ancestor_mask[1:, 1:]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from transformers import Cache, DynamicCache
 
 from ..compat import cache_argument
 from .candidate_generator import Draft
+from .transfer import to_device
 
 
 def verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):
@@ -21,12 +22,12 @@ def verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, d
     (a chain needs only the model's own causal mask)."""
     past = input_ids.shape[1] - 1
     if draft is None:
-        step_input, offsets, mask = input_ids[:, -1:], torch.zeros(1, dtype=torch.long), None
+        step_input, mask = input_ids[:, -1:], None
+        position_ids = torch.full((1, 1), past, device=input_ids.device)
     else:
         step_input = torch.cat([input_ids[:, -1:], draft.tokens[None]], dim=-1)
-        offsets = draft.tree.position_offsets
         mask = None if draft.tree.is_chain else draft.tree.attention_mask(past, model.dtype, input_ids.device)
-    position_ids = (past + offsets.to(input_ids.device))[None]
+        position_ids = (past + draft.tree.on(input_ids.device).position_offsets)[None]
     return model(
         input_ids=step_input, position_ids=position_ids, attention_mask=mask, use_cache=True, **cache_argument(cache)
     )
@@ -50,7 +51,7 @@ def keep_cache_positions(cache: Cache, fed: int, keep: list[list[int]], end: int
                 continue
             device = layer.keys.device
             if device not in index_on:
-                index_on[device] = torch.tensor(orders, device=device)[:, None, :, None]
+                index_on[device] = to_device(orders, device)[:, None, :, None]
             stop = layer.keys.shape[-2] if end is None else end
             for tensor in (layer.keys, layer.values):
                 index = index_on[device].expand(-1, tensor.shape[1], -1, tensor.shape[-1])
@@ -81,9 +82,9 @@ def step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], length
             offsets[i, :n] = draft.tree.position_offsets
             tree[i, :n, :n] = draft.tree.ancestor_mask
     positions = torch.tensor(lengths)[:, None] - 1 + offsets
-    allowed = torch.cat([valid[:, None, :].expand(-1, fed, -1), tree.to(device)], dim=-1)
+    allowed = torch.cat([valid[:, None, :].expand(-1, fed, -1), to_device(tree, device)], dim=-1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return tokens, positions.to(device), mask[:, None]
+    return tokens, to_device(positions, device), mask[:, None]
 
 
 def drafts_through_base_cache(drafter, settings) -> str | None:

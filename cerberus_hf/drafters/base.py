@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from ..configuration_cerberus import STATE_SOURCES, CerberusConfig
+from ..decoding.transfer import positions_index
 
 
 @contextmanager
@@ -183,7 +184,7 @@ class ContextState(SequenceState):
         if self.pending is None:
             raise RuntimeError("the decoding loop must call observe() with the prefill first.")
         # only the newest context_window states can still enter the window, however long no step drafts
-        self.pending = torch.cat([self.pending, hidden[keep]])[-self.drafter.context_window :]
+        self.pending = torch.cat([self.pending, hidden[positions_index(keep, hidden.device)]])[-self.drafter.context_window :]
         self.verified += len(keep)
 
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
+from ..decoding.transfer import positions_index
 from .base import Drafter, SequenceState, capture_states, decoder_layers, in_this_thread
 from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotary, rotate
 
@@ -176,7 +177,7 @@ class Eagle3State(SequenceState):
             return
         if self.pending is None:
             raise RuntimeError("the decoding loop must call observe() with the prefill first.")
-        self.pending = torch.cat([self.pending, features[:, keep]], dim=1)
+        self.pending = torch.cat([self.pending, features[:, positions_index(keep, features.device)]], dim=1)
 
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
         if self.pending is None:

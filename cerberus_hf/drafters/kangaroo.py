@@ -44,6 +44,7 @@ from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
 from ..compat import cache_argument, tree_attention_ok
+from ..decoding.transfer import positions_index
 from .base import Drafter, SequenceState, capture_lm_head_input, decoder_layers, in_this_thread
 from .layers import AttentionAdapter
 from ..module_views import config_view, module_view, replace_modules, with_forward
@@ -137,7 +138,7 @@ class KangarooState(SequenceState):
     def observe(self, captured: dict, keep: list[int] | None) -> None:
         self.captured = captured
         states = captured["exit"]
-        self.extend(states if keep is None else states[:, keep])
+        self.extend(states if keep is None else states[:, positions_index(keep, states.device)])
 
     @contextmanager
     def verifying(self, model: nn.Module, step_tokens: torch.LongTensor | None) -> Iterator[nn.Module]:
@@ -273,9 +274,9 @@ class KangarooDrafter(Drafter):
         def shallow(decoder, token: int) -> torch.Tensor:
             """The token at the next position through the first layers; their output there ``[1, 1, hidden]``."""
             length = start + len(exits)
-            decoder(input_ids=torch.tensor([[token]], device=input_ids.device, dtype=input_ids.dtype),
+            decoder(input_ids=torch.full((1, 1), token, device=input_ids.device, dtype=input_ids.dtype),
                     **cache_argument(state.cache), use_cache=True,
-                    position_ids=torch.tensor([[length]], device=input_ids.device),
+                    position_ids=torch.full((1, 1), length, device=input_ids.device),
                     attention_mask=torch.ones(1, length + 1, dtype=torch.long, device=input_ids.device))
             exits.append(state.captured["exit"][:, -1:])
             return exits[-1]
