@@ -119,6 +119,30 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
         build_methods(base, models, 4, ["beam"])
 
 
+def test_the_default_lookup_variant_drops_only_the_checkpoints_copied_prompt_tokens():
+    """A checkpoint's default may copy prompt tokens into each draft (its config's prompt_lookup_num_tokens), which
+    --no-prompt-lookup does not touch; variant default-lookup runs the same calibrated settings without them."""
+    from cerberus_hf.tools.bench import build_methods
+
+    base = get_base("llama")
+    model = fresh_model("llama", "hydra", num_heads=2)
+    model.generation_config.cerberus_calibration = {DEVICE.type: {"draft_tree": [[0], [1]], "prompt_lookup_num_tokens": 3}}
+    methods = build_methods(base, {"h": model}, 4, ["default", "default-lookup"], packed_peer=False)[2:]
+    assert [m.name for m in methods] == ["h (calibrated default)", "h (calibrated default, no copied tokens)"]
+    assert [m.name for m in build_methods(base, {"h": model}, 4, None, packed_peer=False)].count(
+        "h (calibrated default, no copied tokens)") == 0  # named only
+    asked, real = [], model.generate
+
+    def generate(*args, **kwargs):
+        asked.append(kwargs.get("prompt_lookup_num_tokens"))
+        return real(*args, **kwargs)
+
+    model.generate = generate
+    for method in methods:
+        method.run(get_prompt("llama"))
+    assert asked == [None, 0]
+
+
 def test_rescored_rows_need_the_ngram_model_and_category_tau_adds_up():
     from cerberus_hf.tools.bench import build_methods, markdown_categories
 

@@ -75,13 +75,15 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # output bit-identical to plain generate() in reduced precision too; "default+strict" takes the checkpoint's
 # strict calibration where it has one).
 STRICT = "+strict"
-NAMED_ONLY = ("default", "unpacked")  # variants run only where a list names them
+NAMED_ONLY = ("default", "unpacked", "default-lookup")  # variants run only where a list names them
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
     "default": ("calibrated default", {}, ()),
     "unpacked": ("calibrated default, weights unpacked", {"packed_weights": False}, ()),
+    # the heads alone in their calibrated tree and gate: a checkpoint's config may copy prompt tokens into each draft
+    "default-lookup": ("calibrated default, no copied tokens", dict(_NO_LOOKUP), ()),
     "chain": ("chain, gate off", {"draft_tree": None, "gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ()),
     "chain+gate": ("chain, gate on", {"draft_tree": None, **_STATIC, **_NO_LOOKUP}, ("gate_threshold",)),
     "tree": ("tree, gate off", {"gate_threshold": None, **_STATIC, **_NO_LOOKUP}, ("draft_tree",)),
@@ -537,7 +539,9 @@ def add_cli(subparsers) -> None:
                         help="decode the prompts this many at a time, left-padded, against plain batched generate() "
                              "(throughput over the batch); above 1 the prompt-lookup row is left out")
     parser.add_argument("--no-prompt-lookup", action="store_true",
-                        help="leave out the row of transformers' prompt lookup (plain generate() stays)")
+                        help="leave out the row of transformers' prompt lookup (plain generate() stays); a "
+                             "checkpoint's own copied prompt tokens stay in its default row (variant default-lookup "
+                             "drops them)")
     parser.add_argument("--no-packed-peer", action="store_true",
                         help="leave out the row of plain generate() through packed weights (on a CPU, beside plain "
                              "generate(); the head rows verify through them)")
