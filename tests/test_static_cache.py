@@ -114,6 +114,25 @@ def test_compiled_forwards_are_fed_a_bucket_and_the_cache_is_sized_for_reuse(com
     assert [bucket(n) for n in (1, 3, 5, 16, 17, 64, 70)] == [1, 4, 8, 16, 32, 64, 70]
 
 
+def test_on_an_accelerator_steps_are_padded_up_to_the_widest_bucket_so_one_graph_serves_the_call(monkeypatch):
+    """Near max_length a chain of 4 is cut short (here to 3 drafts: 1 + 3 positions); on an accelerator that step is fed
+    at the bucket the call already compiled (8), not at a bucket of its own (4), and the output stays the base's."""
+    from cerberus_hf.decoding.static_cache import StaticVerification
+
+    arch = "llama"
+    model = fresh_model(arch, "cerberus", num_heads=4)
+    install_oracle(model, [longer_reference(arch)])
+    prompt = get_prompt(arch)
+    options = dict(compile_config=eager_compile())
+    with StepSizes(model.base) as fed:
+        assert model.generate(prompt, max_new_tokens=NEW_TOKENS, **STATIC, **options).tolist() == reference(arch).tolist()
+    assert {bucket(n) for n in fed.sizes[1:]} == {4, 8}  # on the CPU: the cut step at its own bucket
+    monkeypatch.setattr(StaticVerification, "pads_up", staticmethod(lambda device: True))
+    with StepSizes(model.base) as fed:
+        assert model.generate(prompt, max_new_tokens=NEW_TOKENS, **STATIC, **options).tolist() == reference(arch).tolist()
+    assert set(fed.sizes[1:]) == {8}
+
+
 def test_a_tree_wider_than_the_buckets_runs_at_its_own_size_and_is_cut_to_the_room_left():
     """A 90-node tree is fed unpadded (no bucket holds it); near the end of the cache it is cut to fit."""
     arch = "llama"
