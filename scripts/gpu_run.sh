@@ -26,7 +26,8 @@ done
 # 2. the 8B-shaped base at batch 1 (4 prompts), fp32 (in bf16 the random base's greedy path split between shapes of
 #    the same forward, so the oracle lost track: 2026-11-27): oracle drafts, then drafts matched to the shipped Hydra's
 #    per-depth acceptance on MT-Bench, in one process, each method warmed up at its timed shapes (the loop's compiled
-#    static cache took 142 s to compile cold); speedup against plain and the compiled static-cache peer
+#    static cache took 142 s to compile cold, a graph per bucket met; it now pads the steps max_length cuts short up to
+#    the call's widest bucket); speedup against plain and the compiled static-cache peer
 timeout 360 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype float32 --prompts 4 \
   --batch-sizes 1 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json \
   --json "$OUT/scale_8b.json" > "$OUT/scale_8b.md" 2>&1

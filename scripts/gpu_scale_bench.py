@@ -204,16 +204,14 @@ def bench_batch_size(args, base, model, prompts, size: int, call: dict, kind: st
         reference = outputs["plain generate()"]
         for name, out in outputs.items():
             totals[name][2] += int((out == reference).all(dim=1).sum()) if out.shape == reference.shape else 0
+    # counted on the uncompiled loop only: a torch function mode or the sync flag would recompile a compiled forward
     reads, syncs = {}, {}
-    for name in methods:
-        # the uncompiled loop only: a torch function mode or the sync flag would recompile a compiled forward
-        if name == drafted and name not in broken:
-            static = dict(cache_implementation="static") if "static" in name else {}
-            with HostReads() as counter:
-                model.generate(batches[0], **call, **static)
-            reads[name] = counter.total / model.generation_stats.steps
-            if on_cuda:  # the GPU's own count of the host waits (torch.cuda.set_sync_debug_mode)
-                syncs[name] = count_syncs(model, batches[0], **call, **static)
+    if drafted not in broken:
+        with HostReads() as counter:
+            model.generate(batches[0], **call)
+        reads[drafted] = counter.total / model.generation_stats.steps
+        if on_cuda:  # the GPU's own count of the host waits (torch.cuda.set_sync_debug_mode)
+            syncs[drafted] = count_syncs(model, batches[0], **call)
     plain_rate = totals["plain generate()"][0] / totals["plain generate()"][1]
     rows = []
     for name, (tokens, seconds, same, steps) in totals.items():
