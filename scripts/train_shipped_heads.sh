@@ -7,8 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-data/smollm2_selfdistill.jsonl}
-SHAREGPT=${SHAREGPT:-data/sharegpt_selfdistill.jsonl}    # issue 11's data: the base's answers to ShareGPT prompts
-FULL="--data $DATA --data $SHAREGPT"                    # 2.05M answer tokens: the families retrained on it use both
+# issue 11's data: the base's answers to ShareGPT prompts. The shipped checkpoints read its first 8,752 records (the
+# file has 10,058 since 2026-11-27 and grows only at its end): to reproduce one, pass a copy cut with head -n 8752
+SHAREGPT=${SHAREGPT:-data/sharegpt_selfdistill.jsonl}
+FULL="--data $DATA --data $SHAREGPT"                    # 2.05M answer tokens then: the families retrained on it use both
 PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
 STEPS=${STEPS:-"distill cache train ngram calibrate calibrate-bf16 bench card"}
 FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
