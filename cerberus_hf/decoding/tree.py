@@ -76,14 +76,6 @@ class TreeSpec:
         return out
 
     @cached_property
-    def head_index(self) -> torch.Tensor:
-        return torch.tensor([len(p) - 1 for p in self.paths])
-
-    @cached_property
-    def rank(self) -> torch.Tensor:
-        return torch.tensor([p[-1] for p in self.paths])
-
-    @cached_property
     def top_k(self) -> int:
         return max(p[-1] for p in self.paths) + 1
 
@@ -134,8 +126,10 @@ class TreeSpec:
         depth's node, row and rank indices) on ``device``: copied there once per tree and device, without a wait."""
         cached = self._on.get(device)
         if cached is None:
-            levels = tuple(tuple(to_device(index, device, torch.long) for index in (members, rows, [self.paths[i][-1] for i in members]))
-                           for members, _, rows in self.levels)
+            levels = tuple(
+                tuple(to_device(index, device, torch.long)
+                      for index in (members, rows, [self.paths[i][-1] for i in members]))
+                for members, _, rows in self.levels)
             cached = self._on[device] = _TreeTensors(
                 to_device(self.parent_positions, device), to_device(self.earlier_siblings, device),
                 to_device(self.ancestor_mask, device), to_device(self.position_offsets, device), levels)

@@ -184,7 +184,8 @@ class ContextState(SequenceState):
         if self.pending is None:
             raise RuntimeError("the decoding loop must call observe() with the prefill first.")
         # only the newest context_window states can still enter the window, however long no step drafts
-        self.pending = torch.cat([self.pending, hidden[positions_index(keep, hidden.device)]])[-self.drafter.context_window :]
+        kept = hidden[positions_index(keep, hidden.device)]
+        self.pending = torch.cat([self.pending, kept])[-self.drafter.context_window :]
         self.verified += len(keep)
 
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
