@@ -14,19 +14,21 @@ from cerberus_hf.errors import UserError
 from cerberus_hf.calibration import calibrate, calibrate_chain, format_chain_report, format_report
 from cerberus_hf.calibration.pipeline import store_calibration
 from cerberus_hf.calibration.fit import (
-    accepted_length, build_tree, dynamic_accepted, fit_dynamic_tree, fit_gate, path_frequencies, static_accepted,
+    accepted_length, build_tree, dynamic_accepted, fit_dynamic_tree, fit_gate, path_frequencies, static_accepted, walk,
 )
 from cerberus_hf.calibration import measure
 from cerberus_hf.calibration.measure import non_decreasing
-from cerberus_hf.calibration.positions import ChainPosition, PositionRecord, collect_chain_positions
+from cerberus_hf.calibration.positions import ChainPosition, PositionRecord, collect_chain_positions, collect_positions
+from cerberus_hf.decoding.tree import DynamicTree
 from cerberus_hf.tools.calibrate import parse_budgets
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 from tiny_models import DEVICE, tiny_model
 
 
 def records(rank_rows, signal=None):
-    return [PositionRecord(list(r), {"base_entropy": s, "head_entropy": s, "base_top1": s})
-            for r, s in zip(rank_rows, signal or [0.0] * len(rank_rows))]
+    """Positions of sequences of their own: each is one step of decoding, so expectations are plain means."""
+    return [PositionRecord(list(r), {"base_entropy": s, "head_entropy": s, "base_top1": s}, sequence=i)
+            for i, (r, s) in enumerate(zip(rank_rows, signal or [0.0] * len(rank_rows)))]
 
 
 def test_accepted_length_follows_the_tree():
@@ -54,6 +56,47 @@ def test_tree_size_follows_the_cost_curve():
     steep = {n: float(n) for n in range(1, 65)}
     small, best_small, _ = build_tree(recs, steep, draft_time=0.0)
     assert len(small) < len(paths) and small[0] == [0]
+
+
+def test_the_walk_steps_over_the_positions_a_long_step_crosses():
+    """Decoding visits a position only where a step starts: after 3 accepted drafts it lands 4 positions on. A mean
+    over every position would count the easy run once per position (tau 2.5 here, against the 2.0 decoding makes)."""
+    accepted = [3, 3, 3, 3, 0, 0, 0, 0, 3, 0] + [0, 2, 2, 2]
+    recs = [PositionRecord([], {}, sequence=0 if i < 10 else 1) for i in range(len(accepted))]
+    walked = walk(recs, torch.tensor(accepted), seconds=torch.arange(len(accepted), dtype=torch.float64))
+    # sequence 0: steps at 0 (4 tokens), 4, 5, 6, 7 (1 each), 8 (4, past its end); sequence 1: at 10 (1), 11 (3)
+    assert (int(walked.tokens[0]), int(walked.steps[0])) == (12 + 4, 6 + 2)
+    assert float(walked.sums["seconds"][0]) == 0 + 4 + 5 + 6 + 7 + 8 + 10 + 11
+    assert float(walked.tau[0]) == pytest.approx(2.0) != pytest.approx(1 + sum(accepted) / len(accepted))
+    both = walk(recs, torch.tensor([accepted, [0] * len(accepted)]), seconds=1.0)  # policies walk side by side
+    assert both.steps.tolist() == [8, len(accepted)] and both.tokens.tolist() == [16, len(accepted)]
+
+
+@pytest.mark.parametrize("head_type", ["hydra", "eagle3"])
+@pytest.mark.parametrize("kind", ["chain", "dynamic"])
+def test_expected_tau_is_what_greedy_decoding_of_the_same_sequence_makes(head_type, kind):
+    """Calibration's expectation, walked over a sequence, equals decoding that sequence step for step. The oracle
+    misses depth k at position p when p + k is a multiple of 3: a 3-token chain accepts 0, 2 and 1 drafts at
+    positions 0, 1 and 2 mod 3 (tau 2.0 over every position), but decoding lands on 1 mod 3 each time (tau 3.0)."""
+    model = fresh_model("llama", head_type, num_heads=3)
+    sequence = reference("llama")
+    install_oracle(model, [sequence], corrupt=lambda p, k: (p + k) % 3 == 0)
+    dynamic = DynamicTree(nodes=4, depth=3, top_k=2)
+    recs = collect_positions(model, [(sequence[0].tolist(), PROMPT_LEN - 1)], top_k=2, dynamic=dynamic)
+    if kind == "chain":
+        accepted, tree = static_accepted(recs, [[0], [0, 0], [0, 0, 0]]), {"draft_tree": [[0], [0, 0], [0, 0, 0]],
+                                                                            "dynamic_tree": None}
+    else:
+        accepted, tree = dynamic_accepted(recs, dynamic.nodes), {"dynamic_tree": dynamic.to_dict()}
+    walked = walk(recs, torch.tensor(accepted))
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, gate_threshold=None, rescoring=None,
+                         prompt_lookup_num_tokens=0, **tree)
+    assert torch.equal(out, sequence)
+    steps = int(walked.steps[0])
+    decoded = model.generation_stats.tokens_per_step[1: 1 + steps]  # after the prefill: the steps the records cover
+    assert int(walked.tokens[0]) == sum(decoded) and len(decoded) == steps
+    if kind == "chain":
+        assert 1 + sum(accepted) / len(accepted) < float(walked.tau[0]) - 0.5
 
 
 def test_non_decreasing_pools_each_fall_into_its_mean():
@@ -101,7 +144,7 @@ def test_gate_never_drafts_when_drafts_never_pay():
 
 def test_dynamic_tree_size_follows_where_the_true_path_was_chosen():
     # where each depth's true node came in the dynamic tree's order of choice (-1: never drafted)
-    recs = [PositionRecord([0, 0], {}, order) for order in ([0, 1], [0, 3], [2, -1], [-1, 0])]
+    recs = [PositionRecord([0, 0], {}, order, sequence=i) for i, order in enumerate(([0, 1], [0, 3], [2, -1], [-1, 0]))]
     assert dynamic_accepted(recs, 1) == [1, 1, 0, 0]
     assert dynamic_accepted(recs, 2) == [2, 1, 0, 0]
     assert dynamic_accepted(recs, 4) == [2, 2, 1, 0]
@@ -116,7 +159,8 @@ def test_a_budgeted_dynamic_tree_is_priced_by_the_nodes_it_drafted_at_each_posit
     # (true path's places in the order of choice, nodes the budget drafted) at five positions; the plain
     # tree finds the true path at the same places but always drafts as many nodes as it may
     drafted = [([0, 1], 2), ([0, 1], 2), ([0, -1], 1), ([-1, -1], 1), ([-1, -1], 6)]
-    recs = [PositionRecord([0, 0], {}, order, budgeted={(0.9, 0.2): (order, n)}) for order, n in drafted]
+    recs = [PositionRecord([0, 0], {}, order, budgeted={(0.9, 0.2): (order, n)}, sequence=i)
+            for i, (order, n) in enumerate(drafted)]
     steep = {n: float(n) for n in range(1, 10)}
     best, table = fit_dynamic_tree(recs, steep, draft_time=0.5, max_nodes=5, budget=(0.9, 0.2))
     assert dynamic_accepted(recs, 5, budget=(0.9, 0.2)) == [2, 2, 1, 0, 0]

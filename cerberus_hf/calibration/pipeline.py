@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from ..decoding.rescoring import Rescoring
 from ..decoding.strict import check_strict_support, row_invariant_rows
 from ..decoding.tree import DynamicTree
@@ -18,6 +20,7 @@ from .fit import (
     fit_gate,
     rank_accuracy,
     static_accepted,
+    walk,
 )
 from .measure import measure_chain_steps, measure_cost_curve, measure_draft_time
 from .positions import PositionRecord, collect_chain_positions, collect_positions
@@ -193,19 +196,21 @@ def calibrate_chain(model, sequences: list[tuple[list[int], int]], repeats: int 
     positions = collect_chain_positions(model, sequences)
     if not positions:
         raise ValueError("No calibration position: the sequences are shorter than a draft.")
+    options = [(length, confidence) for length in range(1, depth + 1) for confidence in confidences]
+    drafted = torch.tensor([[p.drafted(length, confidence) for p in positions] for length, confidence in options])
+    accepted = torch.tensor([[p.accepted(n) for p, n in zip(positions, row)] for row in drafted.tolist()])
+    step_seconds = torch.tensor([steps["draft"][n] + steps["verify"][n] for n in range(1, depth + 1)],
+                                dtype=torch.float64)
+    walked = walk(positions, accepted, seconds=step_seconds[drafted - 1], drafted=drafted.double())
     table = []
-    for length in range(1, depth + 1):
-        for confidence in confidences:
-            drafted = [p.drafted(length, confidence) for p in positions]
-            accepted = [p.accepted(n) for p, n in zip(positions, drafted)]
-            seconds = sum(steps["draft"][n] + steps["verify"][n] for n in drafted)
-            table.append({"length": length, "exit_confidence": confidence,
-                          "drafted": sum(drafted) / len(positions),
-                          "expected_tau": 1.0 + sum(accepted) / len(positions),
-                          "step_seconds": seconds / len(positions),
-                          "tokens_per_s": (len(positions) + sum(accepted)) / seconds, "accepted": accepted})
+    for row, (length, confidence) in enumerate(options):
+        taken, spent = int(walked.steps[row]), float(walked.sums["seconds"][row])
+        table.append({"length": length, "exit_confidence": confidence,
+                      "drafted": float(walked.sums["drafted"][row]) / taken, "expected_tau": float(walked.tau[row]),
+                      "step_seconds": spent / taken, "tokens_per_s": int(walked.tokens[row]) / spent,
+                      "accepted": accepted[row].tolist()})
     best = max(table, key=lambda row: row["tokens_per_s"])
-    records = [PositionRecord([], p.signals) for p in positions]
+    records = [PositionRecord([], p.signals, sequence=p.sequence) for p in positions]
     gate = fit_gate(records, best["accepted"], best["step_seconds"], cost[1])
     settings = {"draft_tree": [[0] * (d + 1) for d in range(best["length"])], "tree_kind": "static",
                 "exit_confidence": best["exit_confidence"], **_chosen_gate(gate)}

@@ -24,7 +24,8 @@ class PositionRecord:
     """What calibration keeps of one position: true-token ranks per head (-1 beyond ``top_k``), gate signals,
     where the true path's nodes come in a dynamic tree's order of choice (-1: not drafted), the same per pair
     of rescoring weights (n-gram, LM) and, with how many nodes it drafted, per per-node budget (top_p,
-    min_ratio), and whether the top-1 block repeats a token (the heads' own; per pair, rescored)."""
+    min_ratio), whether the top-1 block repeats a token (the heads' own; per pair, rescored), and which calibration
+    sequence it belongs to (a sequence's records are consecutive positions, in order: `fit.walk` decodes them)."""
 
     ranks: list[int]
     signals: dict[str, float]
@@ -33,6 +34,7 @@ class PositionRecord:
     rescored_order: dict[tuple[float, float], list[int]] = field(default_factory=dict)
     top_block_repeats: bool = False
     rescored_block_repeats: dict[tuple[float, float], bool] = field(default_factory=dict)
+    sequence: int = 0
 
 
 @contextmanager
@@ -64,7 +66,7 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
     index_of = model.rescorer.draft_index() if uses_lm else None
     fed = 1 + max((s.top_k * (s.depth - 1) for s in rescorings), default=0)  # nodes an LM scorer may feed
     records = []
-    for seq, skip in tqdm(sequences, desc="head ranks", unit="seq"):
+    for number, (seq, skip) in enumerate(tqdm(sequences, desc="head ranks", unit="seq")):
         ids = torch.tensor([seq], device=model.device)
         with model.heads.capture(model.base) as captured:  # what the heads read: their state_source
             logits = model.base(input_ids=ids).logits[0]
@@ -77,8 +79,11 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
                              f"{len(seq)}-token sequence (flash attention or a shorter sliding window).")
         with ExitStack() as stack:
             lm_state = stack.enter_context(rescorer_state(model, ids)) if uses_lm else None
-            records.extend(_position_records(model, ids, skip, top, hidden, context, signals, dynamic, rescorings,
-                                             lm_state, index_of, budgets))
+            found = _position_records(model, ids, skip, top, hidden, context, signals, dynamic, rescorings, lm_state,
+                                      index_of, budgets)
+        for record in found:
+            record.sequence = number
+        records.extend(found)
     return records
 
 
@@ -147,11 +152,12 @@ def _true_path_order(chosen: dict[tuple[int, ...], int], truth: list[int]) -> li
 class ChainPosition:
     """A step starting after position ``t`` of a calibration sequence, for a chain drafter: the probability
     of each depth's draft (teacher-forced: the drafts above it right) and whether it is right, with the
-    gate signals there."""
+    gate signals there, and its calibration sequence (as `PositionRecord.sequence`)."""
 
     confidences: list[float]
     hits: list[bool]
     signals: dict[str, float]
+    sequence: int = 0
 
     def drafted(self, length: int, confidence: float) -> int:
         """Tokens drafted with at most ``length`` per draft and the early exit at ``confidence``."""
@@ -174,7 +180,7 @@ def collect_chain_positions(model, sequences: list[tuple[list[int], int]]) -> li
     drafts are right, which is all acceptance depends on)."""
     depth = model.config.num_heads
     positions = []
-    for seq, skip in tqdm(sequences, desc="chain drafts", unit="seq"):
+    for number, (seq, skip) in enumerate(tqdm(sequences, desc="chain drafts", unit="seq")):
         ids = torch.tensor([seq], device=model.device)
         with model.heads.capture(model.base) as captured:
             logits = model.base(input_ids=ids).logits[0]
@@ -188,5 +194,5 @@ def collect_chain_positions(model, sequences: list[tuple[list[int], int]]) -> li
             # drafter's state at t + 1 + j and is right when it is seq[t + 2 + j]
             span = range(t + 1, t + 1 + depth)
             positions.append(ChainPosition([top[p] for p in span], [guesses[p] == seq[p + 1] for p in span],
-                                           {name: values[t] for name, values in signals.items()}))
+                                           {name: values[t] for name, values in signals.items()}, number))
     return positions
