@@ -134,6 +134,11 @@ def test_gate_threshold_separates_good_from_bad_positions():
     assert row["draft_rate"] == pytest.approx(0.5)
     assert row["auc"] == pytest.approx(1.0) and row["spearman"] < -0.8
     assert row["tokens_per_s"] > gate["always_draft_tokens_per_s"] and row["tokens_per_s"] > gate["never_tokens_per_s"]
+    # a head-entropy gate runs the first head before deciding: a gated step costs a plain one plus that
+    costly = fit_gate(recs, static_accepted(recs, [[0], [0, 0], [0, 0, 0]]), tree_step=2.0, plain_step=1.0,
+                      gate_costs={"head_entropy": 1.0})["signals"]
+    assert costly["base_entropy"]["tokens_per_s"] == pytest.approx(250 / 150)  # 50 steps of 4 tokens, 50 of 1
+    assert costly["head_entropy"]["tokens_per_s"] == pytest.approx(250 / 200)  # gating now saves nothing
 
 
 def test_gate_never_drafts_when_drafts_never_pay():
@@ -242,6 +247,7 @@ def test_calibrate_stores_settings_that_generate_uses(tmp_path, head_type):
     # (the size depends on the measured cost curve, so a large one under load is limited there too)
     assert nodes * (stats.draft_steps - 3) <= stats.drafted_tokens <= nodes * stats.draft_steps
     assert not math.isnan(report["expected"]["expected_tau"])
+    assert report["gate_seconds"]["head_entropy"] > 0
 
 
 def test_chain_positions_follow_the_drafts_and_the_exit():

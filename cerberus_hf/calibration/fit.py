@@ -187,10 +187,12 @@ def fit_dynamic_tree(records: list[PositionRecord], cost: dict[int, float], draf
     return max(table, key=lambda row: row["tokens_per_s"]), table
 
 
-def fit_gate(records: list[PositionRecord], accepted: list[int], tree_step: float, plain_step: float) -> dict:
+def fit_gate(records: list[PositionRecord], accepted: list[int], tree_step: float, plain_step: float,
+             gate_costs: dict[str, float] | None = None) -> dict:
     """Per signal: the threshold maximising tokens per second (a `walk` per threshold, where a gated step decodes one
-    token in ``plain_step``), that throughput, the share of steps drafting there, and the signal's rank correlation
-    and AUC with the drafts accepted at each position when drafting (``accepted``)."""
+    token in ``plain_step`` plus what deciding cost it, ``gate_costs[signal]``: a head-entropy gate runs the first
+    head first), that throughput, the share of steps drafting there, and the signal's rank correlation and AUC with
+    the drafts accepted at each position when drafting (``accepted``)."""
     accepted = torch.tensor(accepted, dtype=torch.long)
     always = walk(records, accepted, seconds=tree_step)
     results = {}
@@ -203,8 +205,9 @@ def fit_gate(records: list[PositionRecord], accepted: list[int], tree_step: floa
         thresholds = torch.cat([torch.tensor([-math.inf], dtype=torch.float64), splits,
                                 torch.tensor([math.inf], dtype=torch.float64)])
         drafts = signal[None] < thresholds[:, None]  # [thresholds, N]
-        walked = walk(records, accepted[None] * drafts, seconds=torch.where(drafts, float(tree_step), float(plain_step)).double(),
-                      drafted=drafts.to(torch.float64))
+        step = torch.tensor([float(plain_step) + (gate_costs or {}).get(name, 0.0), float(tree_step)],
+                            dtype=torch.float64)  # gated, drafted
+        walked = walk(records, accepted[None] * drafts, seconds=step[drafts.long()], drafted=drafts.to(torch.float64))
         throughput = walked.tokens / walked.sums["seconds"]
         best = int(torch.argmax(throughput))
         threshold = float(thresholds[best])

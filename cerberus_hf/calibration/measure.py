@@ -89,10 +89,7 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     (a drafter that reads its drafted tokens pays one call per depth), rescored by whichever of
     ``model.ngram`` and ``model.rescorer`` ``dynamic`` weighs when it is a `Rescoring` (the LM after a
     ``context``-token prefix, closing its scorer each time as decoding does)."""
-    if model.heads.trains_on_sequences and not model.heads.drafts_chains:  # a state kept over the sequence (EAGLE-3)
-        step_drafts = _sequence_steps(model, context)
-    else:
-        step_drafts = _window_steps(model)
+    step_drafts = _step_builder(model, context)
     chain = TreeSpec.chain(model.config.num_heads)
     history = torch.arange(context, device=model.device) % model.config.vocab_size
     index_of = model.rescorer.draft_index() if model.rescorer is not None else None
@@ -117,6 +114,29 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
             synchronize(model.device)
             values.append(time.perf_counter() - start)
     return statistics.median(values)
+
+
+@torch.no_grad()
+def measure_gate_time(model, repeats: int = 20, context: int = 300) -> float:
+    """Median seconds a head-entropy gate costs a step it keeps from drafting: what the heads read and the first
+    head's guesses, which the gate needs before it can decide (a drafted step reuses them, so only gated steps pay
+    this on top of a plain forward)."""
+    step_drafts = _step_builder(model, context)
+    values = []
+    for _ in range(repeats):
+        synchronize(model.device)
+        start = time.perf_counter()
+        step_drafts().root_logits()
+        synchronize(model.device)
+        values.append(time.perf_counter() - start)
+    return statistics.median(values)
+
+
+def _step_builder(model, context: int) -> Callable[[], StepDrafts]:
+    """What makes one step's `StepDrafts` as decoding would, after ``context`` verified positions."""
+    if model.heads.trains_on_sequences and not model.heads.drafts_chains:  # a state kept over the sequence (EAGLE-3)
+        return _sequence_steps(model, context)
+    return _window_steps(model)
 
 
 def _window_steps(model) -> Callable[[], StepDrafts]:

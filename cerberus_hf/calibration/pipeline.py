@@ -22,7 +22,7 @@ from .fit import (
     static_accepted,
     walk,
 )
-from .measure import measure_chain_steps, measure_cost_curve, measure_draft_time
+from .measure import measure_chain_steps, measure_cost_curve, measure_draft_time, measure_gate_time
 from .positions import PositionRecord, collect_chain_positions, collect_positions
 
 RESCORING_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
@@ -75,6 +75,7 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     draft_time = measure_draft_time(model)
     probe = DynamicTree(nodes=dynamic_max_nodes, depth=model.config.num_heads, top_k=dynamic_top_k)
     dynamic_time = measure_draft_time(model, dynamic=probe)
+    gate_costs = {"head_entropy": measure_gate_time(model)}  # a gated step pays for the first head's guesses
     probes = []
     if model.ngram is not None or model.rescorer is not None:
         ngram_weights = rescoring_weights if model.ngram is not None else (0.0,)
@@ -142,12 +143,13 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     if kind == "rescored":
         rescored_best = fits[(rescoring.weight, rescoring.lm_weight)][0]
         gate = fit_gate(records, dynamic_accepted(records, rescoring.nodes, (rescoring.weight, rescoring.lm_weight)),
-                        rescored_best["step_seconds"], cost[1])
+                        rescored_best["step_seconds"], cost[1], gate_costs)
     elif kind == "dynamic":
         gate = fit_gate(records, dynamic_accepted(records, dynamic.nodes, budget=budget), dynamic_best["step_seconds"],
-                        cost[1])
+                        cost[1], gate_costs)
     else:
-        gate = fit_gate(records, static_accepted(records, paths), cost[len(paths) + 1] + draft_time, cost[1])
+        gate = fit_gate(records, static_accepted(records, paths), cost[len(paths) + 1] + draft_time, cost[1],
+                        gate_costs)
     settings = {"draft_tree": paths, "dynamic_tree": dynamic.to_dict(), "tree_kind": kind, **_chosen_gate(gate)}
     if rescoring is not None:
         settings["rescoring"] = rescoring.to_dict()
@@ -170,6 +172,7 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
         "dynamic_expected": dynamic_best,
         "dynamic_tree_sizes": dynamic_table,
         "dynamic_draft_seconds": dynamic_time,
+        "gate_seconds": gate_costs,
         "dynamic_budgets": [{"top_p": (key or (1.0, 0.0))[0], "min_ratio": (key or (1.0, 0.0))[1], "best": fit[0],
                              "sizes": fit[1]} for key, fit in dynamic_fits.items()],  # the first: no budget
         "rescoring": rescoring_report,

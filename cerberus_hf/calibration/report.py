@@ -16,7 +16,9 @@ def format_report(report: dict) -> str:
              f"dynamic tree: {report['settings']['dynamic_tree']}, expected tau "
              f"{report['dynamic_expected']['expected_tau']:.2f}, {report['dynamic_expected']['tokens_per_s']:.1f} "
              f"tokens/s (model); drafting {report['draft_seconds'] * 1e3:.1f} ms (chain) / "
-             f"{report['dynamic_draft_seconds'] * 1e3:.1f} ms (dynamic); default: {report['settings']['tree_kind']}",
+             f"{report['dynamic_draft_seconds'] * 1e3:.1f} ms (dynamic), the first head alone "
+             f"{report['gate_seconds']['head_entropy'] * 1e3:.1f} ms (what a head-entropy gate costs a gated step); "
+             f"default: {report['settings']['tree_kind']}",
              *_format_budgets(report),
              *_format_rescoring(report.get("rescoring")),
              *_format_gate(report)]
