@@ -551,6 +551,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                              f"{self.base.dtype} on {self.device}.")
         if packed_weights or (packed_weights is None and available and not strict):
             base, heads = packed_views(self.packed_weights, self.base, self.heads)
+            heads = module_view(heads, linear=self.packed_weights.linear)  # the draft vocabulary's rows too
             return module_view(self, {"base": base, "heads": heads})
         return self
 

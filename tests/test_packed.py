@@ -99,3 +99,24 @@ def test_a_copied_model_packs_its_own_weights():
     copied = copy.deepcopy(model)
     assert copied.packed_weights is not model.packed_weights
     assert torch.equal(copied.generate(get_prompt("llama"), max_new_tokens=24, do_sample=False), reference("llama"))
+
+
+@pytest.mark.parametrize("head_type", ["hydra", "eagle3"])
+def test_the_draft_vocabularys_rows_are_packed_once_and_project_as_linear_does(monkeypatch, head_type):
+    """A draft vocabulary's rows of the lm_head belong to no module; the decoding view packs them once (while they
+    live) and projects through them, as `linear` would within float32's rounding; output stays the base's."""
+    calls = []
+    real = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(packed.torch.ops.mkldnn, "_reorder_linear_weight",
+                        lambda weight, rows: calls.append(tuple(weight.shape)) or real(weight, rows))
+    model = fresh_model("llama", head_type, randomize=True, num_heads=3)
+    model.set_draft_vocab(torch.arange(0, 96, 2))
+    view = model.decoding_view()
+    heads = view.heads
+    states = torch.randn(4, model.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(heads.project(states, 0), model.heads.project(states, 0), rtol=1e-5, atol=1e-5)
+        heads.project(states, 1)
+    assert calls.count((48, model.config.hidden_size)) == 1  # the rows, packed once for every head sharing them
+    assert model.heads.linear is torch.nn.functional.linear  # the model itself computes as before
+    assert torch.equal(model.generate(get_prompt("llama"), max_new_tokens=24, do_sample=False), reference("llama"))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 @dataclass
 class _Packed:
-    weight: torch.Tensor  # the module's own parameter
+    weight: weakref.ref  # to the weight packed (a module's parameter, or a tensor no module holds)
     version: int
     data_ptr: int  # `Module.to` swaps a parameter's data without a version bump
     packed: torch.Tensor
@@ -53,11 +54,11 @@ class _Packed:
     def of(cls, weight: torch.Tensor) -> "_Packed":
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _ROWS_HINT)
-        return cls(weight, weight._version, weight.data_ptr(), packed)
+        return cls(weakref.ref(weight), weight._version, weight.data_ptr(), packed)
 
     def fresh(self, weight: torch.Tensor) -> bool:
         """Whether this is ``weight`` packed as it is now (not changed in place, moved or converted since)."""
-        return self.weight is weight and self.version == weight._version and self.data_ptr == weight.data_ptr()
+        return self.weight() is weight and self.version == weight._version and self.data_ptr == weight.data_ptr()
 
 
 class PackedWeights:
@@ -65,6 +66,7 @@ class PackedWeights:
 
     def __init__(self):
         self._table: dict[int, _Packed] = {}
+        self._loose: dict[int, _Packed] = {}  # weights no module holds, by id while they live (`linear`)
         self._lock = threading.Lock()
 
     def update(self, modules: Iterable[nn.Module]) -> dict[int, _Packed]:
@@ -81,6 +83,19 @@ class PackedWeights:
                     table[id(weight)] = entry if entry is not None and entry.fresh(weight) else _Packed.of(weight)
             self._table = table
             return table
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``linear(x, weight, bias)`` through ``weight`` packed on first use, for a weight no module holds: a drafter's
+        draft-vocabulary rows of the lm_head (4096 rows of SmolLM2's: 12.0-12.6 ms for EAGLE-3's 5-token chain through
+        `linear`, 9.4 ms packed, fp32 on a 2-core AMD EPYC). Kept while that tensor lives unchanged."""
+        if torch.is_grad_enabled() or x.dtype != weight.dtype or x.dim() < 2 or weight.dtype not in PACKABLE_DTYPES:
+            return nn.functional.linear(x, weight, bias)
+        with self._lock:
+            entry = self._loose.get(id(weight))
+            if entry is None or not entry.fresh(weight):
+                entry = self._loose[id(weight)] = _Packed.of(weight)
+                weakref.finalize(weight, self._loose.pop, id(weight), None)
+        return torch.ops.mkldnn._linear_pointwise(x, entry.packed, bias, "none", [], "")
 
     def __deepcopy__(self, memo: dict) -> "PackedWeights":
         return PackedWeights()  # a copied model packs its own copied weights

@@ -232,6 +232,9 @@ class Drafter(nn.Module):
     # positions of the hidden-state cache through `forced_states`: Kangaroo's adapter, EAGLE-3's layer
     trains_on_sequences: ClassVar[bool] = False
     context_window: int = 0  # how many of the newest verified states the heads read (0: only h_t)
+    # `linear` for weights no module holds (the draft vocabulary's rows of a projection); a decoding view on a CPU
+    # sets one that computes through packed weights (`decoding.packed.PackedWeights.linear`)
+    linear: Callable[..., torch.Tensor] = staticmethod(nn.functional.linear)
 
     def __init__(self, config: CerberusConfig):
         super().__init__()
@@ -430,9 +433,8 @@ class Drafter(nn.Module):
         if self.draft_vocab is None:
             return projection(states)
         bias = getattr(projection, "bias", None)
-        return nn.functional.linear(
-            states, self._draft_rows_of(projection.weight), self._draft_rows_of(bias) if bias is not None else None
-        )
+        return self.linear(states, self._draft_rows_of(projection.weight),
+                           self._draft_rows_of(bias) if bias is not None else None)
 
     def _draft_rows_of(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor[draft_vocab]``, gathered once and reused while neither tensor changes: a fresh gather
