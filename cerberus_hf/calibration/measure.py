@@ -93,27 +93,24 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
     chain = TreeSpec.chain(model.config.num_heads)
     history = torch.arange(context, device=model.device) % model.config.vocab_size
     index_of = model.rescorer.draft_index() if model.rescorer is not None else None
-    values = []
     with ExitStack() as stack:
         lm_state = None
         if isinstance(dynamic, Rescoring) and dynamic.lm_weight > 0:
             lm_state = stack.enter_context(rescorer_state(model, history[None]))
-        for _ in range(repeats):
-            synchronize(model.device)
-            start = time.perf_counter()
+
+        def draft() -> None:
             step = step_drafts()
             if dynamic is None:
                 static_draft(step, chain)
-            else:
-                scorer = model.rescorer.path_scorer(lm_state, history[None]) if lm_state is not None else None
-                rescore = (lattice_rescore(dynamic, history, model.ngram, scorer, index_of)
-                           if isinstance(dynamic, Rescoring) else None)
-                dynamic_selection(step, dynamic, model.config.num_heads, rescore)
-                if scorer is not None:
-                    scorer.close()
-            synchronize(model.device)
-            values.append(time.perf_counter() - start)
-    return statistics.median(values)
+                return
+            scorer = model.rescorer.path_scorer(lm_state, history[None]) if lm_state is not None else None
+            rescore = (lattice_rescore(dynamic, history, model.ngram, scorer, index_of)
+                       if isinstance(dynamic, Rescoring) else None)
+            dynamic_selection(step, dynamic, model.config.num_heads, rescore)
+            if scorer is not None:
+                scorer.close()
+
+        return _median_seconds(model.device, repeats, draft)
 
 
 @torch.no_grad()
@@ -122,12 +119,17 @@ def measure_gate_time(model, repeats: int = 20, context: int = 300) -> float:
     head's guesses, which the gate needs before it can decide (a drafted step reuses them, so only gated steps pay
     this on top of a plain forward)."""
     step_drafts = _step_builder(model, context)
+    return _median_seconds(model.device, repeats, lambda: step_drafts().root_logits())
+
+
+def _median_seconds(device: torch.device, repeats: int, work: Callable[[], object]) -> float:
+    """Median wall-clock seconds of ``work()`` over ``repeats`` calls, each waiting for the device's queued work."""
     values = []
     for _ in range(repeats):
-        synchronize(model.device)
+        synchronize(device)
         start = time.perf_counter()
-        step_drafts().root_logits()
-        synchronize(model.device)
+        work()
+        synchronize(device)
         values.append(time.perf_counter() - start)
     return statistics.median(values)
 

@@ -79,19 +79,16 @@ def collect_positions(model, sequences: list[tuple[list[int], int]], top_k: int 
                              f"{len(seq)}-token sequence (flash attention or a shorter sliding window).")
         with ExitStack() as stack:
             lm_state = stack.enter_context(rescorer_state(model, ids)) if uses_lm else None
-            found = _position_records(model, ids, skip, top, hidden, context, signals, dynamic, rescorings, lm_state,
-                                      index_of, budgets)
-        for record in found:
-            record.sequence = number
-        records.extend(found)
+            records.extend(_position_records(model, number, ids, skip, top, hidden, context, signals, dynamic,
+                                             rescorings, lm_state, index_of, budgets))
     return records
 
 
-def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor, hidden: torch.Tensor, context,
-                      signals: dict, dynamic: DynamicTree | None, rescorings: list[Rescoring], lm_state,
+def _position_records(model, sequence: int, ids: torch.LongTensor, skip: int, top: torch.Tensor, hidden: torch.Tensor,
+                      context, signals: dict, dynamic: DynamicTree | None, rescorings: list[Rescoring], lm_state,
                       index_of: torch.Tensor | None, budgets: list[DynamicTree] = ()) -> list[PositionRecord]:
-    """`collect_positions`' records for one sequence ``ids`` ``[1, n]`` (``context(t)``: what drafting after ``t`` attends
-    to; ``lm_state``: the neural rescorer's over
+    """`collect_positions`' records for sequence number ``sequence``, ``ids`` ``[1, n]`` (``context(t)``: what drafting
+    after ``t`` attends to; ``lm_state``: the neural rescorer's over
     all of it; ``index_of``: its `Drafter.draft_index`)."""
     records, num_heads, seq = [], model.config.num_heads, ids[0].tolist()
     for t in range(skip, len(seq) - num_heads - 1):
@@ -105,7 +102,8 @@ def _position_records(model, ids: torch.LongTensor, skip: int, top: torch.Tensor
             chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1], context(t)), dynamic, num_heads)
             order = _true_path_order(chosen, truth)
         record = PositionRecord(ranks, {name: values[t] for name, values in signals.items()}, order,
-                                top_block_repeats=repeats_a_token([seq[t + 1], *top[t, :, 0].tolist()]))
+                                top_block_repeats=repeats_a_token([seq[t + 1], *top[t, :, 0].tolist()]),
+                                sequence=sequence)
         for settings in budgets:
             chosen = dynamic_selection(StepDrafts(model.heads, hidden[t], seq[t + 1], context(t)), settings, num_heads)
             record.budgeted[(settings.top_p, settings.min_ratio)] = (_true_path_order(chosen, truth), len(chosen))

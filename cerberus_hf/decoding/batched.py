@@ -41,9 +41,9 @@ from .candidate_generator import CerberusCandidateGenerator, Draft, propose_toge
 from .loop import Acceptance, check_supported
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
-from .tree import TreeSpec
 from .static_cache import verification_for
 from .transfer import to_device
+from .tree import TreeSpec
 from .verification import drafts_through_base_cache, keep_cache_positions, step_inputs
 
 
