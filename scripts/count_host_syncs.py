@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
         model = CerberusForCausalLM.from_base(tiny_model(args.tiny).to("cuda", dtype), head_type=args.head_type)
         input_ids = prompt_ids(0, length=16).to("cuda")
+        # a tiny random base may emit EOS at once, and a 1-token call says nothing about a step; min_new_tokens would
+        # add a logits processor, which takes the loop off its one-read path, so there is no EOS to stop at instead
+        for config in (model.generation_config, model.base.generation_config):
+            config.eos_token_id = None
     else:
         from cerberus_hf.real_models import load_named_model
 
@@ -85,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "heads": args.heads or args.tiny,
               "max_new_tokens": args.max_new_tokens, "runs": {}}
-    # min_new_tokens: a tiny random base may emit EOS at once, and a 1-token call says nothing about a step
-    kwargs = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, do_sample=False)
+    kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     for label, target in (("drafted (the checkpoint's defaults)", model), ("plain generate() of the base", model.base)):
         target.generate(input_ids, **kwargs)  # warm-up: first-call allocations are not the steady state
         report["runs"][label] = count_syncs(target, input_ids, **kwargs)
