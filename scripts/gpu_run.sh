@@ -17,21 +17,20 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt"
-# 1. CUDA syncs per step of one call on a tiny base (seconds): 19 a step on 2026-11-27, 17 of them host copies since
-#    sent through pinned memory; the CPU counter (tests/test_host_syncs.py) now sees 1 a step plus about 16 a call
-for family in hydra eagle3 cerberus; do
-  timeout 40 python3 scripts/count_host_syncs.py --tiny llama --head-type "$family" --max-new-tokens 48 \
-    --json "$OUT/syncs_tiny_$family.json" >> "$OUT/syncs_tiny.txt" 2>&1
-done
-# 2. the 8B-shaped base at batch 1 (4 prompts), fp32 (in bf16 the random base's greedy path split between shapes of
-#    the same forward, so the oracle lost track: 2026-11-27): oracle drafts, then drafts matched to the shipped Hydra's
-#    per-depth acceptance on MT-Bench, in one process, each method warmed up at its timed shapes (the loop's compiled
-#    static cache took 142 s to compile cold, a graph per bucket met; it now pads the steps max_length cuts short up to
-#    the call's widest bucket); speedup against plain and the compiled static-cache peer
-timeout 360 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype float32 --prompts 4 \
-  --batch-sizes 1 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json \
-  --json "$OUT/scale_8b.json" > "$OUT/scale_8b.md" 2>&1
-# 3. the 1B-shaped base, oracle drafts, with the time left
-timeout 100 python3 scripts/gpu_scale_bench.py --shape llama-3.2-1b --device cuda --dtype float32 --prompts 4 \
-  --batch-sizes 1 --drafts oracle --json "$OUT/scale_1b.json" > "$OUT/scale_1b.md" 2>&1
+# 1. CUDA syncs per step of one call on a tiny base (seconds): 1.1 a step on the one-read path on 2026-11-27 (4th run)
+timeout 40 python3 scripts/count_host_syncs.py --tiny llama --head-type hydra --max-new-tokens 48 \
+  --json "$OUT/syncs_tiny_hydra.json" > "$OUT/syncs_tiny.txt" 2>&1
+# 2. the 8B-shaped base at batch 1 (4 prompts) in bf16, where users run: oracle drafts, then drafts matched to the
+#    shipped Hydra's per-depth acceptance, against plain and the compiled static-cache peer. --robust: a base whose
+#    greedy path survives bf16 rounding (a plain random one split between shapes of the same forward, so the oracle lost
+#    track: 3rd run). fp32 was measured in the 4th run (oracle 4.82x, matched 2.08x plain and 0.95x the peer).
+timeout 300 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --robust \
+  --prompts 4 --batch-sizes 1 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json \
+  --json "$OUT/scale_8b_bf16.json" > "$OUT/scale_8b_bf16.md" 2>&1
+# 3. what a bf16 and an fp16 forward cost against the positions fed (the 4th run measured fp32 and bf16 up to 4)
+(cd scripts && timeout 100 python3 gpu_forward_cost.py --shape llama-3.1-8b --dtypes bfloat16 float16 \
+  --fed 1 2 4 5 8 16) 2>/dev/null | grep -v USDT > "$OUT/forward_cost.md"
+# 4. the 1B-shaped base, bf16, oracle drafts, with the time left
+timeout 100 python3 scripts/gpu_scale_bench.py --shape llama-3.2-1b --device cuda --dtype bfloat16 --robust \
+  --prompts 4 --batch-sizes 1 --drafts oracle --json "$OUT/scale_1b_bf16.json" > "$OUT/scale_1b_bf16.md" 2>&1
 tail -n 14 "$OUT"/*.md; grep -v "^ " "$OUT"/syncs_tiny.txt
