@@ -206,3 +206,19 @@ def test_short_limits_end_every_row_where_the_base_does(max_new_tokens):
     out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, **TREES["static"])
     expected = get_base("llama").generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
     assert out.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("drafter", ["untrained", "oracle"])
+@pytest.mark.parametrize("arch", BATCH_ARCHS)
+def test_row_processors_in_a_batch(arch, drafter, tree):
+    """generate()'s row-wise processors (`loop.ROW_PROCESSORS`) in a batch: each row's fed positions are processed
+    with that row's sequence and paths, on the device, and the batch equals plain batched `generate()`'s."""
+    ids, mask = padded_batch()
+    options = dict(repetition_penalty=1.3, suppress_tokens=[5])
+    model = heads(arch, "hydra", drafter, ids, mask)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, **TREES[tree], **options)
+    expected = get_base(arch).generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, **options)
+    assert expected.tolist() != get_base(arch).generate(ids, attention_mask=mask, max_new_tokens=NEW,
+                                                        do_sample=False).tolist()
+    assert out.tolist() == expected.tolist()

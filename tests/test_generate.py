@@ -184,6 +184,32 @@ def test_logits_processors(arch, setting, drafter):
         assert model.generation_stats.tau > 1.5
 
 
+TREE_KINDS = {
+    "chain": dict(draft_tree=None, dynamic_tree=None),
+    "static": dict(draft_tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]], dynamic_tree=None),
+    "dynamic": dict(dynamic_tree={"nodes": 7, "depth": 4, "top_k": 3}),
+}
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("tree", list(TREE_KINDS))
+@pytest.mark.parametrize("setting", ["repetition_penalty", "bad_words", "min_new_tokens"])
+@pytest.mark.parametrize("arch", FEATURE_ARCHS)
+def test_row_processors_over_every_tree_kind(arch, setting, tree, drafter):
+    """generate()'s own row-wise processors (`loop.ROW_PROCESSORS`) are applied to every fed position at once, each
+    node's row being the sequence followed by the drafted tokens on its path: greedy output stays plain generate()'s
+    for chains, static trees and dynamic trees, drafts accepted or not."""
+    kwargs = PROCESSOR_SETTINGS[setting](arch)
+    prompt = get_prompt(arch)
+    expected = base_generate(arch, prompt, max_new_tokens=NEW_TOKENS, **kwargs)
+    assert expected.tolist() != reference(arch).tolist()
+    longer = base_generate(arch, prompt, max_new_tokens=NEW_TOKENS + 8, **kwargs)
+    model = make_model(arch, drafter, references=[longer], gate_threshold=None, **TREE_KINDS[tree])
+    assert model.generate(prompt, max_new_tokens=NEW_TOKENS, **kwargs).tolist() == expected.tolist()
+    if drafter == "oracle":
+        assert model.generation_stats.tau > 1.5
+
+
 @pytest.mark.parametrize("arch", FEATURE_ARCHS)
 def test_explicit_attention_mask(arch):
     prompt = get_prompt(arch)

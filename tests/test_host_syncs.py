@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor
 
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.profiling import HostReads
@@ -107,6 +108,34 @@ def test_a_gate_on_the_base_reads_nothing_more_and_one_on_the_heads_once(signal,
     model = fresh_model("llama", "hydra", randomize=True, seed=5, num_heads=3, gate_signal=signal)
     per_step, reads = reads_per_step(model, **dict(CHAIN, gate_threshold=10.0))
     assert per_step <= bound, (per_step, reads.by_kind)
+
+
+# generate()'s own row-wise logits processors (`loop.ROW_PROCESSORS`): applied to every fed position on the device
+PROCESSORS = dict(repetition_penalty=1.3, min_new_tokens=NEW_TOKENS - 4, bad_words_ids=[[7]], suppress_tokens=[9])
+
+
+@pytest.mark.parametrize("case", ["chain", "static", "dynamic"])
+def test_generates_own_logits_processors_keep_one_read_a_step(case):
+    """With repetition penalty, a minimum length, bad words and suppressed tokens a greedy step still reads once (twice
+    for a dynamic tree); a processor of the user's own is called token by token, reading each token."""
+    options, bound = CASES[case]
+    model = fresh_model("llama", "hydra", randomize=True, seed=5, num_heads=3)
+    prompt = get_prompt("llama")
+    expected = get_base("llama").generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **PROCESSORS)
+    assert expected.tolist() != reference("llama").tolist()
+    with HostReads() as reads:
+        out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **options, **PROCESSORS)
+    assert out.tolist() == expected.tolist()
+    # the processors' own preparation reads a few times a call (bad words' bias, built on the first call)
+    assert (reads.total - 4) / model.generation_stats.steps <= bound, (reads.by_kind, reads.by_line)
+    banned = LogitsProcessorList([SuppressTokensLogitsSubclass([9])])
+    with HostReads() as reads:
+        model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, logits_processor=banned, **options)
+    assert reads.total / model.generation_stats.steps > bound + 0.5
+
+
+class SuppressTokensLogitsSubclass(SuppressTokensLogitsProcessor):
+    """A processor of the user's (a subclass of a row-wise one): the loop cannot know it is row-wise."""
 
 
 def test_kangaroo_reads_per_step_stay_within_todays_bound():

@@ -144,7 +144,8 @@ def batched_speculative_generate(
         while True:
             kept, lasts, finished = [], [], []
             with phase("accept"):
-                walked = acceptance.walk_rows(step_logits, [drafts[row] for row in live], [sequences[row] for row in live])
+                walked = acceptance.walk_rows(step_logits, [drafts[row] for row in live], [sequences[row] for row in live],
+                                              live)
                 for row, (sequences[row], accepted, done, last_token, next_scores, gated) in zip(live, walked):
                     generators[row].update_candidate_strategy(sequences[row], next_scores, num_matches=len(accepted))
                     kept.append([0] + [n + 1 for n in accepted])

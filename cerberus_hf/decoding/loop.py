@@ -10,20 +10,34 @@ token is therefore chosen from the same distribution plain decoding would use at
 greedy output is identical and sampled output is distributed as the base's. The cache is then cut back
 to the accepted branch.
 
-Greedy decoding with nothing to do on the host per token (no logits processor, scores, streamer, or stopping
-criterion other than generate()'s length and end-of-sequence checks) takes the same decisions for the whole tree at
-once on the device and reads the result once a step (`_greedy_walk`); a static tree's tokens are drafted on the
-device too (`drafting.static_draft`), so such a step waits on the host once, which on a GPU is what it costs.
+Greedy decoding with nothing to do on the host per token (no scores, streamer, or stopping criterion other than
+generate()'s length and end-of-sequence checks, and only logits processors that work row by row on the device,
+`ROW_PROCESSORS`) takes the same decisions for the whole tree at once on the device and reads the result once a step
+(`_greedy_walk`); a static tree's tokens are drafted on the device too (`drafting.static_draft`), so such a step waits
+on the host once, which on a GPU is what it costs.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
 from torch import nn
 from transformers import DynamicCache, GenerationConfig, StaticCache
-from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.logits_process import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -71,23 +85,72 @@ def _host_stopping(stopping_criteria: StoppingCriteriaList) -> tuple[int | None,
     return max_length, eos
 
 
-def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None, gate: EntropyGate | None = None
+# transformers' logits processors whose output row depends only on that row's input_ids and scores, computed on the
+# device with nothing kept from one call to the next: greedy decoding applies them to every fed position of a step at
+# once (`_processed_scores`) and still reads the host once a step. Any other processor (a user's, no_repeat_ngram_size's
+# n-gram search on the host) is called token by token along the accepted path.
+ROW_PROCESSORS = (
+    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+    NoBadWordsLogitsProcessor, SequenceBiasLogitsProcessor, SuppressTokensLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor, ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+)
+
+
+def row_view(processors: LogitsProcessorList, row: int, copies: int = 1) -> LogitsProcessorList:
+    """``processors`` as they apply to ``copies`` rows that each continue row ``row`` of the call's batch (a batch
+    walked one row at a time; the nodes of one depth of a row's tree). Since transformers 5.24 the repetition penalty
+    holds each row's count of left-padding tokens (``prompt_ignore_length``, one per row of its call)."""
+    out = LogitsProcessorList()
+    for processor in processors:
+        ignore = getattr(processor, "prompt_ignore_length", None)
+        if type(processor) is RepetitionPenaltyLogitsProcessor and isinstance(ignore, torch.Tensor) and ignore.dim():
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = ignore[row: row + 1].expand(copies)
+        out.append(processor)
+    return out
+
+
+def _greedy_walk(step_logits: torch.Tensor, draft: Draft | None, gate: EntropyGate | None = None,
+                 input_ids: torch.LongTensor | None = None, processors: LogitsProcessorList | None = None
                  ) -> tuple[list[int], list[int], list[bool] | None]:
     """Greedy acceptance of a whole tree with one read from the device: (emitted tokens, accepted nodes, and the
     ``gate``'s decision at every fed position when it reads only the base's logits, so that the next step's decision
     costs no read of its own).
 
-    The base's choice at every fed position is its argmax (in float32, as `pick_token` takes it); a node is accepted
-    when its token is its parent position's choice, it is the first such child of its parent (as the walk takes
-    the first match), and so is every ancestor. The emitted tokens are the root's choice and each accepted node's:
-    exactly what the token-by-token walk emits, before stopping criteria."""
-    return _walk_read(_walk_parts(step_logits[0], draft, gate).tolist(), draft, gate)
+    The base's choice at every fed position is its argmax (in float32, as `pick_token` takes it) after ``processors``
+    (`ROW_PROCESSORS` only; ``input_ids``: the sequence so far); a node is accepted when its token is its parent
+    position's choice, it is the first such child of its parent (as the walk takes the first match), and so is every
+    ancestor. The emitted tokens are the root's choice and each accepted node's: exactly what the token-by-token walk
+    emits, before stopping criteria."""
+    return _walk_read(_walk_parts(step_logits[0], draft, gate, input_ids, processors).tolist(), draft, gate)
 
 
-def _walk_parts(logits: torch.Tensor, draft: Draft | None, gate: EntropyGate | None) -> torch.Tensor:
+def _processed_scores(logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor,
+                      processors: LogitsProcessorList) -> torch.Tensor:
+    """Every fed position's scores (``[fed, V]``, float32) processed as the token-by-token walk processes them on
+    reaching it: after ``input_ids`` and the drafted tokens on the path to that node. The nodes of one depth share a
+    length, so each depth is one processor call over its nodes' rows (``processors``: as they apply to this one
+    sequence, `row_view`)."""
+    scores = logits.float()
+    processed = torch.empty_like(scores)
+    processed[:1] = processors(input_ids.to(scores.device), scores[:1].clone())
+    if draft is not None:
+        tokens = draft.tokens.to(scores.device)
+        for (nodes, _, _), paths in zip(draft.tree.on(scores.device).levels, draft.tree.level_paths_on(scores.device)):
+            rows = torch.cat([input_ids.to(scores.device).expand(paths.shape[0], -1), tokens[paths]], dim=1)
+            processed[nodes + 1] = row_view(processors, 0, rows.shape[0])(rows, scores[nodes + 1])
+    return processed
+
+
+def _walk_parts(logits: torch.Tensor, draft: Draft | None, gate: EntropyGate | None,
+                input_ids: torch.LongTensor | None = None, processors: LogitsProcessorList | None = None
+                ) -> torch.Tensor:
     """What `_greedy_walk` reads of one sequence's fed positions (``logits`` ``[fed, V]``), in one device tensor: the
-    choice at every position, whether each node is accepted, the gate's decision at every position."""
-    choices = logits.float().argmax(dim=-1)  # the root's, then each node's (no node without a draft)
+    choice at every position, whether each node is accepted, the gate's decision at every position (on the base's
+    logits as they came, as the gate reads them when it decides)."""
+    scores = logits.float() if processors is None else _processed_scores(logits, draft, input_ids, processors)
+    choices = scores.argmax(dim=-1)  # the root's, then each node's (no node without a draft)
     parts = [choices]
     if draft is not None:
         tree = draft.tree.on(choices.device)
@@ -114,9 +177,10 @@ class Acceptance:
     matched against that node's children. The call's settings are fixed here once; `walk` serves every step (and,
     in a batch, every row).
 
-    Greedy decoding with nothing to do on the host per token (no logits processor, scores, streamer or stopping
-    criterion beyond length and end of sequence) accepts the whole tree on the device and reads it once a step
-    (`_greedy_walk`); a gate on the base's own logits then decides for every fed position in the same read."""
+    Greedy decoding with nothing to do on the host per token (no scores, streamer or stopping criterion beyond length
+    and end of sequence, and logits processors from `ROW_PROCESSORS` only) accepts the whole tree on the device and
+    reads it once a step (`_greedy_walk`); a gate on the base's own logits then decides for every fed position in the
+    same read."""
 
     def __init__(self, logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
                  generation_config: GenerationConfig, typical, streamer, gate: EntropyGate):
@@ -126,25 +190,29 @@ class Acceptance:
         self.scores = () if (want_dict and generation_config.output_scores) else None
         self.raw_logits = () if (want_dict and generation_config.output_logits) else None
         self.host_stopping = _host_stopping(stopping_criteria)
-        self.one_read = (not self.do_sample and typical is None and len(logits_processor) == 0
-                         and self.scores is None and self.raw_logits is None and streamer is None
+        self.one_read = (not self.do_sample and typical is None
+                         and all(type(p) in ROW_PROCESSORS for p in logits_processor) and self.scores is None and self.raw_logits is None and streamer is None
                          and self.host_stopping is not None)
         # a gate on the base's own logits decides for every fed position in the same read (None: it decides itself)
         self.base_gate = gate if (self.one_read and gate.signal != "head_entropy"
                                   and not (gate.always_drafts or gate.never_drafts)) else None
 
-    def walk(self, step_logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor):
+    def walk(self, step_logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor,
+             processors: LogitsProcessorList | None = None):
         """(``input_ids`` with the emitted tokens, the accepted nodes, whether a stopping criterion fired, the last
         emitted token as an int (None where the host has not read it), the last position's processed scores (None
-        on the one-read path), the gate's decision at every fed position or None) for one sequence ``[1, ...]``."""
+        on the one-read path), the gate's decision at every fed position or None) for one sequence ``[1, ...]``.
+        ``processors``: the call's logits processors as they apply to this sequence (default: as given)."""
+        processors = self.logits_processor if processors is None else processors
         if self.one_read:
-            return self._emit(*_greedy_walk(step_logits, draft, self.base_gate), input_ids)
+            return self._emit(*_greedy_walk(step_logits, draft, self.base_gate, input_ids,
+                                            processors if len(processors) else None), input_ids)
         draft_tokens = draft.tokens.tolist() if draft is not None else []
         accepted, node, last_token = [], -1, None
         while True:
             position = node + 1
             next_logits = step_logits[:, position].to(copy=True, dtype=torch.float32, device=input_ids.device)
-            next_scores = self.logits_processor(input_ids, next_logits)
+            next_scores = processors(input_ids, next_logits)
             children = draft.tree.children[node + 1] if draft is not None else []
             next_token = pick_token(next_scores, self.do_sample, [draft_tokens[c] for c in children], self.typical)
             input_ids = torch.cat([input_ids, next_token], dim=-1)
@@ -164,14 +232,18 @@ class Acceptance:
             accepted.append(node)
         return input_ids, accepted, finished, last_token, next_scores, None
 
-    def walk_rows(self, step_logits: torch.Tensor, drafts: list[Draft | None], rows: list[torch.LongTensor]) -> list:
+    def walk_rows(self, step_logits: torch.Tensor, drafts: list[Draft | None], rows: list[torch.LongTensor],
+                  batch_rows: list[int]) -> list:
         """`walk` for every row of a batched forward (``step_logits`` ``[rows, F, V]``, row ``i`` fed its newest token
-        and ``drafts[i]``): on the one-read path every row's decisions are read to the host together, once."""
+        and ``drafts[i]``; ``batch_rows[i]``: its row in the call's batch, for the processors, `row_view`): on the
+        one-read path every row's decisions are read to the host together, once."""
         fed = [1 + (len(d.tokens) if d is not None else 0) for d in drafts]
+        views = [row_view(self.logits_processor, b) for b in batch_rows]
         if not self.one_read:
-            return [self.walk(step_logits[i: i + 1, :n], draft, row)
-                    for i, (n, draft, row) in enumerate(zip(fed, drafts, rows))]
-        parts = [_walk_parts(step_logits[i, :n], draft, self.base_gate) for i, (n, draft) in enumerate(zip(fed, drafts))]
+            return [self.walk(step_logits[i: i + 1, :n], draft, row, view)
+                    for i, (n, draft, row, view) in enumerate(zip(fed, drafts, rows, views))]
+        parts = [_walk_parts(step_logits[i, :n], draft, self.base_gate, row, view if len(view) else None)
+                 for i, (n, draft, row, view) in enumerate(zip(fed, drafts, rows, views))]
         packed = torch.cat(parts).tolist()
         out, start = [], 0
         for part, draft, row in zip(parts, drafts, rows):

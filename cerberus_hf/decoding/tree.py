@@ -121,6 +121,28 @@ class TreeSpec:
             out.append((members, parents, [row[self.parents[i]] for i in members]))
         return out
 
+    @cached_property
+    def level_paths(self) -> list[list[list[int]]]:
+        """Per depth: for each of its nodes (in `levels` order), the nodes from its depth-1 ancestor down to itself,
+        whose drafted tokens follow the sequence when that node is reached."""
+        out = []
+        for members, _, _ in self.levels:
+            paths = []
+            for node in members:
+                path = [node]
+                while self.parents[path[0]] >= 0:
+                    path.insert(0, self.parents[path[0]])
+                paths.append(path)
+            out.append(paths)
+        return out
+
+    def level_paths_on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """`level_paths` as one ``[nodes, depth]`` index tensor per depth on ``device``, copied once per device."""
+        cached = self._on.get(("paths", device))
+        if cached is None:
+            cached = self._on[("paths", device)] = tuple(to_device(p, device, torch.long) for p in self.level_paths)
+        return cached
+
     def on(self, device: torch.device) -> "_TreeTensors":
         """The tensors decoding reads (`position_offsets`, `ancestor_mask`, what greedy acceptance compares, each
         depth's node, row and rank indices) on ``device``: copied there once per tree and device, without a wait."""
