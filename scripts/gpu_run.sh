@@ -24,13 +24,15 @@ timeout 40 python3 scripts/count_host_syncs.py --tiny llama --head-type hydra --
 #    shipped Hydra's per-depth acceptance, against plain and the compiled static-cache peer. --robust: a base whose
 #    greedy path survives bf16 rounding (a plain random one split between shapes of the same forward, so the oracle lost
 #    track: 3rd run). fp32 was measured in the 4th run (oracle 4.82x, matched 2.08x plain and 0.95x the peer).
-timeout 300 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --robust \
+timeout 240 python3 scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype bfloat16 --robust \
   --prompts 4 --batch-sizes 1 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json \
   --json "$OUT/scale_8b_bf16.json" > "$OUT/scale_8b_bf16.md" 2>&1
-# 3. what a bf16 and an fp16 forward cost against the positions fed (the 4th run measured fp32 and bf16 up to 4)
-(cd scripts && timeout 100 python3 gpu_forward_cost.py --shape llama-3.1-8b --dtypes bfloat16 float16 \
+# 3. where a bf16 step's time goes, and whether compiling the drafter (CUDA graphs per depth) cuts its 5.4 ms (4th run)
+(cd scripts && timeout 180 python3 gpu_step_profile.py --shape llama-3.1-8b --dtype bfloat16 --robust --skip-dynamic \
+  --acceptance ../benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json --compile-drafter reduce-overhead \
+  --json "$OUT/profile_8b_bf16.json" > "$OUT/profile_8b_bf16.md" 2> "$OUT/profile_8b_bf16.log")
+# 4. what a bf16 and an fp16 forward cost against the positions fed (the 4th run measured fp32 and bf16 up to 4)
+(cd scripts && timeout 90 python3 gpu_forward_cost.py --shape llama-3.1-8b --dtypes bfloat16 float16 \
   --fed 1 2 4 5 8 16) 2>/dev/null | grep -v USDT > "$OUT/forward_cost.md"
-# 4. the 1B-shaped base, bf16, oracle drafts, with the time left
-timeout 100 python3 scripts/gpu_scale_bench.py --shape llama-3.2-1b --device cuda --dtype bfloat16 --robust \
-  --prompts 4 --batch-sizes 1 --drafts oracle --json "$OUT/scale_1b_bf16.json" > "$OUT/scale_1b_bf16.md" 2>&1
-tail -n 14 "$OUT"/*.md; grep -v "^ " "$OUT"/syncs_tiny.txt
+grep "^|" "$OUT"/scale_8b_bf16.md; grep "^\[" "$OUT"/profile_8b_bf16.log | grep "a step"; cat "$OUT"/forward_cost.md
+grep -v "^ " "$OUT"/syncs_tiny.txt
