@@ -1,7 +1,8 @@
 """Where a draft-verify step's time goes on a GPU, against a plain compiled step (issue 38: the loop's compiled static
 cache made a step of the 8B-shaped base cost 30 ms where the compiled plain peer's costs 12 ms, 2026-11-27).
 
-    python scripts/gpu_step_profile.py --shape llama-3.1-8b --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json
+    python scripts/gpu_step_profile.py --shape llama-3.1-8b \
+        --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json
     python scripts/gpu_step_profile.py --shape llama-3.2-1b --layers 2 --device cpu --new 8    # a dry run
 
 For the plain compiled peer, the drafted loop uncompiled and the drafted loop compiled (static cache): the wall time a
@@ -92,8 +93,9 @@ def main() -> int:
         out, seconds = timed(lambda: run(ids), device)
         drafted = name.startswith("drafted")
         steps = model.generation_stats.steps - 1 if drafted else out.shape[1] - ids.shape[1]
+        same = bool((out == references[:1, : out.shape[1]]).all())
         entry = {"seconds": seconds, "new_tokens": out.shape[1] - ids.shape[1], "steps": steps,
-                 "ms_per_step": 1000 * seconds / steps, "identical": bool((out == references[:1, : out.shape[1]]).all())}
+                 "ms_per_step": 1000 * seconds / steps, "identical": same}
         if drafted:
             run(ids, profile=True)
             stats = model.generation_stats

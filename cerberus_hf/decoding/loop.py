@@ -191,7 +191,8 @@ class Acceptance:
         self.raw_logits = () if (want_dict and generation_config.output_logits) else None
         self.host_stopping = _host_stopping(stopping_criteria)
         self.one_read = (not self.do_sample and typical is None
-                         and all(type(p) in ROW_PROCESSORS for p in logits_processor) and self.scores is None and self.raw_logits is None and streamer is None
+                         and all(type(p) in ROW_PROCESSORS for p in logits_processor)
+                         and self.scores is None and self.raw_logits is None and streamer is None
                          and self.host_stopping is not None)
         # a gate on the base's own logits decides for every fed position in the same read (None: it decides itself)
         self.base_gate = gate if (self.one_read and gate.signal != "head_entropy"

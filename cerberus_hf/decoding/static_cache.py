@@ -177,9 +177,10 @@ class StaticVerification(Verification):
     @staticmethod
     def pads_up(device: torch.device) -> bool:
         """Whether a compiled step is padded up to the widest bucket the call fed before, not only to its own. On an
-        accelerator a forward of a few positions costs what one of a single position does (64 against 1: 1.02x on an
-        H200), and the steps a call cuts short near ``max_length`` (1 + 3, 1 + 2, 1 + 1 for a chain of 4) would each
-        compile a graph of their own: on the H200 the loop's first call compiled for 142 s against the plain peer's 36 s.
+        accelerator the steps a call cuts short near ``max_length`` (1 + 3, 1 + 2, 1 + 1 for a chain of 4) would each
+        compile a graph of their own: on an H200 the loop's first call compiled for 142 s against the plain peer's 36 s.
+        Padding costs little there in bf16 (an 8B-shaped forward of 4 positions: 1.14x one position's kernel time on an
+        H200), more in fp32 (5 positions 1.67x, 8 positions 1.97x: fp32 products of a few rows run on SIMT kernels).
         On a CPU each padded position costs its share of the forward, so steps keep their own bucket."""
         return device.type != "cpu"
 
