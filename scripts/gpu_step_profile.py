@@ -1,4 +1,4 @@
-"""Where a draft-verify step's time goes on a GPU, against a plain compiled step (issue 38: the loop's compiled static
+r"""Where a draft-verify step's time goes on a GPU, against a plain compiled step (issue 38: the loop's compiled static
 cache made a step of the 8B-shaped base cost 30 ms where the compiled plain peer's costs 12 ms, 2026-11-27).
 
     python scripts/gpu_step_profile.py --shape llama-3.1-8b \
