@@ -121,7 +121,8 @@ def batched_speculative_generate(
     cache = verification_for(model, compile_base or model, generation_config, model_kwargs, generators[0].drafter,
                              settings, rows=batch).cache  # a dynamic cache (rows are selected from it)
     typical = settings.typical if settings is not None else None
-    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, generators[0].gate)
+    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, generators[0].gate,
+                            batch=batch)
     pad = pad_token_id(generation_config)
     pad = 0 if pad is None else pad
     phase = phase_timer(profiler)

@@ -97,16 +97,17 @@ ROW_PROCESSORS = (
 )
 
 
-def row_view(processors: LogitsProcessorList, row: int, copies: int = 1) -> LogitsProcessorList:
-    """``processors`` as they apply to ``copies`` rows that each continue row ``row`` of the call's batch (a batch
-    walked one row at a time; the nodes of one depth of a row's tree). Since transformers 5.24 the repetition penalty
-    holds each row's count of left-padding tokens (``prompt_ignore_length``, one per row of its call)."""
+def row_view(processors: LogitsProcessorList, row: int) -> LogitsProcessorList:
+    """``processors`` as they apply to row ``row`` of the call's batch walked alone, and to any number of rows that
+    continue it (the nodes of one depth of its tree). Since transformers 5.24 the repetition penalty holds each row's
+    count of left-padding tokens (``prompt_ignore_length``, a tensor with one entry per row of the call); the row's own
+    count, read once a call as a number, serves every shape of rows."""
     out = LogitsProcessorList()
     for processor in processors:
         ignore = getattr(processor, "prompt_ignore_length", None)
         if type(processor) is RepetitionPenaltyLogitsProcessor and isinstance(ignore, torch.Tensor) and ignore.dim():
             processor = copy.copy(processor)
-            processor.prompt_ignore_length = ignore[row: row + 1].expand(copies)
+            processor.prompt_ignore_length = int(ignore[row])
         out.append(processor)
     return out
 
@@ -139,7 +140,7 @@ def _processed_scores(logits: torch.Tensor, draft: Draft | None, input_ids: torc
         tokens = draft.tokens.to(scores.device)
         for (nodes, _, _), paths in zip(draft.tree.on(scores.device).levels, draft.tree.level_paths_on(scores.device)):
             rows = torch.cat([input_ids.to(scores.device).expand(paths.shape[0], -1), tokens[paths]], dim=1)
-            processed[nodes + 1] = row_view(processors, 0, rows.shape[0])(rows, scores[nodes + 1])
+            processed[nodes + 1] = processors(rows, scores[nodes + 1])
     return processed
 
 
@@ -183,8 +184,10 @@ class Acceptance:
     same read."""
 
     def __init__(self, logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
-                 generation_config: GenerationConfig, typical, streamer, gate: EntropyGate):
-        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
+                 generation_config: GenerationConfig, typical, streamer, gate: EntropyGate, batch: int = 1):
+        self.stopping_criteria = stopping_criteria
+        # the processors as they apply to each row of the call's batch (`row_view`), built once a call
+        self.row_processors = [row_view(logits_processor, row) for row in range(batch)]
         self.do_sample, self.typical, self.streamer = generation_config.do_sample, typical, streamer
         want_dict = generation_config.return_dict_in_generate
         self.scores = () if (want_dict and generation_config.output_scores) else None
@@ -198,13 +201,12 @@ class Acceptance:
         self.base_gate = gate if (self.one_read and gate.signal != "head_entropy"
                                   and not (gate.always_drafts or gate.never_drafts)) else None
 
-    def walk(self, step_logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor,
-             processors: LogitsProcessorList | None = None):
+    def walk(self, step_logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor, row: int = 0):
         """(``input_ids`` with the emitted tokens, the accepted nodes, whether a stopping criterion fired, the last
         emitted token as an int (None where the host has not read it), the last position's processed scores (None
         on the one-read path), the gate's decision at every fed position or None) for one sequence ``[1, ...]``.
-        ``processors``: the call's logits processors as they apply to this sequence (default: as given)."""
-        processors = self.logits_processor if processors is None else processors
+        ``row``: the sequence's row in the call's batch."""
+        processors = self.row_processors[row]
         if self.one_read:
             return self._emit(*_greedy_walk(step_logits, draft, self.base_gate, input_ids,
                                             processors if len(processors) else None), input_ids)
@@ -239,10 +241,10 @@ class Acceptance:
         and ``drafts[i]``; ``batch_rows[i]``: its row in the call's batch, for the processors, `row_view`): on the
         one-read path every row's decisions are read to the host together, once."""
         fed = [1 + (len(d.tokens) if d is not None else 0) for d in drafts]
-        views = [row_view(self.logits_processor, b) for b in batch_rows]
         if not self.one_read:
-            return [self.walk(step_logits[i: i + 1, :n], draft, row, view)
-                    for i, (n, draft, row, view) in enumerate(zip(fed, drafts, rows, views))]
+            return [self.walk(step_logits[i: i + 1, :n], draft, row, b)
+                    for i, (n, draft, row, b) in enumerate(zip(fed, drafts, rows, batch_rows))]
+        views = [self.row_processors[b] for b in batch_rows]
         parts = [_walk_parts(step_logits[i, :n], draft, self.base_gate, row, view if len(view) else None)
                  for i, (n, draft, row, view) in enumerate(zip(fed, drafts, rows, views))]
         packed = torch.cat(parts).tolist()
