@@ -43,6 +43,9 @@ def resolve_file(name_or_path: str, filename: str, required: bool = True, **hub_
         path = os.path.join(name_or_path, filename)
         if os.path.isfile(path):
             return path
+        if os.path.islink(path):  # a copied folder whose link pointed outside it: damaged, not "without the file"
+            raise FileNotFoundError(f"{path} is a link to {os.readlink(path)}, which does not exist from there; copy "
+                                    "the file itself into the folder or mend the link")
         if required:
             raise FileNotFoundError(f"no {filename} in {name_or_path}")
         return None

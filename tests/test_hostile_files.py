@@ -107,3 +107,15 @@ def test_an_unreadable_ngram_file_is_refused_before_the_base_loads(base, tmp_pat
         CerberusForCausalLM.from_pretrained(folder)
     assert path in str(raised.value)
     assert base_loads == []
+
+
+def test_a_broken_link_to_an_optional_file_is_refused_before_the_base_loads(base, tmp_path, base_loads):
+    """A folder copied without what its n-gram link pointed to (the shipped Medusa folder links Cerberus's) must not
+    load as a folder with no n-gram: its calibrated rescored tree would then silently fall back to a static one."""
+    folder = save_heads(base, tmp_path / "heads")
+    path = os.path.join(folder, "ngram.safetensors")
+    os.symlink(os.path.join("..", "elsewhere", "ngram.safetensors"), path)
+    with pytest.raises(FileNotFoundError, match="is a link to .*which does not exist") as raised:
+        CerberusForCausalLM.from_pretrained(folder)
+    assert path in str(raised.value)
+    assert base_loads == []
