@@ -1,7 +1,7 @@
 """Teacher-forced accuracy of an EAGLE-3 drafter per depth, on several answer files, for several draft vocabularies.
 
 Why: the shipped EAGLE-3 drafter's held-out top-1 (0.66 at depth 0) promises more than it gets on MT-Bench (tau 2.4
-against the 2.8-3.1 calibration expects on held-out ShareGPT answers). This splits the gap into its parts: the
+against the 2.76 calibration's walk expects on held-out ShareGPT answers). This splits the gap into its parts: the
 answers' domain (the same drafter on MT-Bench answers and on ShareGPT records it never saw, both cut to the bench's
 length) and the draft vocabulary (how many answer tokens it holds, and what widening it at serving time would give:
 the projection is the frozen base ``lm_head``, so any vocabulary can be scored without retraining).
@@ -26,23 +26,23 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections import Counter
 
 import torch
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_named_model
-from cerberus_hf.training.data import Record, read_records
+from cerberus_hf.training.data import Record, frequent_tokens, read_records
 from cerberus_hf.training.hidden_cache import record_sequence
 from cerberus_hf.training.sequence_trainer import _Batch, evaluate_unrolled, sequence_features
 
 
-def file_part(spec: str) -> tuple[str, str, int, int | None]:
-    """``NAME=PATH[:SKIP[:LIMIT]]`` as (name, path, skip, limit)."""
-    name, _, rest = spec.partition("=")
-    path, *bounds = rest.split(":")
+def records_of(spec: str, greedy_only: bool = False) -> list[Record]:
+    """The records ``PATH[:SKIP[:LIMIT]]`` names: the file's from record SKIP on (only its greedy ones where asked), at
+    most LIMIT of them."""
+    path, *bounds = spec.split(":")
     skip = int(bounds[0]) if bounds else 0
-    return name, path, skip, int(bounds[1]) if len(bounds) > 1 else None
+    limit = int(bounds[1]) if len(bounds) > 1 else None
+    return [r for r in read_records(path)[skip:] if r.mode == "greedy" or not greedy_only][:limit]
 
 
 def main() -> None:
@@ -63,30 +63,26 @@ def main() -> None:
 
     base, _ = load_named_model(args.base, dtype=torch.float32, with_tokenizer=False)
     drafter = CerberusForCausalLM.from_pretrained(args.heads, base_model=base).heads
-    counts: Counter = Counter()
-    for spec in args.rank_data:
-        _, path, skip, limit = file_part("rank=" + spec)
-        records = read_records(path)[skip:]
-        counts.update(t for r in records[:limit] for t in r.output_ids)
-    ranked = torch.tensor([t for t, _ in counts.most_common()], dtype=torch.long)
+    # as `train --train-vocab` ranks them (`frequent_tokens`); a size of 0 scores the whole vocabulary
+    ranked = frequent_tokens([r for spec in args.rank_data for r in records_of(spec)], max(args.vocab))
+    own = getattr(drafter, "draft_vocab", None)
+    choices = ([("own", own)] if own is not None else []) + [(str(size), ranked[:size] if size else None)
+                                                             for size in args.vocab]
 
     table = []
     with tempfile.TemporaryDirectory() as cache:
         for spec in args.answers:
-            name, path, skip, limit = file_part(spec)
-            records = [r for r in read_records(path)[skip:] if r.mode == "greedy"][:limit]
-            records = [Record(r.id, r.input_ids, r.output_ids[: args.cut], r.mode, r.finished) for r in records]
+            name, _, source = spec.partition("=")
+            records = [Record(r.id, r.input_ids, r.output_ids[: args.cut], r.mode, r.finished)
+                       for r in records_of(source, greedy_only=True)]
             cut = [record_sequence(r, None) for r in records]
             sequences, answers = [s for s, _ in cut], [a for _, a in cut]
             features, starts = sequence_features(base, records, drafter.feature_layers, cache, None, show_progress=False)
             batches = [_Batch(list(range(i, min(i + 8, len(records)))), features, starts, sequences, answers,
                               drafter.num_heads, None, 0.0, torch.device("cpu")) for i in range(0, len(records), 8)]
-            tokens = [t for r in records for t in r.output_ids]
-            own = getattr(drafter, "draft_vocab", None)
-            choices = ([("own", own)] if own is not None else []) + [(str(size), ranked[:size] if size else None)
-                                                                     for size in args.vocab]
+            tokens = torch.tensor([t for r in records for t in r.output_ids])
             for label, vocab in choices:
-                coverage = 1.0 if vocab is None else sum(t in set(vocab.tolist()) for t in tokens) / len(tokens)
+                coverage = 1.0 if vocab is None else torch.isin(tokens, vocab).float().mean().item()
                 result = evaluate_unrolled(drafter, batches, vocab=vocab)
                 size = int(base.config.vocab_size) if vocab is None else len(vocab)
                 row = {"answers": name, "records": len(records), "vocab": label, "size": size,
