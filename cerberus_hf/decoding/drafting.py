@@ -70,8 +70,9 @@ class StepDrafts:
         """``[len(parents), depth + 1]``: the newest token, then each parent's drafted tokens."""
         if all(isinstance(p.tokens, tuple) for p in parents):
             return to_device([(self.last_token, *p.tokens) for p in parents], self.hidden.device)
-        last = torch.full((1,), self.last_token, device=self.hidden.device)
-        return torch.stack([torch.cat([last, p.tokens]) for p in parents])
+        above = torch.stack([p.tokens for p in parents])  # the parents of one depth: paths of one length
+        last = torch.full((len(parents), 1), self.last_token, device=self.hidden.device)
+        return torch.cat([last, above], dim=1)
 
     def root_logits(self) -> torch.Tensor:
         """Depth 0's logits ``[V]`` (what a head-entropy gate reads); reused by the draft that follows."""
@@ -267,7 +268,8 @@ def device_levels(step: StepDrafts, settings: DynamicTree, max_depth: int) -> Le
         rows = best // width
         path_tokens = tokens[best][:, None] if level == 0 else torch.cat(
             [torch.stack([node.tokens for node in frontier])[rows], tokens[best][:, None]], dim=1)
-        frontier = [_Node(path_tokens[i], states[rows[i]]) for i in range(best.shape[0])]
+        kept = states[rows]  # one gather: a 0-d index tensor per node would be read back (or launched) one by one
+        frontier = [_Node(path_tokens[i], kept[i]) for i in range(best.shape[0])]
         frontier_scores, frontier_index = scores[best], count + best
         count += scores.shape[0]
     scores = torch.cat(drafted_scores)

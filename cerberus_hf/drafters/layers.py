@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-def rotary(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) ``[T, dim // 2]`` of the rotary position embedding (base 10000) at ``positions`` ``[T]``, for heads of
-    ``dim``: computed once per layer call and shared by its keys and queries (a drafting step's dozens of small ops
-    cost more than its matrix products on a CPU)."""
+@lru_cache(maxsize=64)
+def _inverse_frequencies(dim: int, device: torch.device) -> torch.Tensor:
+    """``[dim]``: each rotated pair's frequency (base 10000), the first half's repeated for the second, computed once
+    per head width and device (a drafting step calls `rotary` at every depth)."""
     half = dim // 2
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=positions.device, dtype=torch.float32) / half))
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=device, dtype=torch.float32) / half))
+    return torch.cat([inv_freq, inv_freq])
+
+
+def rotary(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) ``[T, dim]`` of the rotary position embedding (base 10000) at ``positions`` ``[T]``, for heads of
+    ``dim`` (each half of the last axis the same): computed once per layer call and shared by its keys and queries (a
+    drafting step's dozens of small ops cost more than its matrix products on a CPU, and on a GPU each is a launch)."""
+    angles = positions.to(torch.float32)[:, None] * _inverse_frequencies(dim, positions.device)[None]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rotate(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """``x`` ``[..., T, d]`` rotated by ``rotation`` (`rotary` of its positions; rotate-half layout)."""
+    """``x`` ``[..., T, d]`` rotated by ``rotation`` (`rotary` of its positions; rotate-half layout):
+    ``[a, b] -> [a cos - b sin, b cos + a sin]``, as ``x cos + [-b, a] sin`` in five operations."""
     cos, sin = rotation
     half = x.shape[-1] // 2
-    first, second = x[..., :half], x[..., half:]
-    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 @torch.no_grad()
