@@ -13,7 +13,8 @@ performance-hint logs (a CUDA graph skipped, and why) go to stderr.
 The 2026-11-27 profile found a compiled step of the 8B shape spending 5.4 ms drafting (the drafter's kernels launched
 one by one from Python) beside 22.5 ms verifying. ``--compile-drafter MODE`` adds a row where the drafter's
 `draft_level` is compiled with ``torch.compile(mode=MODE)`` (an experiment, not the library's path: "reduce-overhead"
-replays CUDA graphs, one per depth's shapes), checked against plain `generate()` like every row.
+replays CUDA graphs, one per depth's shapes), checked against plain `generate()` like every row. A row with the
+drafter's own logits (the oracle taken off) prices drafting without the oracle's lookup.
 """
 
 from __future__ import annotations
@@ -68,6 +69,18 @@ def main() -> int:
     }
     if args.skip_dynamic:
         del methods["drafted, dynamic cache"]
+    oracle_class = type(model.heads)
+
+    def with_own_logits(ids, **kw):
+        """The drafter's own (untrained) logits, the oracle taken off: what drafting costs without the bench's oracle
+        (few drafts are accepted, so compare the phases a step, not the steps)."""
+        model.heads.__class__ = model.heads._real_class
+        try:
+            return model.generate(ids, cache_implementation="static", **call, **kw)
+        finally:
+            model.heads.__class__ = oracle_class
+
+    methods["drafted, static cache, the drafter's own logits"] = with_own_logits
     if args.compile_drafter:
         heads = model.heads
         eager = heads.draft_level
