@@ -32,8 +32,7 @@ import torch
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.training.data import Record, frequent_tokens, read_records
-from cerberus_hf.training.hidden_cache import record_sequence
-from cerberus_hf.training.sequence_trainer import _Batch, evaluate_unrolled, sequence_features
+from cerberus_hf.training.sequence_trainer import evaluate_unrolled, record_batches
 
 
 def records_of(spec: str, greedy_only: bool = False) -> list[Record]:
@@ -75,11 +74,7 @@ def main() -> None:
             name, _, source = spec.partition("=")
             records = [Record(r.id, r.input_ids, r.output_ids[: args.cut], r.mode, r.finished)
                        for r in records_of(source, greedy_only=True)]
-            cut = [record_sequence(r, None) for r in records]
-            sequences, answers = [s for s, _ in cut], [a for _, a in cut]
-            features, starts = sequence_features(base, records, drafter.feature_layers, cache, None, show_progress=False)
-            batches = [_Batch(list(range(i, min(i + 8, len(records)))), features, starts, sequences, answers,
-                              drafter.num_heads, None, 0.0, torch.device("cpu")) for i in range(0, len(records), 8)]
+            batches = record_batches(base, drafter, records, cache)
             tokens = torch.tensor([t for r in records for t in r.output_ids])
             for label, vocab in choices:
                 coverage = 1.0 if vocab is None else torch.isin(tokens, vocab).float().mean().item()

@@ -642,6 +642,24 @@ def test_eagle3_run_starts_from_a_saved_drafter_and_refuses_other_layers(base, d
     assert not (tmp_path / "other").exists()
 
 
+def test_record_batches_score_records_as_training_scores_its_held_out_split(base, data_path, cache_dir, tmp_path):
+    """`record_batches` (scoring a drafter on answer files of one's own) over the held-out records gives the accuracy
+    the trainer reported for them, depth by depth."""
+    from cerberus_hf.training.sequence_trainer import evaluate_unrolled, record_batches, train_sequence_drafter
+    from cerberus_hf.training.sequences import load_sequences
+
+    model = fresh(base, "eagle3")
+    metrics = train_sequence_drafter(model, data_path, tmp_path / "out", epochs=3, cache_dir=cache_dir, **EAGLE_FAST)
+    data = load_sequences(base, data_path, cache_dir=cache_dir, max_seq_len=None, distill_weight=0.0, teacher_topk=0,
+                          eval_fraction=EAGLE_FAST["eval_fraction"], show_progress=False, min_answer=2)
+    held_out = [data.records[i] for i in data.eval_members]
+    scored = evaluate_unrolled(model.heads, record_batches(base, model.heads, held_out, tmp_path / "features",
+                                                           batch_size=3))
+    assert scored["positions"] == metrics["eval"]["positions"]
+    assert scored["top1"] == pytest.approx(metrics["top1"], abs=1.5 / scored["positions"][-1])  # a tie's row at most
+    assert 0 < sum(scored["top1"]) < len(scored["top1"])
+
+
 def test_eagle3_features_are_cached_once_and_resume_after_a_kill(base, data_path, tmp_path, monkeypatch):
     from cerberus_hf.drafters.eagle3 import capture_features
     from cerberus_hf.training import sequence_trainer

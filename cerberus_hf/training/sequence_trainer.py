@@ -89,7 +89,7 @@ def sequence_features(base, records: Sequence[Record], feature_layers: list[int]
     return np.load(path, mmap_mode="r"), starts[:-1]
 
 
-class _Batch:
+class UnrolledBatch:
     """A batch of sequences: padded features and tokens, and for each unrolled step its rows, columns and targets."""
 
     def __init__(self, members: list[int], features: np.ndarray, starts: list[int], sequences: list[list[int]],
@@ -126,6 +126,18 @@ class _Batch:
         return [out[rows, cols] for out, (rows, cols, *_) in zip(unrolled, self.targets)]
 
 
+def record_batches(base, drafter, records: Sequence[Record], cache_dir: str | os.PathLike, batch_size: int = 8
+                   ) -> list[UnrolledBatch]:
+    """`evaluate_unrolled`'s batches over ``records``, every one scored (none held out, no teacher): to score a
+    drafter on answer files of one's own, as training scores its held-out split. The base's features are computed
+    once per records in ``cache_dir``."""
+    sequences, answers = zip(*(record_sequence(r, None) for r in records)) if records else ((), ())
+    features, starts = sequence_features(base, records, drafter.feature_layers, cache_dir, None, show_progress=False)
+    return [UnrolledBatch(list(range(i, min(i + batch_size, len(records)))), features, starts, list(sequences),
+                          list(answers), drafter.num_heads, None, 0.0, drafter.base_lm_head.weight.device)
+            for i in range(0, len(records), batch_size)]
+
+
 def _projection(drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
     head = drafter.base_lm_head
     bias = getattr(head, "bias", None)
@@ -133,7 +145,8 @@ def _projection(drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 @torch.no_grad()
-def evaluate_unrolled(drafter, batches: list[_Batch], chunk_rows: int = 512, vocab: torch.Tensor | None = None) -> dict:
+def evaluate_unrolled(drafter, batches: list[UnrolledBatch], chunk_rows: int = 512, vocab: torch.Tensor | None = None
+                      ) -> dict:
     """Held-out top-1 / top-5 per depth (unrolled step), and depth 0's mean cross-entropy over the whole vocabulary.
     With a draft vocabulary ``vocab`` the guesses are ranked among its tokens only (what drafting can propose), by
     projecting onto its rows alone (a tenth of the whole projection's cost for 4,096 of SmolLM2's 49,152 tokens), and
@@ -235,11 +248,11 @@ def train_sequence_drafter(
     projection, bias = (t.to(compute_dtype) if t is not None else None for t in _projection(drafter))
     autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
 
-    def make(members: list[int]) -> _Batch:
-        return _Batch(members, features, starts, data.sequences, data.answers, steps, data.teacher, distill_weight,
-                      device)
+    def make(members: list[int]) -> UnrolledBatch:
+        return UnrolledBatch(members, features, starts, data.sequences, data.answers, steps, data.teacher,
+                             distill_weight, device)
 
-    def batch_loss(batch: _Batch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
+    def batch_loss(batch: UnrolledBatch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
         with autocast:
             outputs = batch.outputs(drafter)
         total, hits, scored = 0.0, [], 0
