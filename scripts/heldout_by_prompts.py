@@ -19,7 +19,7 @@ import torch
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_named_model
-from cerberus_hf.training.chain_trainer import _Batch, evaluate_adapter, exit_states
+from cerberus_hf.training.chain_trainer import AdapterBatch, evaluate_adapter, exit_states
 from cerberus_hf.training.sequences import group_by_tokens, heldout_members
 from cerberus_hf.training.data import frequent_tokens, read_records
 from cerberus_hf.training.hidden_cache import build_hidden_cache, default_cache_dir, record_sequence, split_record_ids
@@ -32,7 +32,7 @@ def chain_heldout(model, states: list[torch.Tensor], lengths: list[int], records
     teacher-forced as training scores it (`chain_trainer.evaluate_adapter`) from ``states``, the exit states
     training wrote for the full list ``records`` it read (``lengths``: their lengths, computed once per layer)."""
     chosen = sorted(heldout_members(records, answers, held_out, members), key=lengths.__getitem__)
-    batches = [_Batch(group, states, answers, records, None, 0.0, torch.device("cpu"))
+    batches = [AdapterBatch(group, states, answers, records, None, 0.0, torch.device("cpu"))
                for group in group_by_tokens(chosen, lengths, 4096)]
     return evaluate_adapter(model.heads, batches, vocab=vocab)
 

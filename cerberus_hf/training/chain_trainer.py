@@ -83,7 +83,7 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
     return out
 
 
-class _Batch:
+class AdapterBatch:
     """A batch of sequences: padded exited states and, per answer position, its place and target."""
 
     def __init__(self, members: list[int], states: list[torch.Tensor], answers: list[int],
@@ -114,7 +114,8 @@ class _Batch:
         return drafter.adapt(self.states)[self.rows, self.cols]
 
 
-def _loss(drafter, batch: _Batch, chunk_rows: int, vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _loss(drafter, batch: AdapterBatch, chunk_rows: int, vocab: torch.Tensor | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     picked = batch.adapted(drafter)
     weight = drafter.base_lm_head.weight.detach().float()
     bias = getattr(drafter.base_lm_head, "bias", None)
@@ -123,7 +124,8 @@ def _loss(drafter, batch: _Batch, chunk_rows: int, vocab: torch.Tensor | None) -
 
 
 @torch.no_grad()
-def evaluate_adapter(drafter, batches: list[_Batch], chunk_rows: int = 512, vocab: torch.Tensor | None = None) -> dict:
+def evaluate_adapter(drafter, batches: list[AdapterBatch], chunk_rows: int = 512, vocab: torch.Tensor | None = None
+                     ) -> dict:
     """Top-1 / top-5 accuracy and cross-entropy of the adapter's next-token guess at answer positions (the
     accuracy among ``vocab``'s tokens when given: `trainer.top_hits`)."""
     counts = torch.zeros(4, dtype=torch.float64)
@@ -197,10 +199,10 @@ def train_chain_drafter(
     states = exit_states(model.base, data.records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress)
     cache_time = time.perf_counter() - cache_started
 
-    def make(members: list[int]) -> _Batch:
-        return _Batch(members, states, data.answers, data.records, data.teacher, distill_weight, device)
+    def make(members: list[int]) -> AdapterBatch:
+        return AdapterBatch(members, states, data.answers, data.records, data.teacher, distill_weight, device)
 
-    def batch_loss(batch: _Batch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
+    def batch_loss(batch: AdapterBatch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
         losses, correct = _loss(drafter, batch, chunk_rows, vocab)
         return losses.mean(), {"top1": round(correct.float().mean().item(), 5)}, int(losses.numel())
 
