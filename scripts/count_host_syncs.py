@@ -54,6 +54,34 @@ def count_syncs(model, input_ids: torch.Tensor, **generate_kwargs) -> dict:
             "by_line": dict(where.most_common())}
 
 
+def model_and_prompt(heads: str | None, tiny: str | None, head_type: str, device: str, dtype: torch.dtype
+                     ) -> tuple[torch.nn.Module, torch.Tensor]:
+    """(a drafted model in eval mode on ``device``, one prompt's ids): untrained ``head_type`` heads on a ``tiny`` random
+    base of that architecture (`tests/tiny_models.py`), or the ``heads`` folder on the real base it names, asked why the
+    sky is blue."""
+    from cerberus_hf import CerberusForCausalLM
+
+    if tiny:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny_models import prompt_ids, tiny_model
+
+        model = CerberusForCausalLM.from_base(tiny_model(tiny).to(device, dtype), head_type=head_type)
+        input_ids = prompt_ids(0, length=16).to(device)
+        # a tiny random base may emit EOS at once, and a 1-token call says nothing about a step; min_new_tokens would
+        # add a logits processor, which takes the loop off its one-read path, so there is no EOS to stop at instead
+        for config in (model.generation_config, model.base.generation_config):
+            config.eos_token_id = None
+    else:
+        from cerberus_hf.real_models import load_named_model
+
+        base, tokenizer = load_named_model("smollm2-135m-instruct", dtype=dtype)
+        model = CerberusForCausalLM.from_pretrained(heads, base_model=base.to(device))
+        chat = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
+        input_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
+                                                  return_dict=True)["input_ids"].to(device)
+    return model.eval(), input_ids
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", help="head checkpoint folder (the real base it names is loaded)")
@@ -65,28 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("count_host_syncs needs a CUDA device")
-    from cerberus_hf import CerberusForCausalLM
-
-    dtype = getattr(torch, args.dtype)
-    if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_models import prompt_ids, tiny_model
-
-        model = CerberusForCausalLM.from_base(tiny_model(args.tiny).to("cuda", dtype), head_type=args.head_type)
-        input_ids = prompt_ids(0, length=16).to("cuda")
-        # a tiny random base may emit EOS at once, and a 1-token call says nothing about a step; min_new_tokens would
-        # add a logits processor, which takes the loop off its one-read path, so there is no EOS to stop at instead
-        for config in (model.generation_config, model.base.generation_config):
-            config.eos_token_id = None
-    else:
-        from cerberus_hf.real_models import load_named_model
-
-        base, tokenizer = load_named_model("smollm2-135m-instruct", dtype=dtype)
-        model = CerberusForCausalLM.from_pretrained(args.heads, base_model=base.to("cuda"))
-        chat = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
-        input_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
-                                                  return_dict=True)["input_ids"].to("cuda")
-    model.eval()
+    model, input_ids = model_and_prompt(args.heads, args.tiny, args.head_type, "cuda", getattr(torch, args.dtype))
     report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "heads": args.heads or args.tiny,
               "max_new_tokens": args.max_new_tokens, "runs": {}}
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False)

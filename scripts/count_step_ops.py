@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cerberus_hf.decoding import profiling
 from cerberus_hf.decoding.profiling import asking_line
 
-ROOT = Path(__file__).resolve().parents[1]
+from count_host_syncs import model_and_prompt  # scripts/ is on the path when run as a script
 
 
 class StepOps(TorchDispatchMode):
@@ -90,25 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args(argv)
-    from cerberus_hf import CerberusForCausalLM
-
-    if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_models import prompt_ids, tiny_model
-
-        model = CerberusForCausalLM.from_base(tiny_model(args.tiny), head_type=args.head_type)
-        input_ids = prompt_ids(0, length=16)
-        for config in (model.generation_config, model.base.generation_config):  # no EOS: every call runs its length
-            config.eos_token_id = None
-    else:
-        from cerberus_hf.real_models import load_named_model
-
-        base, tokenizer = load_named_model("smollm2-135m-instruct")
-        model = CerberusForCausalLM.from_pretrained(args.heads, base_model=base)
-        chat = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
-        input_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
-                                                  return_dict=True)["input_ids"]
-    model.eval()
+    model, input_ids = model_and_prompt(args.heads, args.tiny, args.head_type, "cpu", torch.float32)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     if args.cache == "static":
         kwargs["cache_implementation"] = "static"

@@ -131,10 +131,11 @@ def record_batches(base, drafter, records: Sequence[Record], cache_dir: str | os
     """`evaluate_unrolled`'s batches over ``records``, every one scored (none held out, no teacher): to score a
     drafter on answer files of one's own, as training scores its held-out split. The base's features are computed
     once per records in ``cache_dir``."""
-    sequences, answers = zip(*(record_sequence(r, None) for r in records)) if records else ((), ())
+    cut = [record_sequence(r, None) for r in records]
+    sequences, answers = [ids for ids, _ in cut], [kept for _, kept in cut]
     features, starts = sequence_features(base, records, drafter.feature_layers, cache_dir, None, show_progress=False)
-    return [UnrolledBatch(list(range(i, min(i + batch_size, len(records)))), features, starts, list(sequences),
-                          list(answers), drafter.num_heads, None, 0.0, drafter.base_lm_head.weight.device)
+    return [UnrolledBatch(list(range(i, min(i + batch_size, len(records)))), features, starts, sequences, answers,
+                          drafter.num_heads, None, 0.0, drafter.base_lm_head.weight.device)
             for i in range(0, len(records), batch_size)]
 
 
