@@ -56,12 +56,10 @@ print(json.dumps({"missing": sorted(report.missing_keys), "unexpected": sorted(r
 
 
 def tiny_heads():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from helpers import get_base, randomize_heads
-
     from cerberus_hf import CerberusForCausalLM
+    from cerberus_hf.testing import randomize_heads, tiny_model
 
-    model = CerberusForCausalLM.from_base(get_base("llama"), head_type="eagle3", num_heads=3)
+    model = CerberusForCausalLM.from_base(tiny_model("llama"), head_type="eagle3", num_heads=3)
     randomize_heads(model, seed=1, std=0.3)
     model.set_draft_vocab(torch.tensor([5, 90, 17, 3, 44, 60, 2, 71, 30, 8, 12, 55]))  # not in token order
     return model, torch.tensor([[1, 9, 33, 7, 61, 5, 2, 88, 14, 14, 70, 3, 41, 22, 9, 50]])

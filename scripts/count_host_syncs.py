@@ -23,8 +23,6 @@ import torch
 
 from cerberus_hf.decoding.profiling import asking_line
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def count_syncs(model, input_ids: torch.Tensor, **generate_kwargs) -> dict:
     """Run ``model.generate`` once with sync warnings on; the count per causing line, and the call's steps."""
@@ -57,13 +55,12 @@ def count_syncs(model, input_ids: torch.Tensor, **generate_kwargs) -> dict:
 def model_and_prompt(heads: str | None, tiny: str | None, head_type: str, device: str, dtype: torch.dtype
                      ) -> tuple[torch.nn.Module, torch.Tensor]:
     """(a drafted model in eval mode on ``device``, one prompt's ids): untrained ``head_type`` heads on a ``tiny`` random
-    base of that architecture (`tests/tiny_models.py`), or the ``heads`` folder on the real base it names, asked why the
+    base of that architecture (`cerberus_hf.testing`), or the ``heads`` folder on the real base it names, asked why the
     sky is blue."""
     from cerberus_hf import CerberusForCausalLM
 
     if tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_models import prompt_ids, tiny_model
+        from cerberus_hf.testing import prompt_ids, tiny_model
 
         model = CerberusForCausalLM.from_base(tiny_model(tiny).to(device, dtype), head_type=head_type)
         input_ids = prompt_ids(0, length=16).to(device)
@@ -85,7 +82,7 @@ def model_and_prompt(heads: str | None, tiny: str | None, head_type: str, device
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", help="head checkpoint folder (the real base it names is loaded)")
-    parser.add_argument("--tiny", help="a tiny random base of this architecture (tests/tiny_models.py) instead")
+    parser.add_argument("--tiny", help="a tiny random base of this architecture (cerberus_hf.testing) instead")
     parser.add_argument("--head-type", default="hydra", help="with --tiny: untrained heads of this family")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -24,7 +24,7 @@ import torch
 
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.training.data import Decontaminator, load_prompts, read_records
-from cerberus_hf.training.distill import _encode_prompt, _eos_ids, _trim, generate_distillation_data
+from cerberus_hf.training.distill import encode_prompt, eos_ids, generate_distillation_data, trim_at_eos
 
 
 def cpu_model() -> str:
@@ -37,13 +37,13 @@ def cpu_model() -> str:
 
 @torch.inference_mode()
 def reference_answers(model, tokenizer, prompts, max_new_tokens: int) -> dict[str, list[int]]:
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     answers = {}
     for p in prompts:
-        ids = _encode_prompt(tokenizer, p["messages"], None)
+        ids = encode_prompt(tokenizer, p["messages"], None)
         out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(eos) or None)
-        answers[p["id"]] = _trim(out[0, len(ids):].tolist(), eos)[0]
+        answers[p["id"]] = trim_at_eos(out[0, len(ids):].tolist(), eos)[0]
     return answers
 
 
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
 
     model, tokenizer = load_named_model(args.model, getattr(torch, args.dtype))
     prompts = load_prompts(args.prompts, limit=args.limit, decontaminate=Decontaminator(), english_only=True)
-    prompts = [p for p in prompts if len(_encode_prompt(tokenizer, p["messages"], None)) <= args.max_prompt_tokens]
+    prompts = [p for p in prompts if len(encode_prompt(tokenizer, p["messages"], None)) <= args.max_prompt_tokens]
     checked = prompts[: args.check]
     started = time.perf_counter()
     reference = reference_answers(model, tokenizer, checked, args.max_new_tokens)

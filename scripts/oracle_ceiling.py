@@ -1,5 +1,5 @@
 """The ceiling of the draft-verify loop on this machine: the heads are replaced by an oracle that drafts the
-base's own greedy continuation (tests/helpers.install_oracle), so every draft is accepted, while the loop,
+base's own greedy continuation (`cerberus_hf.testing.install_oracle`), so every draft is accepted, while the loop,
 the verification forward and the (full-vocabulary) head projection are the real ones.
 
     python scripts/oracle_ceiling.py 5      # the first 5 MT-Bench prompts, 128 new tokens
@@ -9,14 +9,12 @@ for a chain of 4 and of 7 oracle heads. It says what better heads could buy here
 """
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import torch
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_packaged_model
+from cerberus_hf.testing import install_oracle
 from cerberus_hf.tools.bench import DEFAULT_PROMPTS, encode_prompts, load_bench_prompts
-from helpers import install_oracle
 
 base, tok = load_packaged_model()
 prompts = encode_prompts(tok, load_bench_prompts(str(DEFAULT_PROMPTS), int(sys.argv[1])))

@@ -1,5 +1,8 @@
 """Test helpers: cached tiny bases, reference continuations, stats invariants, an oracle drafter.
 
+The tiny models and the oracle drafter live in `cerberus_hf.testing` (scripts and drafter authors use them too);
+they are re-exported here for the tests.
+
 The tiny bases are built once per session and shared; tests must never modify a base (only heads,
 which each test builds fresh with `CerberusForCausalLM.from_base`).
 """
@@ -14,7 +17,8 @@ import torch
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding.gate import entropy
 from cerberus_hf.decoding.ngram import NgramModel
-from tiny_models import ARCHITECTURES, EOS, PAD, VOCAB, prompt_ids, tiny_model
+from cerberus_hf.testing import (ARCHITECTURES, EOS, PAD, VOCAB, install_oracle, prompt_ids, randomize_heads,
+                                 tiny_model)
 
 PROMPT_LEN = 8
 NEW_TOKENS = 24
@@ -87,13 +91,6 @@ def tiny_ngram(vocab_size: int, seed: int = 0, sequences: list[list[int]] = (), 
     return NgramModel.build(data + [(list(s), 1) for s in sequences], vocab_size, order)
 
 
-def randomize_heads(model: CerberusForCausalLM, seed: int = 0, std: float = 0.5) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-
-
 def gate_entropies(arch: str, full: torch.Tensor, prompt_len: int) -> torch.Tensor:
     """Entropy of the base's raw distribution at every position that predicted a generated token
     (what the gate reads after emitting that token)."""
@@ -139,146 +136,6 @@ def check_stats(model: CerberusForCausalLM, new_tokens: int, forwards: int | Non
     assert all(0.0 <= a <= 1.0 for a in s.head_acceptance)
     if forwards is not None:
         assert s.steps == forwards, "steps must count the base's forward passes"
-
-
-# ------------------------------------------------------------------------------------------------ oracle
-def install_oracle(model: CerberusForCausalLM, references, corrupt=None, tolerance: float = 1e-3) -> dict:
-    """Make ``model``'s heads draft the known continuation: an oracle that knows the future.
-
-    Only the heads' logits are replaced (per depth, whatever the drafted tokens above it), so the gate,
-    the room left before max_length, the draft tree, verification and the statistics are all the real ones. The oracle recognises where it is by the
-    base's last hidden state (as the heads get it, or the newest of a windowed drafter's window) among those of the ``references`` (full sequences,
-    prompt included): at the state of position ``p``, head ``k`` is made to rank token ``p + k + 2``
-    first. When ``corrupt(p, k)`` is true the right token is ranked second instead, behind a wrong one.
-    States that match no reference position keep the real heads' logits. Returns counters
-    ``{"hits", "misses"}`` (per hidden state the heads were called on). A state matches a reference position
-    when it is the nearest within ``tolerance`` of its norm (loosen it in bf16, whose rounding depends on how
-    many positions a forward computes).
-    """
-    heads = model.heads
-    if heads.drafts_chains:
-        return _install_chain_oracle(model, references, corrupt)
-    num_heads = heads.num_heads
-    states, targets, positions = [], [], []
-    for ref in references:
-        ref = ref.reshape(1, -1)
-        with torch.no_grad(), heads.capture(model.base) as captured:  # the state the heads read
-            model.base(ref)
-        length = ref.shape[1]
-        tokens = torch.full((length, num_heads), -1, dtype=torch.long)
-        for p in range(length):
-            for k in range(num_heads):
-                if p + k + 2 < length:
-                    tokens[p, k] = ref[0, p + k + 2]
-        states.append(captured["hidden"][0].float())
-        targets.append(tokens)
-        positions.append(torch.arange(length))
-    table, targets, positions = torch.cat(states), torch.cat(targets), torch.cat(positions)
-    counters = {"hits": 0, "misses": 0}
-    real_class = type(heads)
-
-    contextualized = []  # (what the heads read, the base's state it was made from) of a windowed drafter
-
-    def base_state(h: torch.Tensor) -> torch.Tensor:
-        for read, state in reversed(contextualized):
-            match = (read == h).all(-1).nonzero()
-            if len(match):
-                return state[int(match[0, 0])]
-        return h
-
-    class OracleHeads(real_class):
-        def contextualize(self, hidden, next_tokens, valid):  # training's and calibration's path
-            read = real_class.contextualize(self, hidden, next_tokens, valid)
-            contextualized.append((read.float(), hidden[:, -1].float()))
-            return read
-
-        def start(self, model, cache):  # decoding's path
-            state = real_class.start(self, model, cache)
-            heads_input = state.heads_input
-
-            def recorded(input_ids, hidden):  # what the heads read may be made from the state (a window, a layer)
-                read = heads_input(input_ids, hidden)
-                contextualized.append((read.float(), hidden.float()))
-                return read
-
-            state.heads_input = recorded
-            return state
-
-        def teacher_forced(self, captured, ids, first):  # calibration's path
-            hidden, logits, context = real_class.teacher_forced(self, captured, ids, first)
-            if self.trains_on_sequences:  # (EAGLE-3) its logits come from unrolled steps, not from draft_level
-                contextualized.append((hidden.float(), captured["hidden"][0].float()))
-                logits = torch.stack([ranked(k, hidden, logits[:, k]) for k in range(logits.shape[1])], dim=1)
-            return hidden, logits, context
-
-        def draft_level(self, k, hidden, tokens, previous, context=None):
-            state, logits = real_class.draft_level(self, k, hidden, tokens, previous, context)
-            return state, ranked(k, hidden, logits)
-
-    def ranked(k, hidden, logits):
-        """``logits`` ``[n, V]`` of depth ``k`` with the true token first wherever ``hidden`` is a known position."""
-        logits = logits.clone()
-        for i, h in enumerate(hidden.float()):
-            h = base_state(h)
-            distance = (table - h).norm(dim=-1)
-            row = int(distance.argmin())
-            if float(distance[row]) > tolerance * (float(h.norm()) + 1.0):
-                counters["misses"] += 1
-                continue
-            counters["hits"] += 1
-            p = int(positions[row])
-            target = int(targets[row, k])
-            if target < 0:
-                continue
-            scores = logits[i]
-            scores -= scores.max() + 10.0  # every other token well below 0, their order kept
-            if corrupt is not None and corrupt(p, k):
-                scores[(target + 1) % scores.shape[0]] = 0.0
-                scores[target] = -1.0
-            else:
-                scores[target] = 0.0
-        return logits
-
-    heads.__class__ = OracleHeads
-    return counters
-
-
-def _install_chain_oracle(model: CerberusForCausalLM, references, corrupt=None) -> dict:
-    """`install_oracle` for a drafter that drafts its own chain: it recognises where it is by the tokens
-    so far (drafted ones included), which must be a prefix of a reference; a draft ``k`` tokens deep
-    (0-based) after position ``p`` is corrupted when ``corrupt(p, k)``."""
-    references = [ref.reshape(-1).tolist() for ref in references]
-    counters = {"hits": 0, "misses": 0}
-    heads = model.heads
-    real_class = type(heads)
-    drafting_from = {}
-
-    class OracleChain(real_class):
-        def draft_chain(self, state, input_ids, max_tokens, confidence):
-            drafting_from["length"] = input_ids.shape[1]
-            return real_class.draft_chain(self, state, input_ids, max_tokens, confidence)
-
-        def next_logits(self, adapted, sequence):
-            logits = real_class.next_logits(self, adapted, sequence).clone()
-            ref = next((r for r in references if r[: len(sequence)] == sequence), None)
-            if ref is None:
-                counters["misses"] += 1
-                return logits
-            counters["hits"] += 1
-            if len(sequence) >= len(ref):
-                return logits
-            target = ref[len(sequence)]
-            index = target if self.draft_vocab is None else int((self.draft_vocab == target).nonzero()[0])
-            logits -= logits.max() + 10.0
-            if corrupt is not None and corrupt(drafting_from["length"] - 2, len(sequence) - drafting_from["length"]):
-                logits[(index + 1) % logits.shape[0]] = 0.0
-                logits[index] = -1.0
-            else:
-                logits[index] = 0.0
-            return logits
-
-    heads.__class__ = OracleChain
-    return counters
 
 
 __all__ = [

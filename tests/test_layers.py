@@ -38,6 +38,8 @@ LAYERS = [
     ["calibration", "calibration.*"],
     # the command line
     ["tools", "tools.*"],
+    # tiny models and oracle drafts, to test a drafter (nothing in the package imports them)
+    ["testing"],
 ]
 
 
@@ -132,3 +134,81 @@ def test_the_check_sees_an_upward_import(tmp_path):
     found = _imports("errors", fake, _modules())
     assert ("modeling_cerberus", ["CerberusForCausalLM"]) in found and ("decoding.loop", []) in found
     assert all(_layer(target) > _layer("errors") for target, _ in found)
+
+
+# ------------------------------------------------------------------------------------------------ scripts
+SCRIPTS = PACKAGE.parent / "scripts"
+TEST_MODULES = {"tests", "helpers", "tiny_models", "conftest"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _script_problems(source: str, modules: dict[str, Path]) -> list[str]:
+    """What in a script's ``source`` reaches into tests/ or into the package's private names: an import of a test
+    module, a ``sys.path`` change that names tests, ``from cerberus_hf... import _name``, and ``module._name`` on a
+    package module the script imported. Scripts use what a user could: the public API and `cerberus_hf.testing`."""
+    problems = []
+    package_modules = set()  # the script's names bound to modules of the package
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in TEST_MODULES:
+                    problems.append(f"line {node.lineno}: imports {alias.name}")
+                if alias.name.split(".")[0] == PACKAGE.name:
+                    package_modules.add(alias.asname or PACKAGE.name)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.split(".")[0] in TEST_MODULES:
+                problems.append(f"line {node.lineno}: imports from {node.module}")
+            if node.module.split(".")[0] == PACKAGE.name:
+                target = node.module.partition(".")[2]
+                for alias in node.names:
+                    if _private(alias.name):
+                        problems.append(f"line {node.lineno}: imports {alias.name} from {node.module}")
+                    if f"{target}.{alias.name}".lstrip(".") in modules:
+                        package_modules.add(alias.asname or alias.name)
+        elif isinstance(node, (ast.Call, ast.Assign, ast.AugAssign)):
+            changed = node.func if isinstance(node, ast.Call) else (
+                node.targets[0] if isinstance(node, ast.Assign) else node.target)
+            text = ast.unparse(changed)
+            if (text.startswith("sys.path") or text.startswith("site.addsitedir")) \
+                    and "tests" in ast.unparse(node).lower():
+                problems.append(f"line {node.lineno}: puts tests on sys.path")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in package_modules:
+                problems.append(f"line {node.lineno}: reads {ast.unparse(node)}")
+    return problems
+
+
+def test_no_script_imports_tests_or_private_names():
+    """scripts/ are the library's first users: what they need from tests/ or from private names belongs in the
+    public API (test helpers that a drafter's author needs are in `cerberus_hf.testing`)."""
+    modules = _modules()
+    found = [f"scripts/{path.name} {problem}" for path in sorted(SCRIPTS.glob("*.py"))
+             for problem in _script_problems(path.read_text(), modules)]
+    assert not found, "; ".join(found)
+
+
+def test_the_script_check_sees_each_kind():
+    source = (
+        "import sys\nfrom pathlib import Path\n"
+        "sys.path.insert(0, str(Path(__file__).parents[1] / 'tests'))\n"
+        "from helpers import install_oracle\nimport tiny_models\nimport tests.conftest\n"
+        "from cerberus_hf.training.distill import _trim, generate_distillation_data\n"
+        "from cerberus_hf.training import distill\nimport cerberus_hf.decoding.loop as loop\nimport cerberus_hf\n"
+        "distill._eos_ids(None, None); loop._step; cerberus_hf.compat._anything\n"
+        "from cerberus_hf import __version__\nfrom cerberus_hf.testing import tiny_model\n"
+    )
+    problems = _script_problems(source, _modules())
+    expected = ["line 3: puts tests on sys.path", "line 4: imports from helpers", "line 5: imports tiny_models",
+                "line 6: imports tests.conftest", "line 7: imports _trim from cerberus_hf.training.distill",
+                "line 11: reads distill._eos_ids", "line 11: reads loop._step", "line 11: reads cerberus_hf.compat._anything"]
+    assert sorted(problems) == sorted(expected)
+    assert _script_problems("import sys\nsys.path.insert(0, 'src')\nimport cerberus_hf\nx = cerberus_hf.__all__\n",
+                            _modules()) == []

@@ -88,7 +88,10 @@ def sampled_ids(ids: Iterable[str], fraction: float, seed: int) -> set[str]:
     return chosen
 
 
-def _encode_prompt(tokenizer, messages: list[dict], system_prompt: str | None) -> list[int]:
+def encode_prompt(tokenizer, messages: list[dict], system_prompt: str | None) -> list[int]:
+    """The prompt ids `generate_distillation_data` gives the base for a conversation: ``messages`` through the
+    tokenizer's chat template with the generation prompt added, behind ``system_prompt`` unless the conversation
+    has a system turn of its own. Public so that a script can feed plain ``generate()`` the same prompt."""
     if system_prompt is not None and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}, *messages]
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -106,7 +109,7 @@ def _reference_ids(tokenizer, input_ids: list[int], reference: str, eos: set[int
     """A dataset answer as answer ids after ``input_ids``: the tokens the chat template puts there, up to and
     including the end-of-turn token (as the base would end its own answer), cut at ``max_new_tokens``."""
     ids = tokenizer(reference, add_special_tokens=False)["input_ids"] + sorted(eos)[:1]
-    return _trim(ids[:max_new_tokens], eos)
+    return trim_at_eos(ids[:max_new_tokens], eos)
 
 
 def _write_record(handle, pid: str, mode: str, text: str, input_ids: list[int], output_ids: list[int],
@@ -116,7 +119,9 @@ def _write_record(handle, pid: str, mode: str, text: str, input_ids: list[int], 
     handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
+def eos_ids(model, tokenizer) -> set[int]:
+    """The ids that end an answer: the model's generation config's ``eos_token_id`` (one or several), else the
+    tokenizer's; empty when neither names one."""
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id
@@ -125,7 +130,8 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
-def _trim(generated: list[int], eos: set[int]) -> tuple[list[int], bool]:
+def trim_at_eos(generated: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    """``generated`` up to and including its first token in ``eos``, and whether it had one (the answer finished)."""
     for position, token in enumerate(generated):
         if token in eos:
             return generated[: position + 1], True
@@ -167,7 +173,7 @@ def _generate_batch(model, rows: list[list[int]], pad_id: int, eos: set[int], *,
                          max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=sorted(eos) or None,
                          **kwargs)
     generated = out[:, width:].tolist()
-    return [_trim(g, eos) for g in generated]
+    return [trim_at_eos(g, eos) for g in generated]
 
 
 def _plain_dynamic_cache(model) -> bool:
@@ -382,7 +388,7 @@ def _transformers_generate(model, tasks, pad_id: int, eos: set[int], *, batch_si
                     raise RuntimeError(f"continuous batching failed on prompt {by_id[result.request_id][0]!r}: "
                                        f"{result.error}")
                 task = by_id.pop(result.request_id)
-                yield [(task, *_trim(list(result.generated_tokens), eos))]
+                yield [(task, *trim_at_eos(list(result.generated_tokens), eos))]
 
 
 def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_size: int = 16,
@@ -413,7 +419,7 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
         raise ValueError("prompt ids must be unique")
 
     pad_id = tokenizer.pad_token_id
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     if pad_id is None:
         pad_id = min(eos) if eos else 0
     tokenizer.padding_side = "left"  # what generate() expects; the batches below are padded by hand to match
@@ -444,7 +450,7 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
             raise ValueError(f"prompt {pid!r} has no reference answer; answers='reference' needs a source with "
                              "answers (ShareGPT, or a chat JSONL whose user turns are answered)")
         messages = p.get("messages") or [{"role": "user", "content": p["prompt"]}]
-        input_ids = _encode_prompt(tokenizer, messages, system_prompt)
+        input_ids = encode_prompt(tokenizer, messages, system_prompt)
         if max_prompt_tokens is not None and len(input_ids) > max_prompt_tokens:
             too_long += 1
             continue
