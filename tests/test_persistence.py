@@ -4,6 +4,7 @@ without cerberus_hf installed, pipelines, and Hub ids served from an offline cac
 from __future__ import annotations
 
 import glob
+import inspect
 import json
 import os
 import re
@@ -224,7 +225,19 @@ def run_python(script: str, cwd: str, env_extra: dict, *args: str, timeout: int 
     return json.load(open(result_path))
 
 
-BLOCKED_SCRIPT = """
+def kept_on_path(entry: str, repo_root: str) -> bool:
+    """Whether the blocked-import script keeps ``sys.path`` entry ``entry``: it drops the working directory and the
+    checkout (cerberus_hf's source), compared as resolved paths, but keeps a site-packages or dist-packages folder in
+    it (``python -m venv .venv`` inside the checkout holds torch and transformers there)."""
+    if entry in ("", "."):
+        return False
+    path, root = Path(entry).resolve(), Path(repo_root).resolve()
+    if not path.is_relative_to(root):
+        return True
+    return any(part in ("site-packages", "dist-packages") for part in path.relative_to(root).parts)
+
+
+BLOCKED_SCRIPT = "from pathlib import Path\n\n\n" + inspect.getsource(kept_on_path) + textwrap.dedent("""
     import json, sys
 
     class BlockCerberus:  # as if cerberus_hf were not installed
@@ -235,7 +248,7 @@ BLOCKED_SCRIPT = """
 
     sys.meta_path.insert(0, BlockCerberus())
     repo_root = sys.argv[3]
-    sys.path[:] = [p for p in sys.path if p not in ("", ".") and not p.startswith(repo_root)]
+    sys.path[:] = [p for p in sys.path if kept_on_path(p, repo_root)]
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -251,7 +264,7 @@ BLOCKED_SCRIPT = """
     except ImportError as error:
         errors["custom_generate"] = str(error)
     json.dump(errors, open(result_path, "w"))
-"""
+""")
 
 
 def test_remote_code_without_cerberus_hf_says_what_to_install(saved, base_dir, tmp_path):
@@ -260,6 +273,28 @@ def test_remote_code_without_cerberus_hf_says_what_to_install(saved, base_dir, t
     assert set(result) == {"auto", "custom_generate"}
     for message in result.values():
         assert "pip install cerberus_hf" in message, message
+
+
+def test_path_filter_keeps_a_venv_inside_the_checkout(tmp_path):
+    """The blocked-import script drops the checkout from sys.path as a path, not as a string prefix: a venv inside the
+    checkout (``python -m venv .venv``) or beside it (``<checkout>-venv``) keeps its site-packages, or torch is gone."""
+    repo = tmp_path / "main"
+    (repo / "cerberus_hf").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(repo)
+    kept = {entry: kept_on_path(str(entry), str(repo)) for entry in [
+        repo / ".venv/lib/python3.11/site-packages",
+        repo / ".venv/lib/python3.11/site-packages/extra",
+        repo / "env/lib/python3/dist-packages",
+        tmp_path / "main-venv/lib/python3.11/site-packages",
+        tmp_path / "main2",
+        repo,
+        repo / "cerberus_hf",
+        repo / "tests",
+        tmp_path / "link",
+        repo / "cerberus_hf/..",
+    ]}
+    assert [entry for entry, keep in kept.items() if keep] == list(kept)[:5]
+    assert not kept_on_path("", str(repo)) and not kept_on_path(".", str(repo))
 
 
 REMOTE_CODE_SCRIPT = """
