@@ -43,6 +43,7 @@ from .decoding.acceptance import TypicalAcceptance
 from .decoding.batched import batch_unsupported, batched_speculative_generate, shared_budget
 from .decoding.batching import pad_batch, unpadded_length_limits, unpadded_rows
 from .decoding.candidate_generator import CerberusCandidateGenerator
+from .decoding.device_step import DeviceDecoding, device_path_unsupported
 from .decoding.gate import EntropyGate
 from .decoding.lookup import DEFAULT_MAX_NGRAM
 from .decoding.loop import speculative_generate
@@ -58,7 +59,7 @@ from .decoding.settings import (
 )
 from .decoding.stats import GenerationStats
 from .decoding.strict import check_strict_support, row_invariant_rows
-from .decoding.tree import DynamicTree
+from .decoding.tree import DynamicTree, TreeSpec
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import check_int
 from .hardware import HardwareKey, bf16_matmul, select_calibration
@@ -356,6 +357,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         exit_confidence: float | None = None,
         strict: bool = False,
         packed_weights: bool | None = None,
+        device_step: bool | None = None,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
@@ -387,7 +389,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         bfloat16, unless ``strict``) runs the base's and drafter's linear layers through weights packed once for oneDNN
         (`decoding.packed`): on a CPU, a forward over a few drafted tokens then costs about what one token's does.
         The packed copies are kept beside the model (about its weights' size again in memory); ``False`` leaves
-        them out. ``profile=True`` records the wall time of each phase
+        them out. ``device_step`` runs each step as one function of device buffers with a single host read
+        (`decoding.device_step`), compiled into CUDA graphs on CUDA: the default on CUDA for greedy calls with a
+        static tree; ``False`` turns it off, ``True`` asks for it elsewhere (uncompiled off CUDA). ``profile=True``
+        records the wall time of each phase
         of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
         row by row and re-padded as the base pads them.
         """
@@ -467,6 +472,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             make_candidate_generator=functools.partial(
                 decoding._candidate_generator, settings=settings, stats=stats, profiler=profiler),
         )
+        if self._takes_device_step(device_step, decoding.heads, settings, effective, streamer, logits_processor,
+                                   stopping_criteria, profile):
+            decode = DeviceDecoding(self, decoding.heads, settings.tree or TreeSpec.chain(self.config.num_heads), stats,
+                                    decode, "reduce-overhead" if self.device.type == "cuda" else None)
+            apart = None  # the device step decodes the rows together
         # The base's generate() fills unset settings from this model's generation config (greedy by default), as
         # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
         # its generation config stay as they are for other threads (`module_views`).
@@ -505,6 +515,18 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if isinstance(output, torch.Tensor):
             return output
         return CerberusGenerateOutput(**output, generation_stats=stats)
+
+    def _takes_device_step(self, asked: bool | None, heads: nn.Module, settings: DecodingSettings,
+                           config: GenerationConfig, streamer, processors, criteria, profile: bool) -> bool:
+        """Whether this call decodes through `decoding.device_step`: asked for (``True``), or by default on CUDA, where
+        the call allows it; a call that asked for it and cannot have it is told why in one line."""
+        if asked is False:
+            return False
+        why = "profile=True times the loop's phases" if profile else device_path_unsupported(
+            self.base, heads, settings, config, streamer, processors, len(criteria) > 0)
+        if why is not None and asked:
+            logger.warning_once(f"cerberus-hf: device_step=True is not used here ({why}); decoding with the loop.")
+        return why is None and (asked or self.device.type == "cuda")
 
     @property
     def generation_stats(self) -> GenerationStats | None:

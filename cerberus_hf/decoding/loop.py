@@ -70,7 +70,7 @@ def check_supported(model: nn.Module, generation_config: GenerationConfig, model
         )
 
 
-def _host_stopping(stopping_criteria: StoppingCriteriaList) -> tuple[int | None, set[int]] | None:
+def host_stopping(stopping_criteria: StoppingCriteriaList) -> tuple[int | None, set[int]] | None:
     """(max_length, end-of-sequence ids) when every criterion is generate()'s own length or end-of-sequence check,
     which the loop can then apply on the host to tokens it has read anyway; None for any other criterion (a stop
     string, a time limit, a user's), which is called on every emitted token instead."""
@@ -192,7 +192,7 @@ class Acceptance:
         want_dict = generation_config.return_dict_in_generate
         self.scores = () if (want_dict and generation_config.output_scores) else None
         self.raw_logits = () if (want_dict and generation_config.output_logits) else None
-        self.host_stopping = _host_stopping(stopping_criteria)
+        self.host_stopping = host_stopping(stopping_criteria)
         self.one_read = (not self.do_sample and typical is None
                          and all(type(p) in ROW_PROCESSORS for p in logits_processor)
                          and self.scores is None and self.raw_logits is None and streamer is None

@@ -1,0 +1,405 @@
+"""The draft-verify-accept step as tensors on the device, batch-first, with no host read inside it.
+
+Greedy decoding with a static tree (Medusa, Cerberus, Hydra; a chain is a tree with one path) runs each step as one
+function of persistent device buffers, the shape of which never changes within a call (`DeviceStep.step`):
+
+1. **draft**: the drafter guesses the tree's tokens for every row from the state that predicted the row's newest
+   token (`draft_static_rows`);
+2. **verify**: the base reads every row's newest token and tree in one forward over a KV cache whose slots are
+   allocated once (`RowSlotCache`): each row writes its fed positions right after its own length, and a 4D mask shows
+   a row its own past and its tree's ancestry;
+3. **accept**: the base's argmax at every fed position is compared with the drafted children; a node is kept when its
+   token is its parent's choice, it is the first such child, and so are its ancestors (`greedy_accept`); generate()'s
+   end-of-sequence and length stops cut the row's emitted tokens there;
+4. **commit**: the accepted branch's keys and values move to the front of the row's fed slots, the row's length,
+   position, newest token and state advance by what it emitted.
+
+The host reads one small tensor a step (each row's emitted tokens and their count). Every shape depends only on the
+batch, the tree and the cache's room, so the step compiles once with ``torch.compile(fullgraph=True)`` and, on CUDA,
+replays as CUDA graphs (``mode="reduce-overhead"``); prompts of any length up to the room reuse it.
+
+The drafter's state comes out of the base's forward as an output (the last hidden state, the ``lm_head``'s input), not
+through a hook, so nothing breaks the base's graph. What this step does not do is decided once, before a call uses it
+(`device_step_unsupported`): sampling, logits processors, stop criteria other than length and end of sequence, grown
+trees, windowed drafters, strict verification, sliding windows and flash attention. It drafts every step without
+prompt lookup (which would change the tree's shape from step to step) and without the entropy gate (a graph verifies
+its whole tree, so skipping the draft saves nothing); both change only the speed, never the tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import Cache, GenerationConfig
+from transformers.cache_utils import StaticLayer
+from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.utils import logging
+
+from ..compat import attn_implementation, cache_argument
+from ..drafters.base import Drafter
+from .batching import pad_token_id
+from .stats import GenerationStats
+from .loop import host_stopping
+from .tree import TreeSpec
+
+logger = logging.get_logger(__name__)
+
+
+class RowSlotLayer(StaticLayer):
+    """A static layer whose rows write at slots of their own (``slots``: ``[batch, fed]``, set by the step), so that
+    rows of one batch that accepted different numbers of tokens keep their caches compact."""
+
+    def __init__(self, max_cache_len: int, owner: "RowSlotCache"):
+        super().__init__(max_cache_len)
+        self.owner = owner
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        slots = self.owner.slots[:, None, :, None]
+        self.keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
+        self.values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
+        return self.keys, self.values
+
+    def move(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Copy each row's slots ``source`` (``[batch, n]``) to its slots ``target`` in place."""
+        for tensor in (self.keys, self.values):
+            shape = (-1, tensor.shape[1], -1, tensor.shape[-1])
+            moved = tensor.gather(2, source[:, None, :, None].expand(shape))
+            tensor.scatter_(2, target[:, None, :, None].expand(shape), moved)
+
+
+class RowSlotCache(Cache):
+    """The base's KV cache for `DeviceStep`: ``room`` slots per row, allocated at the first forward."""
+
+    def __init__(self, num_layers: int, room: int):
+        super().__init__(layers=[RowSlotLayer(room, self) for _ in range(num_layers)])
+        self.room = room
+        self.slots: torch.Tensor | None = None  # where the next forward writes, per row
+
+
+@dataclass(frozen=True)
+class TreeIndex:
+    """A static tree's index tensors on one device, as the step reads them."""
+
+    tree: TreeSpec
+    size: int  # N nodes
+    depth: int
+    top_k: int
+    parent_positions: torch.Tensor  # [N]
+    earlier_siblings: torch.Tensor  # [N, N]
+    node_ancestors: torch.Tensor  # [N, N]
+    ancestor_mask: torch.Tensor  # [T, T], T = N + 1 fed positions
+    offsets: torch.Tensor  # [T] depth of each fed position
+    depth_of: torch.Tensor  # [N] depth of each node (1-based)
+    # per depth (its nodes follow the shallower ones'): each node's parent row, its rank, the parents' paths
+    # ([P, depth]; None at the root) and the rows of the next depth's parents among this depth's nodes
+    levels: tuple
+
+    @classmethod
+    def build(cls, tree: TreeSpec, device: torch.device) -> "TreeIndex":
+        on = tree.on(device)
+        levels = []
+        for depth, ((members, parents, rows), (members_on, rows_on, ranks_on)) in enumerate(
+                zip(tree.levels, on.levels)):
+            if members != list(range(members[0], members[0] + len(members))):
+                raise ValueError("a tree must list its nodes depth by depth")  # `TreeSpec` sorts them so
+            paths = [_path_to(tree, p) for p in parents] if parents[0] >= 0 else None
+            # the next depth's parents are members of this one: the rows of their own parents' expansion
+            following = tree.levels[depth + 1][1] if depth + 1 < len(tree.levels) else []
+            levels.append((rows_on, ranks_on,
+                           torch.tensor(paths, dtype=torch.long, device=device) if paths else None,
+                           torch.tensor([rows[members.index(p)] for p in following], dtype=torch.long,
+                                        device=device)))
+        depth_of = on.position_offsets[1:]
+        return cls(tree, len(tree), tree.depth, tree.top_k, on.parent_positions, on.earlier_siblings, on.node_ancestors, on.ancestor_mask,
+                   on.position_offsets, depth_of, tuple(levels))
+
+
+def _path_to(tree: TreeSpec, node: int) -> list[int]:
+    """The nodes from ``node``'s depth-1 ancestor down to ``node``."""
+    path = [node]
+    while tree.parents[path[0]] >= 0:
+        path.insert(0, tree.parents[path[0]])
+    return path
+
+
+def draft_static_rows(drafter: Drafter, index: TreeIndex, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Every row's draft of the static tree (``[B, N]`` token ids) from the states that predicted the rows' newest
+    tokens (``hidden`` ``[B, hidden]``) and those tokens (``last`` ``[B]``): depth by depth, one drafter call per depth
+    over every row (and, for a drafter that reads the tokens above a node, every parent of that depth)."""
+    rows = hidden.shape[0]
+    top_k = index.top_k
+    picked: list[torch.Tensor] = []  # each depth's nodes' tokens [B, members]: the tree lists nodes depth by depth
+    previous: torch.Tensor | None = None  # the drafter's state at the parents of the depth being drafted
+    for depth, (parent_rows, ranks, paths, following) in enumerate(index.levels):
+        if not drafter.reads_tokens:  # one guess per depth serves every node of it
+            tokens = last[:, None].expand(rows, depth + 1)
+            previous, logits = drafter.draft_level(depth, hidden, tokens, previous)
+            picked.append(drafter.token_ids(logits.topk(top_k, dim=-1).indices)[:, ranks])  # [B, members]
+            continue
+        parents = 1 if paths is None else paths.shape[0]
+        above = last[:, None, None].expand(rows, parents, 1)
+        if paths is not None:
+            above = torch.cat([above, torch.cat(picked, dim=1)[:, paths]], dim=-1)  # [B, P, depth + 1]
+        state, logits = drafter.draft_level(
+            depth, hidden.repeat_interleave(parents, dim=0), above.reshape(rows * parents, depth + 1),
+            None if previous is None else previous.reshape(rows * parents, -1))
+        top = drafter.token_ids(logits.topk(top_k, dim=-1).indices).view(rows, parents, top_k)
+        picked.append(top[:, parent_rows, ranks])
+        previous = state.view(rows, parents, -1)[:, following]  # the next depth's parents' states
+    return torch.cat(picked, dim=1)
+
+
+@dataclass
+class Accepted:
+    """What greedy acceptance decided for every row: the fed positions of the accepted path (``path`` ``[B, D + 1]``,
+    the root first, zero past the row's count), the tokens the row emits (``tokens`` ``[B, D + 1]``), how many
+    (``count`` ``[B]``), and whether a stop fired (``stopped`` ``[B]``)."""
+
+    path: torch.Tensor
+    tokens: torch.Tensor
+    count: torch.Tensor
+    stopped: torch.Tensor
+
+
+def greedy_accept(logits: torch.Tensor, nodes: torch.Tensor, index: TreeIndex, eos: torch.Tensor,
+                  remaining: torch.Tensor) -> Accepted:
+    """Greedy acceptance of every row's tree (``logits`` ``[B, T, V]`` at the fed positions, ``nodes`` ``[B, N]``), cut
+    at the first end-of-sequence token (``eos``: ids) and at ``remaining`` tokens a row may still emit; exactly what
+    walking each row's tree token by token emits."""
+    choices = logits.float().argmax(dim=-1)  # [B, T]: the root's choice, then each node's
+    match = nodes == choices[:, index.parent_positions]
+    match &= ~(index.earlier_siblings[None] & match[:, None, :]).any(dim=-1)
+    accepted = ~(index.node_ancestors[None] & ~match[:, None, :]).any(dim=-1)  # [B, N]: one path from the root
+    depth = index.depth
+    at_depth = accepted[:, None, :] & (index.depth_of[None, None, :] == torch.arange(
+        1, depth + 1, device=logits.device)[None, :, None])  # [B, D, N]
+    node_at = at_depth.long().argmax(dim=-1) + 1  # the accepted node's position at each depth
+    count = 1 + accepted.sum(dim=-1)
+    path = torch.cat([torch.zeros_like(count)[:, None], torch.where(at_depth.any(dim=-1), node_at, 0)], dim=1)
+    tokens = choices.gather(1, path)
+    steps = torch.arange(depth + 1, device=logits.device)[None, :]
+    ended = torch.isin(tokens, eos) & (steps < count[:, None])
+    first_end = torch.where(ended, steps, depth + 1).amin(dim=-1)
+    count = torch.minimum(torch.where(ended.any(dim=-1), first_end + 1, count), remaining)
+    return Accepted(path, tokens, count, ended.any(dim=-1) | (count >= remaining))
+
+
+def device_step_unsupported(base: nn.Module, drafter: Drafter, tree: TreeSpec | None) -> str | None:
+    """Why the base, drafter and tree cannot run as `DeviceStep` (None: they can)."""
+    config = base.config.get_text_config()
+    if tree is None:
+        return "the tree is grown each step"
+    if drafter.drafts_chains or drafter.context_window > 0 or drafter.state_source != "lm_head_input":
+        return f"the {drafter.drafter_type} drafter reads more than the base's last state"
+    if getattr(config, "sliding_window", None) is not None:
+        return "the base has sliding-window layers"
+    if "flash" in str(attn_implementation(base.config) or ""):
+        return "flash attention takes no 4D mask"
+    return None
+
+
+class DeviceStep:
+    """Greedy draft-verify decoding of ``rows`` rows with a static ``tree``, every step on the device (module
+    docstring). Built once per base, drafter, rows, tree and room (`runner`), its buffers serve every call; a call
+    fills them (`start`) and steps (`step`) until every row has stopped."""
+
+    def __init__(self, base: nn.Module, drafter: Drafter, tree: TreeSpec, rows: int, room: int,
+                 compile_mode: str | None = None):
+        self.base, self.drafter, self.rows, self.room = base, drafter, rows, room
+        device = base.device
+        self.index = TreeIndex.build(tree, device)
+        self.fed = len(tree) + 1
+        self.cache = RowSlotCache(base.config.get_text_config().num_hidden_layers, room)
+        self.tree_moves = not tree.is_chain  # a chain's accepted path is always the front of what it fed
+        self.dtype = base.dtype
+        self.lock = threading.Lock()
+        self.warm = False  # its first call has run (and compiled)
+        long = dict(dtype=torch.long, device=device)
+        self.last = torch.zeros(rows, **long)  # each row's newest token (not in the cache yet)
+        self.position = torch.zeros(rows, **long)  # its position id
+        self.length = torch.zeros(rows, **long)  # the row's slots in use (its left padding included)
+        self.remaining = torch.zeros(rows, **long)  # tokens it may still emit
+        self.stopped = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.visible = torch.zeros(rows, room, dtype=torch.bool, device=device)  # False at left-padding slots
+        self.hidden = torch.zeros(rows, base.config.get_text_config().hidden_size, dtype=drafter.dtype, device=device)
+        self.eos = torch.zeros(0, **long)
+        self.slot_range = torch.arange(room, device=device)
+        self.fed_range = torch.arange(self.fed, device=device)
+        self.path_range = torch.arange(tree.depth + 1, device=device)
+        self.step = self._step if compile_mode is None else torch.compile(
+            self._step, fullgraph=True, mode=None if compile_mode == "default" else compile_mode)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor):
+        """(the lm_head's input ``[B, n, hidden]``, logits ``[B, n, V]``) of the base over ``tokens`` at ``slots``."""
+        self.cache.slots = slots
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(self.dtype).min)
+        out = self.base(input_ids=tokens, position_ids=positions, attention_mask=additive[:, None], use_cache=True,
+                        output_hidden_states=True, **cache_argument(self.cache))
+        return out.hidden_states[-1], out.logits
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+              eos: torch.Tensor) -> list[list[int]]:
+        """Prefill the left-padded prompts (``[B, width]``) and pick each row's first token; returns those tokens
+        (a row that stopped there has them only)."""
+        width = input_ids.shape[1]
+        valid = attention_mask.bool()
+        self.visible.fill_(True)
+        self.visible[:, :width] = valid
+        causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
+        mask = torch.zeros(self.rows, width, self.room, dtype=torch.bool, device=valid.device)
+        mask[:, :, :width] = causal[None] & valid[:, None, :]
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden, logits = self.forward(input_ids, positions, mask, self.slot_range[:width].expand(self.rows, -1))
+        first = logits[:, -1].float().argmax(dim=-1)
+        self.eos = eos
+        self.last.copy_(first)
+        self.hidden.copy_(hidden[:, -1].to(self.hidden.dtype))
+        self.position.copy_(positions[:, -1] + 1)
+        self.length.fill_(width)
+        self.remaining.fill_(max_new_tokens - 1)
+        self.stopped.copy_(torch.isin(first, eos) | (self.remaining <= 0))
+        return [[token] for token in first.tolist()]
+
+    def _mask(self) -> torch.Tensor:
+        """``[B, fed, room]``: each fed position sees its row's past and its own ancestors."""
+        relative = self.slot_range[None, :] - self.length[:, None]  # [B, room]: slot index within the fed window
+        in_window = (relative >= 0) & (relative < self.fed)
+        ancestry = self.index.ancestor_mask[:, relative.clamp(0, self.fed - 1)].permute(1, 0, 2)  # [B, fed, room]
+        past = (relative < 0) & self.visible
+        return (past[:, None, :] | (in_window[:, None, :] & ancestry))
+
+    def _step(self) -> torch.Tensor:
+        """One draft-verify-accept-commit step; returns ``[B, D + 3]``: each row's emitted tokens (-1 past them), their
+        count, and whether the row has stopped."""
+        nodes = draft_static_rows(self.drafter, self.index, self.hidden, self.last)
+        tokens = torch.cat([self.last[:, None], nodes], dim=1)
+        positions = self.position[:, None] + self.index.offsets[None]
+        slots = self.length[:, None] + self.fed_range[None]
+        hidden, logits = self.forward(tokens, positions, self._mask(), slots)
+        accepted = greedy_accept(logits, nodes, self.index, self.eos, self.remaining)
+        live = ~self.stopped
+        count = torch.where(live, accepted.count, 0)
+        if self.tree_moves:
+            source = self.length[:, None] + accepted.path
+            for layer in self.cache.layers:
+                layer.move(source, self.length[:, None] + self.path_range[None])
+        newest = (count - 1).clamp(min=0)[:, None]
+        last_position = accepted.path.gather(1, newest)  # the newest emitted token's parent position
+        state = hidden.gather(1, last_position[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
+        self.hidden.copy_(torch.where(live[:, None], state.to(self.hidden.dtype), self.hidden))
+        self.last.copy_(torch.where(live, accepted.tokens.gather(1, newest)[:, 0], self.last))
+        self.length.add_(count)
+        self.position.add_(count)
+        self.remaining.sub_(count)
+        self.stopped.logical_or_(live & accepted.stopped)
+        emitted = torch.where(self.path_range[None] < count[:, None], accepted.tokens, -1)
+        return torch.cat([emitted, count[:, None], self.stopped[:, None].long()], dim=1)
+
+    def decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+               eos: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+        """Every row's new tokens (each cut at its stop) and the tokens each of its steps emitted, one host read a
+        step."""
+        with self.lock:
+            new = self.start(input_ids, attention_mask, max_new_tokens, eos)
+            done = self.stopped.tolist()
+            counts: list[list[int]] = [[] for _ in new]
+            while not all(done):
+                packed = self.step().tolist()  # the step's one read
+                for row, values in enumerate(packed):
+                    if not done[row]:
+                        new[row].extend(values[: values[-2]])
+                        counts[row].append(values[-2])
+                    done[row] = bool(values[-1])
+        return new, counts
+
+
+def device_path_unsupported(base: nn.Module, drafter: Drafter, settings, generation_config: GenerationConfig,
+                            streamer, user_processors, user_criteria) -> str | None:
+    """Why this `generate()` call cannot take the device step (None: it can), decided once per call from what the
+    call asked: greedy decoding with the heads' static tree and nothing to do on the host per token."""
+    if generation_config.do_sample:
+        return "sampling"
+    if streamer is not None or user_processors or user_criteria or generation_config.stop_strings:
+        return "a streamer, logits processors or stopping criteria of the call's own"
+    if generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits):
+        return "scores or logits are returned"
+    if settings.typical is not None or settings.strict_rows is not None:
+        return "typical acceptance or strict verification"
+    if settings.dynamic is not None:
+        return "the tree is grown each step"
+    return device_step_unsupported(base, drafter, settings.tree or TreeSpec.chain(drafter.num_heads))
+
+
+class DeviceDecoding:
+    """`generate()`'s decoding callable for the device step: the rows of a left-padded batch decoded by a `DeviceStep`
+    kept on ``owner`` per batch size and tree (built, and on CUDA compiled, once), or by ``fallback`` (the draft-verify
+    loop) where generate() prepared logits processors or stopping criteria the step does not apply, said in one
+    line."""
+
+    def __init__(self, owner: nn.Module, drafter: Drafter, tree: TreeSpec, stats: GenerationStats,
+                 fallback: Callable, compile_mode: str | None):
+        self.owner, self.drafter, self.tree, self.stats = owner, drafter, tree, stats
+        self.fallback, self.compile_mode = fallback, compile_mode
+
+    def __call__(self, model: nn.Module, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList,
+                 stopping_criteria: StoppingCriteriaList, generation_config: GenerationConfig, synced_gpus=False,
+                 **model_kwargs):
+        stops = host_stopping(stopping_criteria)
+        if len(logits_processor) or stops is None:
+            logger.warning_once("cerberus-hf: the device step is not used here (generate() prepared logits "
+                                "processors or stopping criteria it does not apply); decoding with the loop.")
+            return self.fallback(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                 synced_gpus=synced_gpus, **model_kwargs)
+        max_length, eos_ids = stops
+        rows, width = input_ids.shape
+        new_tokens = (max_length if max_length is not None else generation_config.max_length) - width
+        mask = model_kwargs.get("attention_mask")
+        mask = torch.ones_like(input_ids) if mask is None else mask
+        step = self.runner(rows, width + new_tokens)
+        eos = torch.tensor(sorted(eos_ids), dtype=torch.long).to(input_ids.device)
+        started = time.perf_counter()
+        with torch.no_grad():
+            new, counts = step.decode(input_ids, mask, new_tokens, eos)
+        if self.compile_mode is not None and not step.warm:
+            step.warm = True
+            logger.warning(f"cerberus-hf: compiled the device step for {rows} row(s) and a tree of {len(self.tree)} "
+                           f"nodes in {time.perf_counter() - started:.1f} s, once for this model, batch and tree.")
+        for row_counts in counts:
+            self.stats.record_step(1, 0, 0)  # the prefill
+            for count in row_counts:
+                self.stats.record_step(count, self.tree.depth, len(self.tree))
+        pad = pad_token_id(generation_config)
+        out = input_ids.new_full((rows, width + max(len(t) for t in new)), 0 if pad is None else pad)
+        out[:, :width] = input_ids
+        for row, tokens in enumerate(new):
+            out[row, width: width + len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+        return GenerateDecoderOnlyOutput(sequences=out) if generation_config.return_dict_in_generate else out
+
+    def runner(self, rows: int, length: int) -> DeviceStep:
+        """The owner's `DeviceStep` for this batch size and tree with room for ``length`` tokens and a step, built on
+        first use (and rebuilt, larger, for a longer call)."""
+        room = -(-(length + len(self.tree) + 1) // ROOM_MULTIPLE) * ROOM_MULTIPLE
+        key = (rows, self.tree.paths, self.compile_mode)
+        with _RUNNERS_LOCK:
+            runners = self.owner.__dict__.setdefault("_cerberus_device_steps", {})
+            step = runners.get(key)
+            if step is None or step.room < room:
+                step = runners[key] = DeviceStep(self.owner.base, self.drafter, self.tree, rows, room,
+                                                 self.compile_mode)
+            step.drafter = self.drafter  # the call's view of the heads (the same module on CUDA)
+        return step
+
+
+ROOM_MULTIPLE = 256
+_RUNNERS_LOCK = threading.Lock()

@@ -1,0 +1,163 @@
+"""The device step (`decoding.device_step`): draft, verify, accept and commit as one function of device buffers.
+
+Greedy in float32 every row equals plain `generate()`'s output, for every family with a static tree on every tiny
+architecture the batched path serves, at batch 1 and 4, with untrained, random and oracle drafts (the oracle
+corrupted at some depths, so that rows accept different lengths). The step compiles with ``fullgraph=True`` (no
+graph break) and gives the eager step's tokens compiled; it reads nothing back to the host; prompts of other lengths
+reuse its graph. Where a call cannot take it, it says so in one line and decodes with the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from cerberus_hf.decoding.device_step import DeviceStep, device_step_unsupported
+from cerberus_hf.decoding.profiling import HostReads
+from cerberus_hf.decoding.tree import TreeSpec
+from helpers import PAD, fresh_model, get_base, install_oracle, randomize_heads
+from test_batched import new_tokens
+from test_generate import padded_batch
+
+BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
+FAMILIES = ("medusa", "cerberus", "hydra")  # the static-tree families whose heads read the base's last state
+TREES = {"chain": None, "static": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}
+NEW = 20
+
+
+def batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` left-padded prompts of different lengths (1: the first alone)."""
+    ids, mask = padded_batch()
+    if rows == 1:
+        keep = mask[0].bool()
+        return ids[:1, keep], mask[:1, keep]
+    index = torch.arange(rows) % ids.shape[0]
+    return ids[index], mask[index]
+
+
+def heads(arch: str, family: str, drafter: str, ids: torch.Tensor, mask: torch.Tensor):
+    model = fresh_model(arch, family, num_heads=3)
+    if drafter == "random":
+        randomize_heads(model, seed=7)
+    elif drafter == "oracle":
+        base = get_base(arch)
+        references = [base.generate(row[m.bool()][None], max_new_tokens=NEW + 8, do_sample=False)
+                      for row, m in zip(ids, mask)]
+        install_oracle(model, references, corrupt=lambda p, k: (p * 7 + k) % 5 == 0)
+    return model
+
+
+def plain(arch: str, ids: torch.Tensor, mask: torch.Tensor, new: int = NEW) -> list:
+    return get_base(arch).generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False).tolist()
+
+
+def took_device_step(model) -> bool:
+    return bool(model.__dict__.get("_cerberus_device_steps"))
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("drafter", ["untrained", "random", "oracle"])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("arch", BATCH_ARCHS)
+@pytest.mark.parametrize("tree", [pytest.param("chain", marks=pytest.mark.slow), "static"])
+def test_greedy_output_equals_plain_generate(tree, arch, family, drafter, rows):
+    ids, mask = batch(rows)
+    model = heads(arch, family, drafter, ids, mask)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, device_step=True, draft_tree=TREES[tree])
+    assert took_device_step(model)
+    assert out.tolist() == plain(arch, ids, mask)
+    stats = model.generation_stats
+    assert stats.new_tokens == sum(len(row) for row in new_tokens(out, ids.shape[1]))
+    if drafter == "oracle":
+        assert stats.tau > 1.5  # the drafts were accepted: the step's acceptance and commit ran
+
+
+def test_end_of_sequence_and_length_stop_each_row_where_plain_generate_does():
+    ids, mask = batch(4)
+    base = get_base("llama")
+    eos = plain("llama", ids, mask)[1][ids.shape[1] + 5]  # a token row 1 emits mid-way: an end of sequence there
+    model = heads("llama", "hydra", "oracle", ids, mask)
+    for new in (1, 2, 7):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=eos, pad_token_id=PAD,
+                             device_step=True, draft_tree=TREES["static"])
+        expected = base.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=eos, pad_token_id=PAD,
+                                 do_sample=False)
+        assert out.tolist() == expected.tolist()
+
+
+def new_step(arch: str, family: str, drafter: str, rows: int, compile_mode: str | None = None, backend=None):
+    ids, mask = batch(rows)
+    model = heads(arch, family, drafter, ids, mask)
+    step = DeviceStep(get_base(arch), model.heads, TreeSpec.from_paths(TREES["static"]), rows, 128)
+    if backend is not None:
+        torch._dynamo.reset()  # each test's step is a new object: without a reset they add up to dynamo's limit
+        step.step = torch.compile(step._step, fullgraph=True, backend=backend)
+    return step, ids, mask
+
+
+def decoded(step: DeviceStep, ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    with torch.no_grad():
+        new, _ = step.decode(ids, mask, NEW, torch.tensor([2]))
+    return new
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("arch", BATCH_ARCHS)
+def test_the_step_compiles_whole_and_gives_the_eager_tokens(arch, family):
+    """``fullgraph=True`` raises on any graph break; aot_eager traces and functionalizes the step as inductor does."""
+    eager, ids, mask = new_step(arch, family, "random", 4)
+    compiled, _, _ = new_step(arch, family, "random", 4, backend="aot_eager")
+    assert decoded(compiled, ids, mask) == decoded(eager, ids, mask)
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f != "hydra" else f for f in FAMILIES])
+def test_the_step_compiled_by_inductor_gives_the_eager_tokens(family):
+    eager, ids, mask = new_step("llama", family, "random", 4)
+    compiled, _, _ = new_step("llama", family, "random", 4, backend="inductor")
+    assert decoded(compiled, ids, mask) == decoded(eager, ids, mask)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_step_reads_nothing_back_to_the_host(family):
+    step, ids, mask = new_step("llama", family, "random", 4)
+    with torch.no_grad():
+        step.start(ids, mask, NEW, torch.tensor([2]))
+        with HostReads() as reads:
+            for _ in range(3):
+                step.step()
+    assert reads.total == 0, reads.by_line
+
+
+def test_prompts_of_other_lengths_reuse_the_compiled_step():
+    step, ids, mask = new_step("llama", "hydra", "random", 1, backend="aot_eager")
+    ids, mask = ids[:, -8:], mask[:, -8:]
+    decoded(step, ids, mask)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for length in (3, 5, 11):
+            decoded(step, ids[:, :length], mask[:, :length])
+
+
+def test_a_call_the_step_cannot_serve_says_why_and_decodes_with_the_loop(caplog):
+    ids, mask = batch(1)
+    model = heads("llama", "hydra", "random", ids, mask)
+    with caplog.at_level(logging.WARNING):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, device_step=True,
+                             dynamic_tree={"nodes": 4, "depth": 2, "top_k": 2})
+    assert "device_step=True is not used here (the tree is grown each step)" in caplog.text
+    assert not took_device_step(model)
+    assert out.tolist() == plain("llama", ids, mask)
+
+
+def test_off_cuda_the_loop_stays_the_default():
+    ids, mask = batch(1)
+    model = heads("llama", "hydra", "random", ids, mask)
+    model.generate(ids, attention_mask=mask, max_new_tokens=4)
+    assert not took_device_step(model) or model.device.type == "cuda"
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_sliding_window_bases_are_refused(arch):
+    model = fresh_model(arch, "hydra")
+    assert device_step_unsupported(model.base, model.heads, TreeSpec.chain(2)) == "the base has sliding-window layers"
