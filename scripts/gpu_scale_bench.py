@@ -202,10 +202,13 @@ def bench_batch_size(args, base, model, prompts, size: int, call: dict, kind: st
     peer = "plain, static cache" + (", compiled" if on_cuda else "")
     methods[peer] = lambda ids: base.generate(ids, cache_implementation="static", **call)
     drafted = f"{kind} hydra chain of {args.heads}"
-    methods[drafted] = lambda ids: model.generate(ids, **call)
+    methods[drafted] = lambda ids: model.generate(ids, device_step=False, **call)
     if size == 1:  # the draft-verify loop's static cache, compiled as the peer is (batches use the dynamic one)
         methods[f"{drafted}, {peer[len('plain, '):]}"] = lambda ids: model.generate(
-            ids, cache_implementation="static", **call)
+            ids, cache_implementation="static", device_step=False, **call)
+    # the whole step as one function of device buffers, in CUDA graphs on CUDA (decoding.device_step)
+    stepped = f"{drafted}, device step"
+    methods[stepped] = lambda ids: model.generate(ids, device_step=True, **call)
     totals = {name: [0, 0.0, 0, 0] for name in methods}  # tokens, seconds, identical rows, steps
     broken = {}
     for name, run in methods.items():  # warm-up (and the compiled forwards' compilation)
@@ -235,10 +238,12 @@ def bench_batch_size(args, base, model, prompts, size: int, call: dict, kind: st
     reads, syncs = {}, {}
     if drafted not in broken:
         with HostReads() as counter:
-            model.generate(batches[0], **call)
+            model.generate(batches[0], device_step=False, **call)
         reads[drafted] = counter.total / model.generation_stats.steps
         if on_cuda:  # the GPU's own count of the host waits (torch.cuda.set_sync_debug_mode)
-            syncs[drafted] = count_syncs(model, batches[0], **call)
+            syncs[drafted] = count_syncs(model, batches[0], device_step=False, **call)
+            if stepped not in broken:
+                syncs[stepped] = count_syncs(model, batches[0], device_step=True, **call)
     plain_rate = totals["plain generate()"][0] / totals["plain generate()"][1]
     rows = []
     for name, (tokens, seconds, same, steps) in totals.items():
