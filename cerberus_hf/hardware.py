@@ -1,11 +1,12 @@
 """What a calibration is keyed by: the device type, the dtype and the processor, together.
 
 The trees and the gate are fitted to the cost of verifying n tokens in one forward, and that cost curve
-belongs to all three at once: on a CPU with AMX, 16 bf16 tokens cost about what one does while 16 fp32
-tokens cost two; on an AMD EPYC with AVX512-BF16 but no AMX, 8 bf16 tokens cost 1.16 times one and one bf16
-token 0.69 times an fp32 one; on a CPU with neither bf16 is no cheaper than fp32; a GPU is flat far further. So
-`calibrate` stores its settings under ``"<device>/<dtype>/<processor>"`` (``"cpu/float32/AMD EPYC"``,
-``"cuda/bfloat16/NVIDIA H100 80GB HBM3"``) and `generate()` takes the closest stored entry
+belongs to all three at once: a CPU that multiplies bf16 matrices in tiles verifies many bf16 tokens for about the
+cost of one and fp32 tokens at a higher cost; one with bf16 dot products only makes bf16 cheaper than fp32 but
+still rising with the tokens; on one with neither bf16 is no cheaper than fp32; a GPU's curve stays flat far
+further (the curves measured so far: docs/calibration.md, "What the cost curves look like"). So `calibrate`
+stores its settings under ``"<device>/<dtype>/<processor>"`` (the processor as `processor_name` gives it: the
+CPU model or the GPU's name) and `generate()` takes the closest stored entry
 (`select_calibration`), saying which when it is not an exact match. Folders calibrated before this keying
 hold a bare device type (``"cpu"``): it is read as that device with an unknown dtype and processor.
 """
@@ -52,9 +53,9 @@ def processor_name(device: torch.device | str) -> str | None:
 
 def bf16_matmul(device: torch.device | str) -> str | None:
     """The CPU's bf16 matrix instructions, which decide the shape of a bf16 cost curve more than its model
-    name does: ``"AMX"`` (tiles), ``"AVX512-BF16"`` (dot products; 2.3x fp32's matrix products on a
-    2-core AMD EPYC), or None (bf16 computed through fp32); None for other devices. Virtual machines may
-    show one model name over processors of either kind ("AMD EPYC" has been both)."""
+    name does: ``"AMX"`` (tiles), ``"AVX512-BF16"`` (dot products, faster than fp32's matrix products;
+    docs/precision.md), or None (bf16 computed through fp32); None for other devices. Virtual machines may
+    show one model name over processors of either kind, so the flags decide, not the name."""
     if torch.device(device).type != "cpu":
         return None
     flags = _cpuinfo()[1]

@@ -28,12 +28,11 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
     """Seconds of one cached forward with ``n`` new tokens for ``n = 1..max_tokens`` after a ``context``-token
     prefix: the median time at ``n = 1`` times each size's cost relative to it.
 
-    A shared machine's speed drifts by tens of percent within seconds (on a 2-core Xeon, the median forward of one
-    token measured 42.6 ms in one pass over the sizes and 74.0 ms in the next), so times taken seconds apart do not
-    compare. Each forward over ``n`` tokens therefore follows one over a single token, and the relative cost is the
-    median of those back-to-back ratios; the ratios are then fitted by the closest non-decreasing curve
-    (`non_decreasing`), since a forward over more tokens does not cost less, and a dip left in would pick a tree
-    whose cost was under-measured. ``strict``: the forwards verify as strict verification does
+    A shared machine's speed drifts a lot within seconds (an example in docs/calibration.md), so times taken
+    seconds apart do not compare. Each forward over ``n`` tokens therefore follows one over a single token, and the
+    relative cost is the median of those back-to-back ratios; the ratios are then fitted by the closest
+    non-decreasing curve (`non_decreasing`), since a forward over more tokens does not cost less, and a dip left in
+    would pick a tree whose cost was under-measured. ``strict``: the forwards verify as strict verification does
     (`decoding.strict`), one attention call per position."""
     device = base.device
     vocab = base.get_output_embeddings().weight.shape[0]

@@ -2,9 +2,9 @@
 
 On a CPU, `torch.nn.functional.linear` hands a float32 weight to MKL, which re-packs it into its blocked layout on
 every call with more than one row, and a bfloat16 weight to oneDNN, which re-orders it on every call. A verification
-forward over a few drafted tokens therefore reads each weight about twice where one token's forward reads it once:
-measured on SmolLM2-135M in float32 on a 2-core AMD EPYC, one token 61.7 ms and 2-16 tokens 88-104 ms. With the
-weights packed once, the same forwards took 43.1 ms and 45.6-63.0 ms. Drafting pays because a few more rows cost
+forward over a few drafted tokens therefore reads each weight about twice where one token's forward reads it once,
+and costs much more than one token's forward; with the weights packed once it costs little more (forward times
+before and after packing: docs/decoding.md, "Packed weights on a CPU"). Drafting pays because a few more rows cost
 almost nothing in a memory-bound forward; packing makes that true on a CPU.
 
 `PackedWeights` packs every linear weight of a base and its drafter once (oneDNN's `_reorder_linear_weight`, kept
@@ -13,11 +13,11 @@ linear layers compute with `_linear_pointwise` over the packed weights. A decodi
 thread calling the same base meanwhile computes as before. A weight changed in place, moved or converted since it was
 packed is packed again on the next call and computed through `linear` until then. Gradients are never taken through
 it. (A `TorchFunctionMode` would do the same per thread without a view, but it runs Python for every operation of
-the forward: 10-15 ms of a 60 ms forward here.)
+the forward, a sizeable share of a small model's forward on a CPU.)
 
 The numbers: in bfloat16 the packed product was bit-identical to `linear`'s at every row count tried; in float32 it
-sums in another order (logits within about 1e-4 of `linear`'s on SmolLM2), as a verification forward over several
-rows already does against a one-token forward.
+sums in another order (logits differ from `linear`'s in their last bits; docs/decoding.md), as a verification
+forward over several rows already does against a one-token forward.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torch import nn
 from ..module_views import replace_modules, with_forward
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-_ROWS_HINT = 8  # the row count oneDNN lays the weight out for; 1-64 rows were measured alike with it
+_ROWS_HINT = 8  # the row count oneDNN lays the weight out for; other row counts run as fast with it (docs/decoding.md)
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -86,8 +86,8 @@ class PackedWeights:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``linear(x, weight, bias)`` through ``weight`` packed on first use, for a weight no module holds: a drafter's
-        draft-vocabulary rows of the lm_head (4096 rows of SmolLM2's: 12.0-12.6 ms for EAGLE-3's 5-token chain through
-        `linear`, 9.4 ms packed, fp32 on a 2-core AMD EPYC). Kept while that tensor lives unchanged."""
+        draft-vocabulary rows of the lm_head, which a drafter projects onto at every drafted token, so packing them
+        shortens drafting (measured in docs/decoding.md). Kept while that tensor lives unchanged."""
         if torch.is_grad_enabled() or x.dtype != weight.dtype or x.dim() < 2 or weight.dtype not in PACKABLE_DTYPES:
             return nn.functional.linear(x, weight, bias)
         with self._lock:

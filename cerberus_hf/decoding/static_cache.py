@@ -178,10 +178,10 @@ class StaticVerification(Verification):
     def pads_up(device: torch.device) -> bool:
         """Whether a compiled step is padded up to the widest bucket the call fed before, not only to its own. On an
         accelerator the steps a call cuts short near ``max_length`` (1 + 3, 1 + 2, 1 + 1 for a chain of 4) would each
-        compile a graph of their own: on an H200 the loop's first call compiled for 142 s against the plain peer's 36 s.
-        Padding costs little there in bf16 (an 8B-shaped forward of 4 positions: 1.14x one position's kernel time on an
-        H200), more in fp32 (5 positions 1.67x, 8 positions 1.97x: fp32 products of a few rows run on SIMT kernels).
-        On a CPU each padded position costs its share of the forward, so steps keep their own bucket."""
+        compile a graph of their own, and compiling each costs far more than padding the step does. Padding costs
+        little on an accelerator in bf16, more in fp32, whose products of a few rows run on slower kernels; compile
+        times and the padding's cost are measured in docs/cuda.md. On a CPU each padded position costs its share of the forward,
+        so steps keep their own bucket."""
         return device.type != "cpu"
 
     def keep(self, kept: list[int]) -> None:

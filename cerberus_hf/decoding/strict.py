@@ -157,9 +157,8 @@ def _module_invariant_rows(module: nn.Module, limit: int, trials: int = INVARIAN
     equals, bit for bit, the row applied alone, over ``trials`` batches of random rows.
 
     One batch is not enough: where a kernel sums in another order for more rows, the result often rounds to the same
-    bf16 value anyway. On a 2-core AMD EPYC (AVX512-BF16), one batch found SmolLM2's bf16 layers invariant up to 64
-    rows, and 16 batches found its down projection differing from 2 rows on. Strict decoding then differed from
-    plain bf16 `generate()` on 3 of 6 MT-Bench prompts."""
+    bf16 value anyway, and a layer that one batch calls invariant for many rows can differ from 2 rows on, which
+    lets strict decoding depart from plain `generate()` (the case that showed it: docs/precision.md)."""
     weight = module.weight
     fan_in = weight.shape[1] if isinstance(module, nn.Linear) else weight.shape[0]
     generator = torch.Generator().manual_seed(0)

@@ -1,10 +1,10 @@
 """Host values onto the device without making the host wait.
 
 ``torch.tensor(values, device="cuda")`` and indexing a CUDA tensor with a Python list copy from pageable host memory,
-and such a copy waits for every kernel already queued: measured on an H200 (2026-11-27), those copies were 17 of the
-loop's 19 host synchronisations per step. A draft-verify step is launch-bound on a GPU, so each wait costs about a
-kernel launch queue's worth of time. `to_device` stages the values in pinned memory and copies them asynchronously,
-which waits for nothing; the loop uses it wherever it must send values it computed on the host.
+and such a copy waits for every kernel already queued: on a GPU such copies were most of the loop's host
+synchronisations per step (counted in docs/cuda.md). A draft-verify step is launch-bound on a GPU, so each wait
+costs about a kernel launch queue's worth of time. `to_device` stages the values in pinned memory and copies them
+asynchronously, which waits for nothing; the loop uses it wherever it must send values it computed on the host.
 """
 
 from __future__ import annotations

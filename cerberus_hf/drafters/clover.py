@@ -27,8 +27,7 @@ Where this differs from Clover-2's code, and why:
 * Clover-2 reads the base's state before its final norm; here the heads read what every family reads by
   default (the input of the base's ``lm_head``, after the final norm). ``state_source="final_norm_input"``
   reads the state before it, as Clover-2 does (verifier and hidden-state cache alike), but on SmolLM2 it
-  learned less (held-out top-1 0.325 / 0.317 / 0.309 / 0.305 against 0.381 / 0.334 / 0.325 / 0.312 after
-  the same epoch; docs/families.md), so the default stays.
+  learned less at every depth in the same epoch (docs/families.md), so the default stays.
 * Clover-2 initialises Q and K as the identity plus noise and V as noise; here V, the attention's output
   projection and the norms start so that a fresh drafter guesses the base's own next token at every depth
   (the project's convention: untrained heads are harmless), with Q and K the identity and FC ``[I | 0]``.

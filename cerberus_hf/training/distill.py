@@ -39,8 +39,8 @@ Prompts are tokenised and queued longest first. The default engine does continuo
 ``batch_size`` answers decode together with left padding; an answer that finishes frees its slot at once
 and the next queued prompts (of similar length, so little padding) are prefilled into it. No compute is
 spent waiting on a batch's longest answer, as a static batch would. The keys and values live in one
-preallocated buffer per layer that each step appends a column to in place (the per-step copy of a
-concatenating cache was half of a step here). It needs plain full-attention layers (e.g. Llama); other
+preallocated buffer per layer that each step appends a column to in place (a concatenating cache's per-step
+copy is a large share of a step; docs/data.md). It needs plain full-attention layers (e.g. Llama); other
 models fall back to static batches through ``model.generate``. Greedy answers equal one-at-a-time greedy
 decoding up to floating-point rounding; sampled answers depend on ``seed`` and on how the batches were formed
 (a resumed run samples anew).
@@ -194,8 +194,8 @@ class _SlotLayer(DynamicLayer):
     engine's column window ``[window.start, window.end)``.
 
     A decoding step writes its one new column for every slot in place. ``DynamicLayer`` concatenates instead,
-    copying the whole cache every step: at 64 rows of 300 columns that copy was 46% of a step on a 2-core
-    CPU, more than the attention that reads the cache.
+    copying the whole cache every step, which at distillation's batch sizes costs more than the attention that
+    reads the cache (docs/data.md).
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, window: "_Window"):

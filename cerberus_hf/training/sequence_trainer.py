@@ -211,10 +211,10 @@ def train_sequence_drafter(
     """Train ``model.heads`` (an `Eagle3Drafter`) with training-time test over ``num_heads`` steps on a frozen base from
     distillation JSONL; returns the metrics, also written to ``output_dir/training_metrics.json``, and saves the
     drafter there. ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``compute_dtype`` bfloat16
-    runs the unrolled steps under autocast and the projection in bfloat16 (several times faster where bf16 matmuls are:
-    AMX CPUs, GPUs), the weights and the optimizer staying float32; ``init_from`` continues from a saved drafter of the
-    same shape with a fresh schedule (more updates for a run that stopped early); the rest are `train_heads`'
-    arguments."""
+    runs the unrolled steps under autocast and the projection in bfloat16 (faster where the processor multiplies bf16
+    natively, docs/training.md), the weights and the optimizer staying float32; ``init_from`` continues from a saved
+    drafter of the same shape with a fresh schedule (more updates for a run that stopped early); the rest are
+    `train_heads`' arguments."""
     from accelerate import Accelerator
 
     from .trainer import load_initial_heads

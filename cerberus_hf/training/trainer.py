@@ -172,8 +172,9 @@ def train_heads(
             Cerberus heads, other hyperparameters) compute the base's states only once.
         chunk_rows: rows of logits formed at once in the loss (memory: ``chunk_rows x vocab x 4`` bytes).
         projection_dtype: dtype of the matrix products with the frozen ``lm_head`` in the loss (softmax and
-            loss stay float32). ``torch.bfloat16`` was 1.4-1.7x faster on a 2-core AVX2 CPU without native
-            bf16, with the same accuracy in a trial; the heads themselves always train in float32.
+            loss stay float32). ``torch.bfloat16`` kept the accuracy in a trial; whether it is faster depends
+            on the processor and is worth timing before a long run (docs/training.md); the heads themselves
+            always train in float32.
         train_vocab: score the loss over the data's ``train_vocab`` most frequent answer tokens plus each batch's
             targets instead of the whole vocabulary (`projection_loss`). The saved heads draft among those tokens
             (their draft vocabulary, which calibrate keeps), and accuracy is scored among them, as drafting meets
