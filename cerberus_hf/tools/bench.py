@@ -137,7 +137,9 @@ def build_methods(
     ``cache_implementation``s (``"dynamic"``, ``"static"``: `decoding.static_cache`), static rows with
     ``compile_config`` where given (transformers then compiles on any device); the first is the reference.
     ``packed_peer``: beside plain generate(), the same through the packed weights the head rows verify with on a
-    CPU (`decoding.packed`; where packing is available), so the table shows what drafting adds to the kernels."""
+    CPU (`decoding.packed`; where packing is available), so the table shows what drafting adds to the kernels. On CUDA
+    the compiled static-cache peer (plain generate() with ``cache_implementation="static"``, which transformers compiles
+    into CUDA graphs) is always a row: it is what a GPU user compares with."""
     methods: list[Method] = []
     for cache in caches:
         call = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -150,6 +152,11 @@ def build_methods(
             tag = " [static cache, compiled]" if compiled else " [static cache]"
         methods += _methods_for_call(base, head_models, call, tag, variants, profile,
                                      prompt_lookup and cache == caches[0], packed_peer and cache == caches[0])
+    if base.device.type == "cuda" and "static" not in caches:
+        # on CUDA a user's alternative is one keyword: plain decoding that transformers compiles into CUDA graphs
+        call = {"max_new_tokens": max_new_tokens, "do_sample": False, "cache_implementation": "static"}
+        methods.insert(1, Method("plain generate() [static cache, compiled]",
+                                 lambda inputs: (base.generate(**_arguments(inputs), **call), None)))
     return methods
 
 
