@@ -22,7 +22,7 @@ from test_batched import new_tokens
 from test_generate import padded_batch
 
 BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
-FAMILIES = ("medusa", "cerberus", "hydra")  # the static-tree families whose heads read the base's last state
+FAMILIES = ("medusa", "cerberus", "hydra", "clover", "hydra+prefix")  # the static-tree families
 TREES = {"chain": None, "static": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}
 NEW = 20
 

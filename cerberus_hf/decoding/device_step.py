@@ -1,6 +1,6 @@
 """The draft-verify-accept step as tensors on the device, batch-first, with no host read inside it.
 
-Greedy decoding with a static tree (Medusa, Cerberus, Hydra; a chain is a tree with one path) runs each step as one
+Greedy decoding with a static tree (Medusa, Cerberus, Hydra, Clover; a chain is a tree with one path) runs each step as one
 function of persistent device buffers, the shape of which never changes within a call (`DeviceStep.step`):
 
 1. **draft**: the drafter guesses the tree's tokens for every row from the state that predicted the row's newest
@@ -21,7 +21,7 @@ replays as CUDA graphs (``mode="reduce-overhead"``); prompts of any length up to
 The drafter's state comes out of the base's forward as an output (the last hidden state, the ``lm_head``'s input), not
 through a hook, so nothing breaks the base's graph. What this step does not do is decided once, before a call uses it
 (`device_step_unsupported`): sampling, logits processors, stop criteria other than length and end of sequence, grown
-trees, windowed drafters, strict verification, sliding windows and flash attention. It drafts every step without
+trees, drafters that keep a state of their own (Kangaroo, EAGLE-3), strict verification, sliding windows and flash attention. It drafts every step without
 prompt lookup (which would change the tree's shape from step to step) and without the entropy gate (a graph verifies
 its whole tree, so skipping the draft saves nothing); both change only the speed, never the tokens.
 """
@@ -193,13 +193,48 @@ def greedy_accept(logits: torch.Tensor, nodes: torch.Tensor, index: TreeIndex, e
     return Accepted(path, tokens, count, ended.any(dim=-1) | (count >= remaining))
 
 
+class RowWindow:
+    """The newest ``context_window`` verified states of every row, each with the token that followed it, as a drafter
+    that reads a window keeps them (`drafters.base.ContextState`), in fixed-shape device buffers, right-aligned (the
+    newest last): ``states`` ``[B, W, hidden]``, ``tokens`` ``[B, W]``, ``valid`` ``[B, W]``."""
+
+    def __init__(self, drafter: Drafter, batch: int, hidden_size: int, device: torch.device):
+        self.drafter, size = drafter, drafter.context_window
+        self.states = torch.zeros(batch, size, hidden_size, dtype=drafter.dtype, device=device)
+        self.tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, size, dtype=torch.bool, device=device)
+        self.offsets = torch.arange(size, device=device)
+
+    def start(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
+        """The window after a prefill: its last state (``[B, hidden]``) and the first token (``[B]``)."""
+        self.states.zero_()
+        self.states[:, -1] = hidden
+        self.tokens.zero_()
+        self.tokens[:, -1] = first
+        self.valid.zero_()
+        self.valid[:, -1] = True
+
+    def read(self) -> torch.Tensor:
+        """What the heads read (``[B, hidden]``)."""
+        return self.drafter.contextualize(self.states, self.tokens, self.valid)
+
+    def extend(self, states: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
+        """Append each row's first ``count`` of ``states`` ``[B, n, hidden]`` with the ``tokens`` after them."""
+        index = count[:, None] + self.offsets[None]  # the window's last W once the row's new ones are in
+        fresh = torch.arange(states.shape[1], device=count.device)[None] < count[:, None]
+        joined = torch.cat([self.states, states.to(self.states.dtype)], dim=1)
+        self.states.copy_(joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1])))
+        self.tokens.copy_(torch.cat([self.tokens, tokens], dim=1).gather(1, index))
+        self.valid.copy_(torch.cat([self.valid, fresh], dim=1).gather(1, index))
+
+
 def device_step_unsupported(base: nn.Module, drafter: Drafter, tree: TreeSpec | None) -> str | None:
     """Why the base, drafter and tree cannot run as `DeviceStep` (None: they can)."""
     config = base.config.get_text_config()
     if tree is None:
         return "the tree is grown each step"
-    if drafter.drafts_chains or drafter.context_window > 0 or drafter.state_source != "lm_head_input":
-        return f"the {drafter.drafter_type} drafter reads more than the base's last state"
+    if drafter.drafts_chains or drafter.trains_on_sequences or drafter.state_source != "lm_head_input":
+        return f"the {drafter.drafter_type} drafter keeps a state of its own or reads the base before its last norm"
     if getattr(config, "sliding_window", None) is not None:
         return "the base has sliding-window layers"
     if "flash" in str(attn_implementation(base.config) or ""):
@@ -232,6 +267,8 @@ class DeviceStep:
         self.visible = torch.zeros(rows, room, dtype=torch.bool, device=device)  # False at left-padding slots
         self.hidden = torch.zeros(rows, base.config.get_text_config().hidden_size, dtype=drafter.dtype, device=device)
         self.eos = torch.zeros(0, **long)
+        hidden_size = base.config.get_text_config().hidden_size
+        self.window = RowWindow(drafter, rows, hidden_size, device) if drafter.context_window > 0 else None
         self.slot_range = torch.arange(room, device=device)
         self.fed_range = torch.arange(self.fed, device=device)
         self.path_range = torch.arange(tree.depth + 1, device=device)
@@ -268,6 +305,8 @@ class DeviceStep:
         self.length.fill_(width)
         self.remaining.fill_(max_new_tokens - 1)
         self.stopped.copy_(torch.isin(first, eos) | (self.remaining <= 0))
+        if self.window is not None:
+            self.window.start(self.hidden, first)
         return [[token] for token in first.tolist()]
 
     def _mask(self) -> torch.Tensor:
@@ -281,7 +320,8 @@ class DeviceStep:
     def _step(self) -> torch.Tensor:
         """One draft-verify-accept-commit step; returns ``[B, D + 3]``: each row's emitted tokens (-1 past them), their
         count, and whether the row has stopped."""
-        nodes = draft_static_rows(self.drafter, self.index, self.hidden, self.last)
+        heads_read = self.hidden if self.window is None else self.window.read()
+        nodes = draft_static_rows(self.drafter, self.index, heads_read, self.last)
         tokens = torch.cat([self.last[:, None], nodes], dim=1)
         positions = self.position[:, None] + self.index.offsets[None]
         slots = self.length[:, None] + self.fed_range[None]
@@ -293,9 +333,11 @@ class DeviceStep:
             source = self.length[:, None] + accepted.path
             for layer in self.cache.layers:
                 layer.move(source, self.length[:, None] + self.path_range[None])
-        newest = (count - 1).clamp(min=0)[:, None]
-        last_position = accepted.path.gather(1, newest)  # the newest emitted token's parent position
-        state = hidden.gather(1, last_position[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
+        newest = (count - 1).clamp(min=0)[:, None]  # the newest emitted token's index on the accepted path
+        kept = hidden.gather(1, accepted.path[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, D + 1, hidden]
+        if self.window is not None:
+            self.window.extend(kept, accepted.tokens, count)
+        state = kept.gather(1, newest[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
         self.hidden.copy_(torch.where(live[:, None], state.to(self.hidden.dtype), self.hidden))
         self.last.copy_(torch.where(live, accepted.tokens.gather(1, newest)[:, 0], self.last))
         self.length.add_(count)
