@@ -40,13 +40,13 @@ from .checkpoint import HEADS_WEIGHTS_NAME, resolve_file, save_heads_state_dict
 from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
 from .decoding.acceptance import TypicalAcceptance
-from .decoding.batched import batch_unsupported, batched_speculative_generate, shared_budget
+from .decoding.batched import shared_budget
 from .decoding.batching import pad_batch, unpadded_length_limits, unpadded_rows
 from .decoding.candidate_generator import CerberusCandidateGenerator
-from .decoding.device_step import DeviceDecoding, device_path_unsupported
+from .decoding.device_step import DeviceDecoding
 from .decoding.gate import EntropyGate
 from .decoding.lookup import DEFAULT_MAX_NGRAM
-from .decoding.loop import speculative_generate
+from .decoding.paths import LoopDecoding, choose_path
 from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from .decoding.packed import PackedWeights, packed_views, packing_available
 from .decoding.profiling import StepProfiler, phase_timer
@@ -444,13 +444,14 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         rows = unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
         copies = effective.num_return_sequences or 1
         rows = [row for row in rows for _ in range(copies)]
-        # a batch is verified together where the base, the drafter and the settings allow (`decoding.batched`)
-        apart = batch_unsupported(self.base, self.heads, settings) if len(rows) > 1 else "one row"
-        if len(rows) > 1 and apart is not None:
-            logger.warning_once(f"cerberus-hf: this batch is decoded row by row: {apart}.")
-        if apart is not None and any(row.shape[1] != input_ids.shape[1] for row in rows):
+        # which way the call decodes, decided once (`decoding.paths`): the device step, or the loop with the rows
+        # together or one at a time, a static cache or the dynamic one
+        path = choose_path(self.base, decoding.heads, settings, effective, len(rows), device_step,
+                           _host_work(streamer, logits_processor, stopping_criteria, profile))
+        together = path.apart is None or path.device_step
+        if not together and any(row.shape[1] != input_ids.shape[1] for row in rows):
             kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
-        if apart is None and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
+        if together and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
             settings = shared_budget(settings, len(rows))  # the stored tree was sized for one row
         kwargs["num_return_sequences"] = 1
         if len(rows) > 1 and streamer is not None:
@@ -463,20 +464,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
         stats = GenerationStats(calibration=settings.calibration, strict_rows=strict_rows)
         profiler = StepProfiler(self.device) if profile else None
-        decode = functools.partial(
-            speculative_generate if apart is not None else batched_speculative_generate,
-            streamer=streamer,
-            settings=settings,
-            profiler=profiler,
-            compile_base=self.base,
-            make_candidate_generator=functools.partial(
-                decoding._candidate_generator, settings=settings, stats=stats, profiler=profiler),
-        )
-        if self._takes_device_step(device_step, decoding.heads, settings, effective, streamer, logits_processor,
-                                   stopping_criteria, profile):
+        decode = LoopDecoding(path, settings, streamer, profiler, self.base, functools.partial(
+            decoding._candidate_generator, settings=settings, stats=stats, profiler=profiler))
+        if path.device_step:
             decode = DeviceDecoding(self, decoding.heads, settings.tree or TreeSpec.chain(self.config.num_heads), stats,
                                     decode, "reduce-overhead" if self.device.type == "cuda" else None)
-            apart = None  # the device step decodes the rows together
         # The base's generate() fills unset settings from this model's generation config (greedy by default), as
         # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
         # its generation config stay as they are for other threads (`module_views`).
@@ -486,7 +478,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             # passing both is deprecated from transformers 5.24 on (one warning per call)
             generation_config = copy.deepcopy(generation_config)
             kwargs = generation_config.update(**kwargs)
-        if apart is None:
+        if together:
             padded = input_ids.repeat_interleave(copies, dim=0)
             mask = torch.zeros_like(padded)
             for b, row in enumerate(rows):
@@ -515,18 +507,6 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if isinstance(output, torch.Tensor):
             return output
         return CerberusGenerateOutput(**output, generation_stats=stats)
-
-    def _takes_device_step(self, asked: bool | None, heads: nn.Module, settings: DecodingSettings,
-                           config: GenerationConfig, streamer, processors, criteria, profile: bool) -> bool:
-        """Whether this call decodes through `decoding.device_step`: asked for (``True``), or by default on CUDA, where
-        the call allows it; a call that asked for it and cannot have it is told why in one line."""
-        if asked is False:
-            return False
-        why = "profile=True times the loop's phases" if profile else device_path_unsupported(
-            self.base, heads, settings, config, streamer, processors, len(criteria) > 0)
-        if why is not None and asked:
-            logger.warning_once(f"cerberus-hf: device_step=True is not used here ({why}); decoding with the loop.")
-        return why is None and (asked or self.device.type == "cuda")
 
     @property
     def generation_stats(self) -> GenerationStats | None:
@@ -624,6 +604,15 @@ def _without_lookup(config: GenerationConfig | None) -> GenerationConfig | None:
     for name in _LOOKUP_FIELDS:
         setattr(config, name, None)
     return config
+
+
+def _host_work(streamer, processors, criteria, profile: bool) -> str | None:
+    """What a call does on the host per token, which the device step cannot do (None: nothing)."""
+    if profile:
+        return "profile=True times the loop's phases"
+    if streamer is not None or processors or criteria:
+        return "a streamer, logits processors or stopping criteria of the call's own"
+    return None
 
 
 def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
-from cerberus_hf.decoding import batched
+from cerberus_hf.decoding import paths
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import (
     PAD,
@@ -130,7 +130,7 @@ def test_where_the_batch_cannot_be_verified_together_rows_go_one_by_one(caplog):
     cases = [("mistral", "hydra", {}), ("llama", "kangaroo", {})]
     for arch, family, options in cases:
         model = fresh_model(arch, family, num_heads=3)
-        reason = batched.batch_unsupported(model.base, model.heads, model_settings(model))
+        reason = paths.batch_refusal(model.base, model.heads, model_settings(model))
         assert reason is not None
         out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, **options)
         assert new_tokens(out, ids.shape[1]) == alone(arch, ids, mask)

@@ -14,11 +14,14 @@ import logging
 import pytest
 import torch
 
-from cerberus_hf.decoding.device_step import DeviceStep, device_step_unsupported
+from transformers import GenerationConfig
+
+from cerberus_hf.decoding.device_step import DeviceStep
+from cerberus_hf.decoding.paths import device_step_refusal
 from cerberus_hf.decoding.profiling import HostReads
 from cerberus_hf.decoding.tree import TreeSpec
 from helpers import PAD, fresh_model, get_base, install_oracle, randomize_heads
-from test_batched import new_tokens
+from test_batched import model_settings, new_tokens
 from test_generate import padded_batch
 
 BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
@@ -160,4 +163,40 @@ def test_off_cuda_the_loop_stays_the_default():
 @pytest.mark.parametrize("arch", ["mistral", "gemma2"])
 def test_sliding_window_bases_are_refused(arch):
     model = fresh_model(arch, "hydra")
-    assert device_step_unsupported(model.base, model.heads, TreeSpec.chain(2)) == "the base has sliding-window layers"
+    settings = model_settings(model)
+    assert device_step_refusal(model.base, model.heads, settings, GenerationConfig()) == (
+        "the base has sliding-window layers")
+
+
+def recorded_drafts(model, ids: torch.Tensor, mask: torch.Tensor, **call) -> list[torch.Tensor]:
+    """The drafter's logits at every depth it drafted, in order, over one greedy call (gate and prompt lookup off)."""
+    calls = []
+    real = type(model.heads)
+
+    class Recorder(real):
+        def draft_level(self, k, hidden, tokens, previous, context=None):
+            state, logits = real.draft_level(self, k, hidden, tokens, previous, context)
+            calls.append(logits.detach().float().clone())
+            return state, logits
+
+    model.heads.__class__ = Recorder
+    try:
+        model.generate(ids, attention_mask=mask, max_new_tokens=NEW, gate_threshold=None, prompt_lookup_num_tokens=0,
+                       packed_weights=False, draft_tree=TREES["static"], **call)
+    finally:
+        model.heads.__class__ = real
+    return calls
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_step_drafts_what_the_loop_drafts(family):
+    """The same drafts as the loop's, depth by depth, over the steps both take before the loop cuts its tree near the
+    end: the step's states, windows and caches follow acceptance as the loop's do."""
+    ids, mask = batch(1)
+    model = heads("llama", family, "random", ids, mask)
+    loop = recorded_drafts(model, ids, mask, device_step=False)
+    step = recorded_drafts(model, ids, mask, device_step=True)
+    compared = len(loop) // 2
+    assert compared >= 6
+    for ours, theirs in zip(step[:compared], loop[:compared]):
+        assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4)

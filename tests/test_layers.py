@@ -28,7 +28,7 @@ LAYERS = [
     ["drafters", "drafters.*"],
     # the draft-verify loop, which knows drafters only through their interface
     ["decoding", "decoding.drafting", "decoding.candidate_generator", "decoding.verification", "decoding.static_cache",
-     "decoding.loop", "decoding.batched", "decoding.device_step"],
+     "decoding.loop", "decoding.batched", "decoding.device_step", "decoding.paths"],
     # reading a saved folder and the base it names
     ["loading", "base_model", "real_models"],
     # the model users load, and its entry points

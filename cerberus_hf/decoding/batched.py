@@ -16,7 +16,7 @@ Each row keeps its own drafter state and candidate generator (tree, gate, prompt
 every row are drafted in one call of the drafter (`candidate_generator.propose_together`), and the verification
 forward is shared.
 
-What it needs (`batch_unsupported`): attention that takes a 4D mask (not flash attention), no sliding-window layers
+What it needs (`paths.batch_refusal`): attention that takes a 4D mask (not flash attention), no sliding-window layers
 (a window counts slots, and a row's empty slots would count), a drafter that guesses depth by depth (not Kangaroo,
 whose chain runs through the base's own cache, nor its neural rescorer), and no strict verification. Elsewhere
 `CerberusForCausalLM.generate` decodes the rows one at a time, as before.
@@ -35,7 +35,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..compat import attn_implementation, cache_argument, prefill
+from ..compat import cache_argument, prefill
 from .batching import pad_batch, pad_token_id
 from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
 from .loop import Acceptance, check_supported
@@ -44,21 +44,7 @@ from .settings import DecodingSettings
 from .static_cache import verification_for
 from .transfer import to_device
 from .tree import TreeSpec
-from .verification import drafts_through_base_cache, keep_cache_positions, step_inputs
-
-
-def batch_unsupported(base: nn.Module, drafter, settings: DecodingSettings) -> str | None:
-    """Why a batch cannot be decoded together with this base, drafter and call's settings (None: it can)."""
-    if "flash" in str(attn_implementation(base.config) or ""):
-        return "flash attention takes no 4D mask"
-    if getattr(base.config.get_text_config(), "sliding_window", None) is not None:
-        return "the base has sliding-window layers"
-    through_base = drafts_through_base_cache(drafter, settings)
-    if through_base is not None:
-        return through_base
-    if settings.strict_rows is not None:
-        return "strict verification computes each position as a one-token forward does"
-    return None
+from .verification import keep_cache_positions, step_inputs
 
 
 def shared_budget(settings: DecodingSettings, rows: int) -> DecodingSettings:
@@ -105,6 +91,7 @@ def batched_speculative_generate(
     settings: DecodingSettings | None = None,
     profiler: StepProfiler | None = None,
     compile_base: nn.Module | None = None,
+    no_static: str | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of a left-padded batch (``input_ids`` ``[B, width]`` with generate()'s
@@ -118,8 +105,8 @@ def batched_speculative_generate(
     # each row's candidate generator counts its length limit without the row's padding (drafts never run past it)
     generators = [make_candidate_generator(_with_max_length(generation_config, generation_config.max_length - pad))
                   for pad in pads]
-    cache = verification_for(model, compile_base or model, generation_config, model_kwargs, generators[0].drafter,
-                             settings, rows=batch).cache  # a dynamic cache (rows are selected from it)
+    cache = verification_for(model, compile_base or model, generation_config, model_kwargs,
+                             no_static).cache  # a dynamic cache (rows are selected from it)
     typical = settings.typical if settings is not None else None
     acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, generators[0].gate,
                             batch=batch)

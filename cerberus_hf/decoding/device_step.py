@@ -20,7 +20,7 @@ replays as CUDA graphs (``mode="reduce-overhead"``); prompts of any length up to
 
 The drafter's state comes out of the base's forward as an output (the last hidden state, the ``lm_head``'s input), not
 through a hook, so nothing breaks the base's graph. What this step does not do is decided once, before a call uses it
-(`device_step_unsupported`): sampling, logits processors, stop criteria other than length and end of sequence, grown
+(`paths.device_step_refusal`): sampling, logits processors, stop criteria other than length and end of sequence, grown
 trees, drafters that keep a state of their own (Kangaroo, EAGLE-3), strict verification, sliding windows and flash attention. It drafts every step without
 prompt lookup (which would change the tree's shape from step to step) and without the entropy gate (a graph verifies
 its whole tree, so skipping the draft saves nothing); both change only the speed, never the tokens.
@@ -42,7 +42,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from ..compat import attn_implementation, cache_argument
+from ..compat import cache_argument
 from ..drafters.base import Drafter
 from .batching import pad_token_id
 from .stats import GenerationStats
@@ -131,10 +131,12 @@ def _path_to(tree: TreeSpec, node: int) -> list[int]:
     return path
 
 
-def draft_static_rows(drafter: Drafter, index: TreeIndex, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """Every row's draft of the static tree (``[B, N]`` token ids) from the states that predicted the rows' newest
-    tokens (``hidden`` ``[B, hidden]``) and those tokens (``last`` ``[B]``): depth by depth, one drafter call per depth
-    over every row (and, for a drafter that reads the tokens above a node, every parent of that depth)."""
+def draft_static_rows(drafter: Drafter, index: TreeIndex, hidden: torch.Tensor, last: torch.Tensor,
+                      context: object | None = None) -> torch.Tensor:
+    """Every row's draft of the static tree (``[B, N]`` token ids) from what the heads read for each row (``hidden``
+    ``[B, hidden]``: by default the state that predicted the row's newest token) and those tokens (``last`` ``[B]``):
+    depth by depth, one drafter call per depth over every row (and, for a drafter that reads the tokens above a node,
+    every parent of that depth, rows first). ``context``: what drafting attends to per row (EAGLE-3's cache)."""
     rows = hidden.shape[0]
     top_k = index.top_k
     picked: list[torch.Tensor] = []  # each depth's nodes' tokens [B, members]: the tree lists nodes depth by depth
@@ -151,10 +153,10 @@ def draft_static_rows(drafter: Drafter, index: TreeIndex, hidden: torch.Tensor, 
             above = torch.cat([above, torch.cat(picked, dim=1)[:, paths]], dim=-1)  # [B, P, depth + 1]
         state, logits = drafter.draft_level(
             depth, hidden.repeat_interleave(parents, dim=0), above.reshape(rows * parents, depth + 1),
-            None if previous is None else previous.reshape(rows * parents, -1))
+            None if previous is None else previous.reshape(rows * parents, *previous.shape[2:]), context)
         top = drafter.token_ids(logits.topk(top_k, dim=-1).indices).view(rows, parents, top_k)
         picked.append(top[:, parent_rows, ranks])
-        previous = state.view(rows, parents, -1)[:, following]  # the next depth's parents' states
+        previous = state.view(rows, parents, *state.shape[1:])[:, following]  # the next depth's parents' states
     return torch.cat(picked, dim=1)
 
 
@@ -193,55 +195,6 @@ def greedy_accept(logits: torch.Tensor, nodes: torch.Tensor, index: TreeIndex, e
     return Accepted(path, tokens, count, ended.any(dim=-1) | (count >= remaining))
 
 
-class RowWindow:
-    """The newest ``context_window`` verified states of every row, each with the token that followed it, as a drafter
-    that reads a window keeps them (`drafters.base.ContextState`), in fixed-shape device buffers, right-aligned (the
-    newest last): ``states`` ``[B, W, hidden]``, ``tokens`` ``[B, W]``, ``valid`` ``[B, W]``."""
-
-    def __init__(self, drafter: Drafter, batch: int, hidden_size: int, device: torch.device):
-        self.drafter, size = drafter, drafter.context_window
-        self.states = torch.zeros(batch, size, hidden_size, dtype=drafter.dtype, device=device)
-        self.tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, size, dtype=torch.bool, device=device)
-        self.offsets = torch.arange(size, device=device)
-
-    def start(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
-        """The window after a prefill: its last state (``[B, hidden]``) and the first token (``[B]``)."""
-        self.states.zero_()
-        self.states[:, -1] = hidden
-        self.tokens.zero_()
-        self.tokens[:, -1] = first
-        self.valid.zero_()
-        self.valid[:, -1] = True
-
-    def read(self) -> torch.Tensor:
-        """What the heads read (``[B, hidden]``)."""
-        return self.drafter.contextualize(self.states, self.tokens, self.valid)
-
-    def extend(self, states: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
-        """Append each row's first ``count`` of ``states`` ``[B, n, hidden]`` with the ``tokens`` after them."""
-        index = count[:, None] + self.offsets[None]  # the window's last W once the row's new ones are in
-        fresh = torch.arange(states.shape[1], device=count.device)[None] < count[:, None]
-        joined = torch.cat([self.states, states.to(self.states.dtype)], dim=1)
-        self.states.copy_(joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1])))
-        self.tokens.copy_(torch.cat([self.tokens, tokens], dim=1).gather(1, index))
-        self.valid.copy_(torch.cat([self.valid, fresh], dim=1).gather(1, index))
-
-
-def device_step_unsupported(base: nn.Module, drafter: Drafter, tree: TreeSpec | None) -> str | None:
-    """Why the base, drafter and tree cannot run as `DeviceStep` (None: they can)."""
-    config = base.config.get_text_config()
-    if tree is None:
-        return "the tree is grown each step"
-    if drafter.drafts_chains or drafter.trains_on_sequences or drafter.state_source != "lm_head_input":
-        return f"the {drafter.drafter_type} drafter keeps a state of its own or reads the base before its last norm"
-    if getattr(config, "sliding_window", None) is not None:
-        return "the base has sliding-window layers"
-    if "flash" in str(attn_implementation(base.config) or ""):
-        return "flash attention takes no 4D mask"
-    return None
-
-
 class DeviceStep:
     """Greedy draft-verify decoding of ``rows`` rows with a static ``tree``, every step on the device (module
     docstring). Built once per base, drafter, rows, tree and room (`runner`), its buffers serve every call; a call
@@ -267,8 +220,7 @@ class DeviceStep:
         self.visible = torch.zeros(rows, room, dtype=torch.bool, device=device)  # False at left-padding slots
         self.hidden = torch.zeros(rows, base.config.get_text_config().hidden_size, dtype=drafter.dtype, device=device)
         self.eos = torch.zeros(0, **long)
-        hidden_size = base.config.get_text_config().hidden_size
-        self.window = RowWindow(drafter, rows, hidden_size, device) if drafter.context_window > 0 else None
+        self.kept = drafter.device_rows(rows, room, device)  # what the drafter keeps per row across steps, if anything
         self.slot_range = torch.arange(room, device=device)
         self.fed_range = torch.arange(self.fed, device=device)
         self.path_range = torch.arange(tree.depth + 1, device=device)
@@ -276,13 +228,14 @@ class DeviceStep:
             self._step, fullgraph=True, mode=None if compile_mode == "default" else compile_mode)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor):
-        """(the lm_head's input ``[B, n, hidden]``, logits ``[B, n, V]``) of the base over ``tokens`` at ``slots``."""
+        """(the hidden states: the embeddings, each decoder layer's output and the lm_head's input ``[B, n, hidden]``
+        last; logits ``[B, n, V]``) of the base over ``tokens`` at ``slots``."""
         self.cache.slots = slots
         additive = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
             ~mask, torch.finfo(self.dtype).min)
         out = self.base(input_ids=tokens, position_ids=positions, attention_mask=additive[:, None], use_cache=True,
                         output_hidden_states=True, **cache_argument(self.cache))
-        return out.hidden_states[-1], out.logits
+        return out.hidden_states, out.logits
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
               eos: torch.Tensor) -> list[list[int]]:
@@ -296,17 +249,17 @@ class DeviceStep:
         mask = torch.zeros(self.rows, width, self.room, dtype=torch.bool, device=valid.device)
         mask[:, :, :width] = causal[None] & valid[:, None, :]
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden, logits = self.forward(input_ids, positions, mask, self.slot_range[:width].expand(self.rows, -1))
+        states, logits = self.forward(input_ids, positions, mask, self.slot_range[:width].expand(self.rows, -1))
         first = logits[:, -1].float().argmax(dim=-1)
         self.eos = eos
         self.last.copy_(first)
-        self.hidden.copy_(hidden[:, -1].to(self.hidden.dtype))
+        self.hidden.copy_(states[-1][:, -1].to(self.hidden.dtype))
         self.position.copy_(positions[:, -1] + 1)
         self.length.fill_(width)
         self.remaining.fill_(max_new_tokens - 1)
         self.stopped.copy_(torch.isin(first, eos) | (self.remaining <= 0))
-        if self.window is not None:
-            self.window.start(self.hidden, first)
+        if self.kept is not None:  # each prompt state with the token after it
+            self.kept.start(self.drafter.device_states(states), torch.cat([input_ids[:, 1:], first[:, None]], 1), valid)
         return [[token] for token in first.tolist()]
 
     def _mask(self) -> torch.Tensor:
@@ -320,12 +273,13 @@ class DeviceStep:
     def _step(self) -> torch.Tensor:
         """One draft-verify-accept-commit step; returns ``[B, D + 3]``: each row's emitted tokens (-1 past them), their
         count, and whether the row has stopped."""
-        heads_read = self.hidden if self.window is None else self.window.read()
-        nodes = draft_static_rows(self.drafter, self.index, heads_read, self.last)
+        heads_read = self.hidden if self.kept is None else self.kept.read()
+        context = None if self.kept is None else self.kept.context()
+        nodes = draft_static_rows(self.drafter, self.index, heads_read, self.last, context)
         tokens = torch.cat([self.last[:, None], nodes], dim=1)
         positions = self.position[:, None] + self.index.offsets[None]
         slots = self.length[:, None] + self.fed_range[None]
-        hidden, logits = self.forward(tokens, positions, self._mask(), slots)
+        states, logits = self.forward(tokens, positions, self._mask(), slots)
         accepted = greedy_accept(logits, nodes, self.index, self.eos, self.remaining)
         live = ~self.stopped
         count = torch.where(live, accepted.count, 0)
@@ -334,10 +288,13 @@ class DeviceStep:
             for layer in self.cache.layers:
                 layer.move(source, self.length[:, None] + self.path_range[None])
         newest = (count - 1).clamp(min=0)[:, None]  # the newest emitted token's index on the accepted path
-        kept = hidden.gather(1, accepted.path[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, D + 1, hidden]
-        if self.window is not None:
-            self.window.extend(kept, accepted.tokens, count)
-        state = kept.gather(1, newest[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
+        if self.kept is not None:  # the accepted path's states, each with the token after it
+            kept = self.drafter.device_states(states)
+            self.kept.extend(kept.gather(1, accepted.path[..., None].expand(-1, -1, kept.shape[-1])), accepted.tokens,
+                             count)
+        hidden = states[-1]
+        last_position = accepted.path.gather(1, newest)  # the fed position that predicted the newest token
+        state = hidden.gather(1, last_position[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
         self.hidden.copy_(torch.where(live[:, None], state.to(self.hidden.dtype), self.hidden))
         self.last.copy_(torch.where(live, accepted.tokens.gather(1, newest)[:, 0], self.last))
         self.length.add_(count)
@@ -363,24 +320,6 @@ class DeviceStep:
                         counts[row].append(values[-2])
                     done[row] = bool(values[-1])
         return new, counts
-
-
-def device_path_unsupported(base: nn.Module, drafter: Drafter, settings, generation_config: GenerationConfig,
-                            streamer, user_processors, user_criteria) -> str | None:
-    """Why this `generate()` call cannot take the device step (None: it can), decided once per call from what the
-    call asked: greedy decoding with the heads' static tree and nothing to do on the host per token."""
-    if generation_config.do_sample:
-        return "sampling"
-    if streamer is not None or user_processors or user_criteria or generation_config.stop_strings:
-        return "a streamer, logits processors or stopping criteria of the call's own"
-    if generation_config.return_dict_in_generate and (
-            generation_config.output_scores or generation_config.output_logits):
-        return "scores or logits are returned"
-    if settings.typical is not None or settings.strict_rows is not None:
-        return "typical acceptance or strict verification"
-    if settings.dynamic is not None:
-        return "the tree is grown each step"
-    return device_step_unsupported(base, drafter, settings.tree or TreeSpec.chain(drafter.num_heads))
 
 
 class DeviceDecoding:

@@ -279,6 +279,7 @@ def speculative_generate(
     settings: DecodingSettings | None = None,
     profiler: StepProfiler | None = None,
     compile_base: nn.Module | None = None,
+    no_static: str | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
@@ -291,7 +292,8 @@ def speculative_generate(
     `strict`: at most that many positions per forward, the root included, each position's attention computed as a
     one-token forward computes it); the candidate generator reads the rest. ``profiler`` collects wall time per
     phase of the loop. ``compile_base``: the base ``model`` is a per-call view of, whose compiled forward serves a static
-    cache (`static_cache`; default ``model``).
+    cache (`static_cache`; default ``model``); ``no_static``: why a static cache the call asked for cannot serve
+    (`paths.static_refusal`; None: it can).
     """
     typical = settings.typical if settings is not None else None
     strict_rows = settings.strict_rows if settings is not None else None
@@ -299,8 +301,7 @@ def speculative_generate(
         raise ValueError("This loop decodes one sequence; CerberusForCausalLM.generate batches rows (`batched`).")
     check_supported(model, generation_config, model_kwargs)
     candidate_generator = make_candidate_generator(generation_config)
-    verification = verification_for(model, compile_base or model, generation_config, model_kwargs,
-                                    candidate_generator.drafter, settings)
+    verification = verification_for(model, compile_base or model, generation_config, model_kwargs, no_static)
     cache = verification.cache
     want_dict = generation_config.return_dict_in_generate
     acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, streamer,

@@ -30,7 +30,7 @@ Whether it compiles follows transformers' own rule for plain decoding (`compat.a
 other accelerators) with a static cache, unless ``disable_compile``; elsewhere only with a ``compile_config`` whose
 ``_compile_all_devices`` is set. Uncompiled, the static cache gives the same tokens through the same forward.
 
-What it cannot serve (`static_unsupported`, and a static cache whose layers are not all plain attention layers)
+What it cannot serve (`paths.static_refusal`, and a static cache whose layers are not all plain attention layers)
 decodes with the dynamic cache instead, after a one-line warning: a sliding-window base (a static window layer rolls
 its slots over and cannot be rolled back in place), flash attention (it takes no 4D mask), Kangaroo and the neural
 rescorer (they draft through the base's own cache), strict verification (its attention runs position by position), a
@@ -50,10 +50,9 @@ from transformers import DynamicCache, GenerationConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.utils import logging
 
-from ..compat import attn_implementation, auto_compile, cache_argument, handed_cache, set_handed_cache
+from ..compat import auto_compile, cache_argument, handed_cache, set_handed_cache
 from .candidate_generator import Draft
-from .settings import DecodingSettings
-from .verification import Verification, drafts_through_base_cache, keep_cache_positions, step_inputs
+from .verification import Verification, keep_cache_positions, step_inputs
 
 logger = logging.get_logger(__name__)
 
@@ -61,24 +60,6 @@ logger = logging.get_logger(__name__)
 # each. A step larger than the largest runs uncompiled at its own size.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ROOM_MULTIPLE = 256
-
-
-def static_unsupported(base: nn.Module, drafter, settings: DecodingSettings | None, rows: int) -> str | None:
-    """Why this call cannot verify through a static cache (None: it can)."""
-    if not getattr(StaticLayer, "is_croppable", False):
-        return "this transformers' static cache cannot be cut back (5.24 or later can)"
-    if rows > 1:
-        return "a batch decodes with the dynamic cache"
-    if getattr(base.config.get_text_config(), "sliding_window", None) is not None:
-        return "the base has sliding-window layers, which a static cache cannot roll back in place"
-    if "flash" in str(attn_implementation(base.config) or ""):
-        return "flash attention takes no 4D mask"
-    through_base = drafts_through_base_cache(drafter, settings)
-    if through_base is not None:
-        return through_base
-    if settings is not None and settings.strict_rows is not None:
-        return "strict verification runs its attention position by position"
-    return None
 
 
 def dynamic_instead(model: nn.Module, model_kwargs: dict, why: str) -> DynamicCache:
@@ -91,16 +72,16 @@ def dynamic_instead(model: nn.Module, model_kwargs: dict, why: str) -> DynamicCa
 
 
 def verification_for(model: nn.Module, compile_base: nn.Module, generation_config: GenerationConfig,
-                     model_kwargs: dict, drafter, settings: DecodingSettings | None, rows: int = 1) -> Verification:
+                     model_kwargs: dict, no_static: str | None) -> Verification:
     """How this call verifies: through generate()'s dynamic cache, or, when the call asked for a static one, a static
-    cache with room for the drafts (`StaticVerification`) where this call can use one, and the dynamic cache with a
-    one-line warning where it cannot. Called before the prefill, which fills the cache chosen."""
+    cache with room for the drafts (`StaticVerification`) where the call's path allows one (``no_static``: why not,
+    `paths.static_refusal`), and the dynamic cache with a one-line warning where it does not. Called before the
+    prefill, which fills the cache chosen."""
     cache = handed_cache(model_kwargs)
     if not isinstance(cache, StaticCache):
         return Verification(cache)
-    why = static_unsupported(model, drafter, settings, rows)
-    if why is not None:
-        return Verification(dynamic_instead(model, model_kwargs, why))
+    if no_static is not None:
+        return Verification(dynamic_instead(model, model_kwargs, no_static))
     verification = StaticVerification.prepare(model, compile_base, generation_config)
     if any(type(layer) is not StaticLayer for layer in verification.cache.layers):
         return Verification(dynamic_instead(model, model_kwargs, "the base's static cache has layers other than "

@@ -87,16 +87,6 @@ def step_inputs(rows: list[torch.LongTensor], drafts: list[Draft | None], length
     return tokens, to_device(positions, device), mask[:, None]
 
 
-def drafts_through_base_cache(drafter, settings) -> str | None:
-    """Why this call's drafting runs through the base's own KV cache (None: it does not), which a cache shared by a
-    batch's rows or rolled back in place cannot serve: Kangaroo's chain, the neural rescorer's small LM."""
-    if drafter.drafts_chains:
-        return f"{drafter.drafter_type} drafts through the base's own cache"
-    if settings is not None and settings.rescoring is not None and settings.rescoring.lm_weight > 0:
-        return "the neural rescorer drafts through the base's own cache"
-    return None
-
-
 class Verification:
     """The verification forward of one sequence over generate()'s dynamic cache, and the roll-back after it; the
     loop's only way to the cache, so that a static one (`static_cache.StaticVerification`) can stand in."""

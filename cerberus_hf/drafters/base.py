@@ -206,6 +206,46 @@ class ContextState(SequenceState):
         return self.drafter.read_window(self.rows[None], valid)
 
 
+class RowWindow:
+    """The newest ``context_window`` verified states of every row, each with the token that followed it, as a drafter
+    that reads a window keeps them (`drafters.base.ContextState`), in fixed-shape device buffers, right-aligned (the
+    newest last): ``states`` ``[B, W, hidden]``, ``tokens`` ``[B, W]``, ``valid`` ``[B, W]``."""
+
+    def __init__(self, drafter: "Drafter", batch: int, hidden_size: int, device: torch.device):
+        self.drafter, size = drafter, drafter.context_window
+        self.states = torch.zeros(batch, size, hidden_size, dtype=drafter.dtype, device=device)
+        self.tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, size, dtype=torch.bool, device=device)
+        self.offsets = torch.arange(size, device=device)
+
+    def start(self, states: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """The window after a prefill of ``states`` ``[B, W, hidden]`` followed by ``tokens`` ``[B, W]`` (``valid``: not
+        left padding): the prefill's last state alone, where the answer starts (as `ContextState` and training)."""
+        self.states.zero_()
+        self.states[:, -1] = states[:, -1]
+        self.tokens.zero_()
+        self.tokens[:, -1] = tokens[:, -1]
+        self.valid.zero_()
+        self.valid[:, -1] = True
+
+    def read(self) -> torch.Tensor:
+        """What the heads read (``[B, hidden]``)."""
+        return self.drafter.contextualize(self.states, self.tokens, self.valid)
+
+    def context(self) -> None:
+        """Nothing beyond what the heads read."""
+        return None
+
+    def extend(self, states: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
+        """Append each row's first ``count`` of ``states`` ``[B, n, hidden]`` with the ``tokens`` after them."""
+        index = count[:, None] + self.offsets[None]  # the window's last W once the row's new ones are in
+        fresh = torch.arange(states.shape[1], device=count.device)[None] < count[:, None]
+        joined = torch.cat([self.states, states.to(self.states.dtype)], dim=1)
+        self.states.copy_(joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1])))
+        self.tokens.copy_(torch.cat([self.tokens, tokens], dim=1).gather(1, index))
+        self.valid.copy_(torch.cat([self.valid, fresh], dim=1).gather(1, index))
+
+
 def context_windows(rows: torch.LongTensor, first: torch.LongTensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(index ``[n, window]``, valid ``[n, window]``) of the stored states each of ``rows`` reads in context: the
     ``window`` rows ending at it, oldest first, of which those before ``first`` (the row's window start, e.g. its
@@ -347,6 +387,19 @@ class Drafter(nn.Module):
     def start(self, model: nn.Module, cache) -> SequenceState:
         """The state this drafter keeps for one sequence decoded by ``model`` (the base) with ``cache``."""
         return ContextState(self) if self.context_window > 0 else SequenceState()
+
+    def device_rows(self, batch: int, room: int, device: torch.device) -> object | None:
+        """What the device step (`decoding.device_step`) keeps per row for this drafter across steps, in fixed-shape
+        device buffers, with ``start`` (after the prefill), ``extend`` (after each step), ``read`` (what the heads read)
+        and ``context`` (what drafting attends to): a window of verified states (`RowWindow`), EAGLE-3's cache; None:
+        nothing beyond the base's newest state. ``room``: the slots of the base's cache per row."""
+        return RowWindow(self, batch, self.hidden_size, device) if self.context_window > 0 else None
+
+    def device_states(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """What the device step's row state keeps of a base forward, from its ``hidden_states`` (the embeddings, then
+        each decoder layer's output, the last after the final norm): the state `capture` records (the lm_head's
+        input)."""
+        return hidden_states[-1]
 
     def draft_chain(self, state: SequenceState, input_ids: torch.LongTensor, max_tokens: int,
                     confidence: float) -> list[int]:
