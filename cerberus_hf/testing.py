@@ -184,6 +184,19 @@ def install_oracle(model: CerberusForCausalLM, references: Iterable[torch.Tensor
             state.heads_input = recorded
             return state
 
+        def device_rows(self, batch, room, device):  # the device step's path (`decoding.device_step`)
+            rows = real_class.device_rows(self, batch, room, device)
+            if rows is not None:
+                read = rows.read
+
+                def recorded(hidden):
+                    out = read(hidden)
+                    contextualized.append((out.float(), hidden.float()))
+                    return out
+
+                rows.read = recorded
+            return rows
+
         def teacher_forced(self, captured, ids, first):  # calibration's path
             hidden, logits, context = real_class.teacher_forced(self, captured, ids, first)
             if self.trains_on_sequences:  # (EAGLE-3) its logits come from unrolled steps, not from draft_level

@@ -25,7 +25,7 @@ from test_batched import model_settings, new_tokens
 from test_generate import padded_batch
 
 BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
-FAMILIES = ("medusa", "cerberus", "hydra", "clover", "hydra+prefix")  # the static-tree families
+FAMILIES = ("medusa", "cerberus", "hydra", "clover", "hydra+prefix", "eagle3")  # every family with a fixed tree
 TREES = {"chain": None, "static": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}
 NEW = 20
 
@@ -200,3 +200,40 @@ def test_the_step_drafts_what_the_loop_drafts(family):
     assert compared >= 6
     for ours, theirs in zip(step[:compared], loop[:compared]):
         assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_eagle3_rows_keep_what_the_sequence_state_keeps():
+    """`Eagle3Rows` against `Eagle3State` row by row: two rows, one left-padded, extended by different counts."""
+    from cerberus_hf.drafters.eagle3 import Eagle3State
+
+    model = fresh_model("llama", "eagle3", num_heads=3)
+    drafter = model.heads
+    width = len(drafter.feature_layers) * drafter.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(2, 5, width, generator=generator)
+    tokens = torch.randint(3, 90, (2, 6), generator=generator)  # each row's prompt, then its first new token
+    valid = torch.tensor([[True] * 5, [False, False, True, True, True]])
+    rows = drafter.device_rows(2, 32, features.device)
+    rows.start(features, tokens[:, 1:], valid)
+    states, sequences = [], []
+    for b in range(2):
+        state = Eagle3State(drafter)
+        state.observe({"features": features[b: b + 1, valid[b]]}, None)
+        states.append(state)
+        sequences.append(tokens[b: b + 1, torch.cat([valid[b], torch.tensor([True])])])
+    for counts in ([1, 3], [2, 1], [3, 2]):
+        for b in range(2):
+            states[b].heads_input(sequences[b], None)
+            torch.testing.assert_close(rows.read(None)[b], states[b].newest[0], atol=1e-5, rtol=1e-5)
+            previous, _ = drafter.draft_level(0, rows.read(None)[b: b + 1], sequences[b][:, -1:], None)
+            ours, _ = drafter.draft_level(1, rows.read(None), sequences[b][:, -1:].repeat(2, 2), previous.repeat(2, 1, 1),
+                                          rows.context())
+            theirs, _ = drafter.draft_level(1, states[b].newest, sequences[b][:, -1:].repeat(1, 2), previous,
+                                            states[b].context())
+            torch.testing.assert_close(ours[b], theirs[0], atol=1e-5, rtol=1e-5)
+        step_features = torch.randn(2, 3, width, generator=generator)
+        step_tokens = torch.randint(3, 90, (2, 3), generator=generator)
+        rows.extend(step_features, step_tokens, torch.tensor(counts))
+        for b, count in enumerate(counts):
+            states[b].observe({"features": step_features[b: b + 1]}, list(range(count)))
+            sequences[b] = torch.cat([sequences[b], step_tokens[b: b + 1, :count]], dim=1)

@@ -1,6 +1,6 @@
 """The draft-verify-accept step as tensors on the device, batch-first, with no host read inside it.
 
-Greedy decoding with a static tree (Medusa, Cerberus, Hydra, Clover; a chain is a tree with one path) runs each step as one
+Greedy decoding with a static tree (Medusa, Cerberus, Hydra, Clover, EAGLE-3; a chain is a tree with one path) runs each step as one
 function of persistent device buffers, the shape of which never changes within a call (`DeviceStep.step`):
 
 1. **draft**: the drafter guesses the tree's tokens for every row from the state that predicted the row's newest
@@ -21,7 +21,7 @@ replays as CUDA graphs (``mode="reduce-overhead"``); prompts of any length up to
 The drafter's state comes out of the base's forward as an output (the last hidden state, the ``lm_head``'s input), not
 through a hook, so nothing breaks the base's graph. What this step does not do is decided once, before a call uses it
 (`paths.device_step_refusal`): sampling, logits processors, stop criteria other than length and end of sequence, grown
-trees, drafters that keep a state of their own (Kangaroo, EAGLE-3), strict verification, sliding windows and flash attention. It drafts every step without
+trees, Kangaroo (it drafts through the base's own cache), strict verification, sliding windows and flash attention. It drafts every step without
 prompt lookup (which would change the tree's shape from step to step) and without the entropy gate (a graph verifies
 its whole tree, so skipping the draft saves nothing); both change only the speed, never the tokens.
 """
@@ -273,7 +273,7 @@ class DeviceStep:
     def _step(self) -> torch.Tensor:
         """One draft-verify-accept-commit step; returns ``[B, D + 3]``: each row's emitted tokens (-1 past them), their
         count, and whether the row has stopped."""
-        heads_read = self.hidden if self.kept is None else self.kept.read()
+        heads_read = self.hidden if self.kept is None else self.kept.read(self.hidden)
         context = None if self.kept is None else self.kept.context()
         nodes = draft_static_rows(self.drafter, self.index, heads_read, self.last, context)
         tokens = torch.cat([self.last[:, None], nodes], dim=1)

@@ -144,6 +144,8 @@ def device_step_refusal(base: nn.Module, drafter: Drafter, settings: DecodingSet
         return "typical acceptance or strict verification"
     if settings.dynamic is not None:
         return "the tree is grown each step"
-    if drafter.drafts_chains or drafter.trains_on_sequences or drafter.state_source != "lm_head_input":
-        return f"the {drafter.drafter_type} drafter keeps a state of its own or reads the base before its last norm"
+    if drafter.drafts_chains:
+        return f"{drafter.drafter_type} drafts through the base's own cache"
+    if drafter.state_source != "lm_head_input":
+        return "the drafter reads the base's state before its final norm"
     return _base_refusal(base)

@@ -228,8 +228,8 @@ class RowWindow:
         self.valid.zero_()
         self.valid[:, -1] = True
 
-    def read(self) -> torch.Tensor:
-        """What the heads read (``[B, hidden]``)."""
+    def read(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the heads read (``[B, hidden]``), the base's newest states being ``hidden`` (the window's newest)."""
         return self.drafter.contextualize(self.states, self.tokens, self.valid)
 
     def context(self) -> None:
@@ -390,8 +390,8 @@ class Drafter(nn.Module):
 
     def device_rows(self, batch: int, room: int, device: torch.device) -> object | None:
         """What the device step (`decoding.device_step`) keeps per row for this drafter across steps, in fixed-shape
-        device buffers, with ``start`` (after the prefill), ``extend`` (after each step), ``read`` (what the heads read)
-        and ``context`` (what drafting attends to): a window of verified states (`RowWindow`), EAGLE-3's cache; None:
+        device buffers, with ``start`` (after the prefill), ``extend`` (after each step), ``read`` (what the heads read,
+        from the base's newest state, as `SequenceState.heads_input`) and ``context`` (what drafting attends to): a window of verified states (`RowWindow`), EAGLE-3's cache; None:
         nothing beyond the base's newest state. ``room``: the slots of the base's cache per row."""
         return RowWindow(self, batch, self.hidden_size, device) if self.context_window > 0 else None
 

@@ -140,9 +140,11 @@ class FeatureLayer(nn.Module):
     def keys_values_queries(self, embeds: torch.Tensor, states: torch.Tensor, positions: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(keys, values ``[B, KVH, N, D]``, queries ``[B, H, N, D]``) for inputs ``[B, N, hidden]`` at ``positions``
-        ``[N]``."""
+        ``[N]`` (or ``[B, N]``: each row's own)."""
         x = torch.cat([self.embed_norm(embeds), self.hidden_norm(states)], dim=-1)
         rotation = rotary(positions, self.head_dim, x.dtype)
+        if positions.dim() == 2:  # [B, N, D] -> [B, 1, N, D]: the same rotation for every head
+            rotation = tuple(part[:, None] for part in rotation)
         keys = rotate(self._heads(self.k_proj(x), self.kv_heads), rotation)
         values = self._heads(self.v_proj(x), self.kv_heads)
         queries = rotate(self._heads(self.q_proj(x), self.num_heads), rotation)
@@ -198,6 +200,75 @@ class Eagle3State(SequenceState):
         return self.keys, self.values
 
 
+class Eagle3Rows:
+    """The decoder layer's KV cache over every row's verified positions, for the device step (`decoding.device_step`),
+    in fixed-shape device buffers: a row writes its new positions right after its own (``length``), ``visible`` hides
+    its left padding and what lies past it, ``position`` counts its verified positions (rotary); ``newest`` is the
+    layer's output at the newest, depth 0's input. What `Eagle3State` keeps for one sequence, kept for a batch."""
+
+    def __init__(self, drafter: "Eagle3Drafter", batch: int, room: int, device: torch.device):
+        layer = drafter.layer
+        self.drafter = drafter
+        self.keys = torch.zeros(batch, layer.kv_heads, room, layer.head_dim, dtype=drafter.dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.visible = torch.zeros(batch, room, dtype=torch.bool, device=device)
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)
+        self.position = torch.zeros_like(self.length)
+        self.newest = torch.zeros(batch, drafter.hidden_size, dtype=drafter.dtype, device=device)
+        self.slot_range = torch.arange(room, device=device)
+
+    def start(self, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """The cache over a prefill's fused states ``[B, W, F]`` followed by ``tokens`` ``[B, W]`` (``valid``: not left
+        padding)."""
+        self.visible.zero_()
+        self.length.zero_()
+        self.position.zero_()
+        self._extend(features, tokens, valid, valid.shape[1])
+
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
+        """Each row's first ``count`` of ``features`` ``[B, n, F]`` (the accepted path), with the ``tokens`` after them."""
+        self._extend(features, tokens, torch.arange(tokens.shape[1], device=count.device)[None] < count[:, None], count)
+
+    def _extend(self, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, advance) -> None:
+        drafter, layer = self.drafter, self.drafter.layer
+        states = drafter.fc(features.to(drafter.dtype))
+        positions = self.position[:, None] + (valid.long().cumsum(-1) - 1).clamp(min=0)
+        keys, values, queries = layer.keys_values_queries(drafter.embed(tokens), states, positions)
+        slots = self.length[:, None] + torch.arange(tokens.shape[1], device=tokens.device)[None]  # [B, n]
+        index = slots[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+        self.keys.scatter_(2, index, keys)
+        self.values.scatter_(2, index, values)
+        self.visible.scatter_(1, slots, valid)
+        earlier = self.slot_range[None, None, :] <= slots[:, :, None]  # [B, n, room]
+        sees = (self.visible[:, None, :] & earlier) | (self.slot_range[None, None, :] == slots[:, :, None])
+        out = layer.finish(states, attend(queries, self.keys, self.values, sees[:, None, None]))
+        last = (valid.long().cumsum(-1) * valid).argmax(dim=-1)  # each row's newest valid position
+        newest = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
+        self.newest.copy_(torch.where(valid.any(dim=-1)[:, None], newest, self.newest))
+        self.length.add_(advance)
+        self.position.add_(valid.long().sum(dim=-1))
+
+    def read(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What depth 0 reads (``[B, hidden]``), the base's newest states being ``hidden``: the layer's output at the
+        newest verified position."""
+        return self.newest
+
+    def context(self) -> "Eagle3Rows":
+        """What deeper depths attend to: every row's cache (`Eagle3Drafter.draft_level`)."""
+        return self
+
+
+def _draft_context(context, previous: torch.Tensor, layer: FeatureLayer):
+    """(keys, values ``[rows, KVH, T, D]``, which keys each row sees (``[rows, T]``; None: all), how many verified
+    positions each row has cached (an int, or ``[rows]``)) of what drafting attends to."""
+    if isinstance(context, Eagle3Rows):
+        return context.keys, context.values, context.visible, context.position
+    keys, values = context if context is not None else (None, None)
+    if keys is None:  # no verified position cached: the path alone (a draft from ``hidden`` with no history)
+        keys = values = previous.new_zeros(1, layer.kv_heads, 0, layer.head_dim)
+    return keys, values, None, keys.shape[2]
+
+
 class Eagle3Drafter(Drafter):
     """Drafts with one decoder layer over the base's fused low, middle and high states (see the module docstring)."""
 
@@ -243,6 +314,13 @@ class Eagle3Drafter(Drafter):
     def start(self, model: nn.Module, cache) -> Eagle3State:
         return Eagle3State(self)
 
+    def device_rows(self, batch: int, room: int, device: torch.device) -> Eagle3Rows:
+        return Eagle3Rows(self, batch, room, device)
+
+    def device_states(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The fused layers' inputs (`capture_features`): ``hidden_states[i]`` is the state entering layer ``i``."""
+        return torch.cat([hidden_states[i] for i in self.feature_layers], dim=-1)
+
     # ------------------------------------------------------------------------------ the layer over verified positions
     def extend(self, features: torch.Tensor, next_tokens: torch.LongTensor, positions: torch.Tensor,
                keys: torch.Tensor | None, values: torch.Tensor | None
@@ -263,35 +341,38 @@ class Eagle3Drafter(Drafter):
                     context: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Depth 0: ``hidden`` is the layer's output at the newest verified position (`Eagle3State.heads_input`).
         Depth ``k >= 1``: the layer at position ``t + k`` over each parent's output and guess, attending to
-        ``context`` (the cache's keys and values; None: nothing cached, the path alone) and the path. A node's state holds every path node's output, keys
+        ``context`` (the cache's keys and values; None: nothing cached, the path alone; or every row's cache in the
+        device step, `Eagle3Rows`, whose nodes come row by row) and the path. A node's state holds every path node's output, keys
         and values (``[n, k + 1, hidden + 2 * kv width]``; depth 0's keys and values are in the cache, zero here)."""
         width = self.layer.kv_width
         if k == 0:
             state = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], 2 * width)], dim=-1)[:, None]
+            return state, self.project(self.readout(k, state), k)
+        keys, values, visible, cached = _draft_context(context, previous, self.layer)
+        size, count, rows = self.hidden_size, previous.shape[0], keys.shape[0]
+        per = count // rows  # nodes of each row (a sequence's nodes: one row)
+        if isinstance(cached, int):
+            positions = torch.full((rows, per), max(cached - 1, 0) + k, device=previous.device)
         else:
-            size, count = self.hidden_size, previous.shape[0]
-            keys, values = context if context is not None else (None, None)
-            if keys is None:  # no verified position cached: the path alone (a draft from ``hidden`` with no history)
-                keys = previous.new_zeros(1, self.layer.kv_heads, 0, self.layer.head_dim)
-                values = keys
-            position = max(keys.shape[2] - 1, 0) + k
-            positions = torch.full((count,), position, device=previous.device)
-            states = previous[None, :, -1, :size]  # [1, n, hidden]
-            new_keys, new_values, queries = self.layer.keys_values_queries(
-                self.embed(tokens[None, :, -1]), states, positions)
-            heads, dim = self.layer.kv_heads, self.layer.head_dim
+            positions = ((cached - 1).clamp(min=0) + k)[:, None].expand(rows, per)
+        states = previous[:, -1, :size].reshape(rows, per, size)
+        new_keys, new_values, queries = self.layer.keys_values_queries(
+            self.embed(tokens[:, -1]).reshape(rows, per, size), states, positions)
+        heads, dim = self.layer.kv_heads, self.layer.head_dim
 
-            def path(part: torch.Tensor, new: torch.Tensor) -> torch.Tensor:  # [1, KVH, n, k, D]: ancestors, then itself
-                earlier = part[:, 1:].reshape(count, k - 1, heads, dim).permute(2, 0, 1, 3)[None]
-                return torch.cat([earlier, new[:, :, :, None]], dim=3)
+        def path(part: torch.Tensor, new: torch.Tensor) -> torch.Tensor:  # [rows, KVH, per, k, D]: ancestors, itself
+            earlier = part[:, 1:].reshape(rows, per, k - 1, heads, dim).permute(0, 3, 1, 2, 4)
+            return torch.cat([earlier, new[:, :, :, None]], dim=3)
 
-            own_keys = path(previous[..., size : size + width], new_keys)
-            own_values = path(previous[..., size + width :], new_values)
-            out = self.layer.finish(states, attend(queries, keys, values, None, own_keys, own_values))[0]
-            def flat(x: torch.Tensor) -> torch.Tensor:  # [1, KVH, n, D] -> [n, KVH * D]
-                return x[0].permute(1, 0, 2).reshape(count, width)
+        own_keys = path(previous[..., size : size + width], new_keys)
+        own_values = path(previous[..., size + width :], new_values)
+        mask = None if visible is None else visible[:, None, None, None, :]
+        out = self.layer.finish(states, attend(queries, keys, values, mask, own_keys, own_values)).reshape(count, size)
 
-            state = torch.cat([previous, torch.cat([out, flat(new_keys), flat(new_values)], dim=-1)[:, None]], dim=1)
+        def flat(x: torch.Tensor) -> torch.Tensor:  # [rows, KVH, per, D] -> [count, KVH * D]
+            return x.permute(0, 2, 1, 3).reshape(count, width)
+
+        state = torch.cat([previous, torch.cat([out, flat(new_keys), flat(new_values)], dim=-1)[:, None]], dim=1)
         return state, self.project(self.readout(k, state), k)
 
     def readout(self, k: int, state: torch.Tensor) -> torch.Tensor:

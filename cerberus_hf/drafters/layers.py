@@ -20,10 +20,10 @@ def _inverse_frequencies(dim: int, device: torch.device) -> torch.Tensor:
 
 
 def rotary(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) ``[T, dim]`` of the rotary position embedding (base 10000) at ``positions`` ``[T]``, for heads of
-    ``dim`` (each half of the last axis the same): computed once per layer call and shared by its keys and queries (a
+    """(cos, sin) ``[..., T, dim]`` of the rotary position embedding (base 10000) at ``positions`` ``[..., T]``, for heads
+    of ``dim`` (each half of the last axis the same): computed once per layer call and shared by its keys and queries (a
     drafting step's dozens of small ops cost more than its matrix products on a CPU, and on a GPU each is a launch)."""
-    angles = positions.to(torch.float32)[:, None] * _inverse_frequencies(dim, positions.device)[None]
+    angles = positions.to(torch.float32)[..., None] * _inverse_frequencies(dim, positions.device)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
