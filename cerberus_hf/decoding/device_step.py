@@ -369,8 +369,9 @@ class DeviceDecoding:
 
     def runner(self, rows: int, length: int) -> DeviceStep:
         """The owner's `DeviceStep` for this batch size and tree with room for ``length`` tokens and a step, built on
-        first use (and rebuilt, larger, for a longer call)."""
-        room = -(-(length + len(self.tree) + 1) // ROOM_MULTIPLE) * ROOM_MULTIPLE
+        first use (and rebuilt, larger, for a longer call: the rooms are powers of two, so a few sizes serve every
+        call)."""
+        room = max(SMALLEST_ROOM, 1 << (length + len(self.tree)).bit_length())  # a power of two: few sizes compile
         key = (rows, self.tree.paths, self.compile_mode)
         with _RUNNERS_LOCK:
             runners = self.owner.__dict__.setdefault("_cerberus_device_steps", {})
@@ -382,5 +383,5 @@ class DeviceDecoding:
         return step
 
 
-ROOM_MULTIPLE = 256
+SMALLEST_ROOM = 512
 _RUNNERS_LOCK = threading.Lock()
