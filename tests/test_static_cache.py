@@ -14,7 +14,7 @@ from transformers import CompileConfig, StaticCache
 
 from cerberus_hf.compat import output_cache
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
-from cerberus_hf.decoding import static_cache
+from cerberus_hf.decoding import paths, static_cache
 from cerberus_hf.decoding.static_cache import BUCKETS, ROOM_MULTIPLE, bucket
 from helpers import NEW_TOKENS, VARIANTS, check_stats, fresh_model, get_base, get_prompt, install_oracle, reference
 from test_exactness import CORRUPTIONS, TREE, longer_reference
@@ -240,6 +240,7 @@ def test_a_compiled_call_keeps_the_largest_room_so_later_calls_reuse_its_graphs(
 def test_a_static_cache_it_cannot_roll_back_in_place_falls_back(layer, reason, monkeypatch):
     """The call says so in one line and uses the dynamic cache."""
     monkeypatch.setattr(static_cache, "StaticLayer", layer)
+    monkeypatch.setattr(paths, "StaticLayer", layer)  # where a call's path is chosen (`decoding.paths`)
     said = []
     monkeypatch.setattr(static_cache.logger, "warning_once", said.append)
     model = fresh_model("llama", "hydra", randomize=True, num_heads=3)
