@@ -35,16 +35,15 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..compat import cache_argument, prefill
+from ..compat import prefill
 from .batching import pad_batch, pad_token_id
 from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
 from .loop import Acceptance, check_supported
 from .profiling import StepProfiler, phase_timer
 from .settings import DecodingSettings
 from .static_cache import verification_for
-from .transfer import to_device
 from .tree import TreeSpec
-from .verification import keep_cache_positions, step_inputs
+from .verification import RowsVerification
 
 
 def shared_budget(settings: DecodingSettings, rows: int) -> DecodingSettings:
@@ -107,6 +106,8 @@ def batched_speculative_generate(
                   for pad in pads]
     cache = verification_for(model, compile_base or model, generation_config, model_kwargs,
                              no_static).cache  # a dynamic cache (rows are selected from it)
+    valid = mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    verification = RowsVerification(cache, valid)
     typical = settings.typical if settings is not None else None
     acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, generators[0].gate,
                             batch=batch)
@@ -124,7 +125,6 @@ def batched_speculative_generate(
             generator.start(model, cache)
         with phase("prefill"):
             outputs = prefill(model, input_ids, generation_config, model_kwargs)
-        valid = mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [live, slots]
         # what the forward computed, kept apart: drafting a row may run the base's lm_head, whose hook records anew
         step_captured = dict(captured)
         step_logits = outputs.logits[:, -1:]
@@ -134,18 +134,16 @@ def batched_speculative_generate(
             with phase("accept"):
                 walked = acceptance.walk_rows(step_logits, [drafts[row] for row in live], [sequences[row] for row in live],
                                               live)
-                for row, (sequences[row], accepted, done, last_token, next_scores, gated) in zip(live, walked):
-                    generators[row].update_candidate_strategy(sequences[row], next_scores, num_matches=len(accepted))
-                    kept.append([0] + [n + 1 for n in accepted])
-                    last = accepted[-1] + 1 if accepted else 0
-                    lasts.append((last, last_token, gated[last] if gated is not None else None))
-                    finished.append(done)
+                for row, walk in zip(live, walked):
+                    sequences[row] = walk.input_ids
+                    generators[row].update_candidate_strategy(walk.input_ids, walk.scores,
+                                                              num_matches=len(walk.accepted))
+                    kept.append(walk.kept)
+                    lasts.append((walk.last, walk.last_token, walk.gate_decision()))
+                    finished.append(walk.finished)
             with phase("cache"):
                 if not after_prefill:
-                    fed = step_logits.shape[1]
-                    slots = keep_cache_positions(cache, fed, kept)
-                    new = torch.arange(slots)[None, :] < torch.tensor([len(k) for k in kept])[:, None]
-                    valid = torch.cat([valid, new.to(valid.device)], dim=-1)
+                    verification.keep(kept)
             if all(finished):
                 break
             with phase("draft"):
@@ -166,16 +164,12 @@ def batched_speculative_generate(
             if any(finished):
                 with phase("cache"):
                     staying = [i for i, done in enumerate(finished) if not done]
-                    cache.batch_select_indices(to_device(staying, input_ids.device, torch.long))
-                    valid = valid[staying]
+                    verification.drop(staying)
                     live = [live[i] for i in staying]
             with phase("verify"):
                 rows = [sequences[row] for row in live]
-                tokens, positions, attention = step_inputs(
-                    rows, [drafts[row] for row in live], [r.shape[1] - pads[row] for r, row in zip(rows, live)],
-                    valid, model.dtype, pad)
-                outputs = model(input_ids=tokens, position_ids=positions, attention_mask=attention, use_cache=True,
-                                **cache_argument(cache))
+                outputs = verification.forward(model, rows, [drafts[row] for row in live],
+                                               [r.shape[1] - pads[row] for r, row in zip(rows, live)], pad)
             step_captured = dict(captured)
             step_logits = outputs.logits
 

@@ -20,7 +20,7 @@ on the host once, which on a GPU is what it costs.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..compat import cache_argument, handed_cache, prefill, tree_attention_ok
+from ..compat import cache_argument, handed_cache, prefill
 from .acceptance import pick_token
 from .gate import EntropyGate
 from .candidate_generator import CerberusCandidateGenerator, Draft
@@ -172,6 +172,31 @@ def _walk_read(packed: list[int], draft: Draft | None, gate: EntropyGate | None
     return [choices[0]] + [choices[node + 1] for node in nodes], nodes, [bool(d) for d in gated] if gate else None
 
 
+class Walked(NamedTuple):
+    """What walking one row's verification outputs decided (`Acceptance.walk`)."""
+
+    input_ids: torch.LongTensor  # the row with the tokens it emitted
+    accepted: list[int]  # the draft nodes accepted, root's child first
+    finished: bool  # a stopping criterion fired
+    last_token: int | None  # the newest emitted token (None where the host has not read it)
+    scores: torch.Tensor | None  # the last position's processed scores (None on the one-read path)
+    gated: list[bool] | None  # the gate's decision at every fed position (None: the gate decides itself)
+
+    @property
+    def kept(self) -> list[int]:
+        """The fed positions the cache keeps: the root and the accepted nodes."""
+        return [0] + [node + 1 for node in self.accepted]
+
+    @property
+    def last(self) -> int:
+        """The fed position that predicted the newest token."""
+        return self.accepted[-1] + 1 if self.accepted else 0
+
+    def gate_decision(self) -> bool | None:
+        """The gate's decision for the next step, where this walk made it."""
+        return self.gated[self.last] if self.gated is not None else None
+
+
 class Acceptance:
     """Turns one verification forward's logits into emitted tokens, walking the draft tree from the root (input
     position 0, the last token): each emitted token is picked from the base's prediction at the current node, then
@@ -201,11 +226,10 @@ class Acceptance:
         self.base_gate = gate if (self.one_read and gate.signal != "head_entropy"
                                   and not (gate.always_drafts or gate.never_drafts)) else None
 
-    def walk(self, step_logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor, row: int = 0):
-        """(``input_ids`` with the emitted tokens, the accepted nodes, whether a stopping criterion fired, the last
-        emitted token as an int (None where the host has not read it), the last position's processed scores (None
-        on the one-read path), the gate's decision at every fed position or None) for one sequence ``[1, ...]``.
-        ``row``: the sequence's row in the call's batch."""
+    def walk(self, step_logits: torch.Tensor, draft: Draft | None, input_ids: torch.LongTensor, row: int = 0
+             ) -> Walked:
+        """What one sequence ``[1, ...]`` emits and keeps of a verification's outputs. ``row``: the sequence's row in
+        the call's batch."""
         processors = self.row_processors[row]
         if self.one_read:
             return self._emit(*_greedy_walk(step_logits, draft, self.base_gate, input_ids,
@@ -233,10 +257,10 @@ class Acceptance:
             if node is None:
                 break
             accepted.append(node)
-        return input_ids, accepted, finished, last_token, next_scores, None
+        return Walked(input_ids, accepted, finished, last_token, next_scores, None)
 
     def walk_rows(self, step_logits: torch.Tensor, drafts: list[Draft | None], rows: list[torch.LongTensor],
-                  batch_rows: list[int]) -> list:
+                  batch_rows: list[int]) -> list[Walked]:
         """`walk` for every row of a batched forward (``step_logits`` ``[rows, F, V]``, row ``i`` fed its newest token
         and ``drafts[i]``; ``batch_rows[i]``: its row in the call's batch, for the processors, `row_view`): on the
         one-read path every row's decisions are read to the host together, once."""
@@ -254,7 +278,8 @@ class Acceptance:
             start += part.shape[0]
         return out
 
-    def _emit(self, emitted: list[int], accepted: list[int], gated: list[bool] | None, input_ids: torch.LongTensor):
+    def _emit(self, emitted: list[int], accepted: list[int], gated: list[bool] | None, input_ids: torch.LongTensor
+              ) -> Walked:
         """`walk`'s result on the one-read path: the emitted tokens cut at generate()'s length or end-of-sequence
         stop, appended to ``input_ids``."""
         max_length, eos = self.host_stopping
@@ -264,7 +289,7 @@ class Acceptance:
                 emitted, accepted, finished = emitted[:count], accepted[: count - 1], True
                 break
         input_ids = torch.cat([input_ids, to_device([emitted], input_ids.device, input_ids.dtype)], dim=-1)
-        return input_ids, accepted, finished, emitted[-1], None, gated
+        return Walked(input_ids, accepted, finished, emitted[-1], None, gated)
 
 
 def speculative_generate(
@@ -322,30 +347,22 @@ def speculative_generate(
         after_prefill = True  # the outputs being read are the prefill's: every position of it is kept
         while True:
             with phase("accept"):
-                input_ids, accepted, finished, last_token, next_scores, gated = acceptance.walk(
-                    step_logits, draft, input_ids)
-            candidate_generator.update_candidate_strategy(input_ids, next_scores, num_matches=len(accepted))
-            kept = [0] + [n + 1 for n in accepted]
+                walked = acceptance.walk(step_logits, draft, input_ids)
+            input_ids, kept, last = walked.input_ids, walked.kept, walked.last
+            candidate_generator.update_candidate_strategy(input_ids, walked.scores, num_matches=len(walked.accepted))
             if draft is not None:
                 with phase("cache"):
                     verification.keep(kept)
-            if finished:
+            if walked.finished:
                 break
-            last = accepted[-1] + 1 if accepted else 0
             with phase("draft"):
                 candidate_generator.observe(captured, None if after_prefill else kept)
                 after_prefill = False
                 draft = candidate_generator.propose(
                     input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last],
-                    last_token=last_token, gate_decision=gated[last] if gated is not None else None,
+                    last_token=walked.last_token, gate_decision=walked.gate_decision(),
                 )
-                if draft is not None and not draft.tree.is_chain and not tree_attention_ok(model, input_ids.shape[1] + len(draft.tokens)):
-                    draft = candidate_generator.fall_back_to_chain(draft)
-                if draft is not None and strict_rows is not None and len(draft.tokens) >= strict_rows:
-                    draft = candidate_generator.cut_to(draft, strict_rows - 1)
-                room = verification.max_draft(input_ids.shape[1] - 1)
-                if draft is not None and room is not None and len(draft.tokens) > room:
-                    draft = candidate_generator.cut_to(draft, room)
+                draft = verification.fit(model, candidate_generator, draft, input_ids.shape[1] - 1, strict_rows)
             with phase("verify"), candidate_generator.verifying(
                     strict_model if draft is not None else model, input_ids, draft) as verifier:
                 outputs = verification.forward(verifier, input_ids, draft, captured)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import Cache, DynamicCache
 
-from ..compat import cache_argument
+from ..compat import cache_argument, tree_attention_ok
 from .candidate_generator import Draft
 from .transfer import to_device
 
@@ -108,3 +108,50 @@ class Verification:
     def max_draft(self, past: int) -> int | None:
         """The most draft nodes a forward after ``past`` cached positions can take (None: no limit)."""
         return None
+
+    def fit(self, model: nn.Module, generator, draft: Draft | None, past: int, strict_rows: int | None
+            ) -> Draft | None:
+        """``draft`` cut to what this step can verify after ``past`` verified positions: its top chain where the base's
+        attention takes no tree at this length, at most ``strict_rows - 1`` nodes under strict verification, and no
+        more than the room left (``generator`` records the cut, `CerberusCandidateGenerator.cut_to`)."""
+        if draft is None:
+            return None
+        if not draft.tree.is_chain and not tree_attention_ok(model, past + 1 + len(draft.tokens)):
+            draft = generator.fall_back_to_chain(draft)
+        if draft is not None and strict_rows is not None and len(draft.tokens) >= strict_rows:
+            draft = generator.cut_to(draft, strict_rows - 1)
+        room = self.max_draft(past)
+        if draft is not None and room is not None and len(draft.tokens) > room:
+            draft = generator.cut_to(draft, room)
+        return draft
+
+
+class RowsVerification:
+    """The verification forward of a batch's live rows over one dynamic cache, the roll-back after it, and the rows
+    that leave: ``valid`` (``[rows, slots]``) marks each row's slots, so that its left padding and the empty slots a
+    shorter accepted branch leaves stay hidden (`batched`)."""
+
+    def __init__(self, cache: Cache, valid: torch.Tensor):
+        self.cache, self.valid = cache, valid
+        self.fed = 0  # positions fed by the last forward (the widest row's)
+
+    def forward(self, model: nn.Module, rows: list[torch.LongTensor], drafts: list[Draft | None], lengths: list[int],
+                pad: int):
+        """One forward over every row's newest token and draft (`step_inputs`); ``lengths``: each row's token count
+        without its padding."""
+        tokens, positions, attention = step_inputs(rows, drafts, lengths, self.valid, model.dtype, pad)
+        self.fed = tokens.shape[1]
+        return model(input_ids=tokens, position_ids=positions, attention_mask=attention, use_cache=True,
+                     **cache_argument(self.cache))
+
+    def keep(self, kept: list[list[int]]) -> None:
+        """Keep of each row's fed positions those at ``kept[row]``; a row that kept fewer leaves hidden slots."""
+        slots = keep_cache_positions(self.cache, self.fed, kept)
+        new = torch.arange(slots)[None, :] < torch.tensor([len(k) for k in kept])[:, None]
+        self.valid = torch.cat([self.valid, new.to(self.valid.device)], dim=-1)
+
+    def drop(self, staying: list[int]) -> None:
+        """Keep only the rows at ``staying`` (in the cache's order)."""
+        self.cache.batch_select_indices(to_device(staying, self.valid.device, torch.long))
+        self.valid = self.valid[staying]
+
