@@ -195,6 +195,19 @@ def greedy_accept(logits: torch.Tensor, nodes: torch.Tensor, index: TreeIndex, e
     return Accepted(path, tokens, count, ended.any(dim=-1) | (count >= remaining))
 
 
+def _fixed_addresses(holder: object | None) -> None:
+    """Tell the compiler that ``holder``'s tensors keep their memory from step to step (they are updated in place): a
+    CUDA graph then reads and writes them where they are, instead of skipping the graph for mutated inputs or copying
+    each into a graph-owned buffer before every replay."""
+    values = list(vars(holder).values()) if holder is not None else []
+    while values:
+        value = values.pop()
+        if isinstance(value, torch.Tensor):
+            torch._dynamo.mark_static_address(value)
+        elif isinstance(value, (tuple, list)):  # a tree's levels
+            values.extend(value)
+
+
 class DeviceStep:
     """Greedy draft-verify decoding of ``rows`` rows with a static ``tree``, every step on the device (module
     docstring). Built once per base, drafter, rows, tree and room (`runner`), its buffers serve every call; a call
@@ -224,6 +237,8 @@ class DeviceStep:
         self.slot_range = torch.arange(room, device=device)
         self.fed_range = torch.arange(self.fed, device=device)
         self.path_range = torch.arange(tree.depth + 1, device=device)
+        for holder in (self, self.index, self.kept):
+            _fixed_addresses(holder)
         self.step = self._step if compile_mode is None else torch.compile(
             self._step, fullgraph=True, mode=None if compile_mode == "default" else compile_mode)
 
