@@ -5,13 +5,13 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .configuration_cerberus import HEAD_TYPES, CerberusConfig
-from .decoding.gate import EntropyGate, entropy
-from .decoding.settings import DecodingSettings
+from .blocks.gate import EntropyGate, entropy
+from .blocks.settings import DecodingSettings
 from .drafters import (
     CerberusDrafter, CloverDrafter, Drafter, Eagle3Drafter, HydraDrafter, KangarooDrafter, MedusaDrafter, build_drafter,
 )
 from .modeling_cerberus import CerberusForCausalLM
-from .decoding.stats import GenerationStats
+from .blocks.stats import GenerationStats
 
 AutoConfig.register(CerberusConfig.model_type, CerberusConfig, exist_ok=True)
 AutoModelForCausalLM.register(CerberusConfig, CerberusForCausalLM, exist_ok=True)

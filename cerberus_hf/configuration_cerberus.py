@@ -9,8 +9,8 @@ from transformers import PreTrainedConfig
 from transformers.utils import CONFIG_NAME
 
 from .checkpoint import check_source
-from .decoding.gate import GATE_SIGNALS
-from .decoding.tree import DynamicTree, TreeSpec
+from .blocks.gate import GATE_SIGNALS
+from .blocks.tree import DynamicTree, TreeSpec
 from .errors import UserError, check_number
 from .remote_code import AUTO_MAP, write_loading_code
 
@@ -52,13 +52,13 @@ class CerberusConfig(PreTrainedConfig):
         gate_threshold: entropy (nats) of the base's next-token distribution below which a step drafts;
             ``None`` drafts on every step. ``generate(gate_threshold=...)`` overrides it per call.
         gate_signal: what the gate thresholds: ``"base_entropy"`` (the paper's), ``"head_entropy"`` or
-            ``"base_top1"`` (see `cerberus_hf.decoding.gate`).
+            ``"base_top1"`` (see `cerberus_hf.blocks.gate`).
         draft_tree: the tree of head guesses verified per step, as Medusa-style paths of top-k ranks
             (``[[0], [1], [0, 0], ...]``); ``None`` verifies the chain of every head's top-1 guess.
             ``generate(draft_tree=...)`` overrides it per call.
         dynamic_tree: ``{"nodes": N, "depth": D, "top_k": k}`` grows each step's tree from the drafter's
             own confidence (EAGLE-2; see `decoding.drafting`) instead of drafting ``draft_tree``, with
-            ``"top_p"`` and ``"min_ratio"`` a per-node budget (Clover; `decoding.tree.DynamicTree`); ``None``
+            ``"top_p"`` and ``"min_ratio"`` a per-node budget (Clover; `blocks.tree.DynamicTree`); ``None``
             drafts the static tree. ``generate(dynamic_tree=...)`` overrides it per call.
         prompt_lookup_num_tokens: tokens copied from the context (prompt lookup) and grafted into each
             draft; ``None`` copies nothing. ``generate(prompt_lookup_num_tokens=...)`` overrides it per call.

@@ -9,7 +9,7 @@ from transformers import GenerationConfig
 
 from .checkpoint import load_heads_state_dict, resolve_heads_file
 from .configuration_cerberus import CerberusConfig
-from .decoding.settings import check_entry
+from .blocks.settings import check_entry
 from .drafters import build_drafter
 
 

@@ -39,27 +39,27 @@ from .base_model import (
 from .checkpoint import HEADS_WEIGHTS_NAME, resolve_file, save_heads_state_dict
 from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
-from .decoding.acceptance import TypicalAcceptance
+from .blocks.acceptance import TypicalAcceptance
 from .decoding.batched import shared_budget
-from .decoding.batching import pad_batch, unpadded_length_limits, unpadded_rows
+from .blocks.batching import pad_batch, unpadded_length_limits, unpadded_rows
 from .decoding.candidate_generator import CerberusCandidateGenerator
 from .decoding.device_step import DeviceDecoding
-from .decoding.gate import EntropyGate
-from .decoding.lookup import DEFAULT_MAX_NGRAM
+from .blocks.gate import EntropyGate
+from .blocks.lookup import DEFAULT_MAX_NGRAM
 from .decoding.paths import LoopDecoding, choose_path
-from .decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
-from .decoding.packed import PackedWeights, packed_views, packing_available
-from .decoding.profiling import StepProfiler, phase_timer
-from .decoding.rescoring import Rescoring
-from .decoding.settings import (
+from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .blocks.packed import PackedWeights, packed_views, packing_available
+from .blocks.profiling import StepProfiler, phase_timer
+from .blocks.rescoring import Rescoring
+from .blocks.settings import (
     UNSET,
     DecodingSettings,
     resolve_settings,
     stored_settings,
 )
-from .decoding.stats import GenerationStats
-from .decoding.strict import check_strict_support, row_invariant_rows
-from .decoding.tree import DynamicTree, TreeSpec
+from .blocks.stats import GenerationStats
+from .blocks.strict import check_strict_support, row_invariant_rows
+from .blocks.tree import DynamicTree, TreeSpec
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import check_int
 from .hardware import HardwareKey, bf16_matmul, select_calibration
@@ -375,19 +375,19 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         "candidates", "weight", "lm_weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads'
         guesses rescored by the checkpoint's n-gram model (``weight``; ``model.ngram``, from
         ``ngram.safetensors``) and its small LM (``lm_weight``; ``model.rescorer``, from ``rescorer/``; see
-        `decoding.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
+        `blocks.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
         the generation config for the closest device, dtype and processor are used (`decoding_settings`;
         ``generation_stats.calibration`` names the entry), else the config's.
         ``exit_confidence`` overrides the early exit of a drafter that drafts its own chain (Kangaroo: a
         draft ends after a token drafted with a lower probability). ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
         sampling, which is faster but NOT lossless. ``strict=True`` verifies so that every position's numbers
-        are bit-identical to a one-token forward's (`decoding.strict`): in bf16 and fp16, where batched
+        are bit-identical to a one-token forward's (`blocks.strict`): in bf16 and fp16, where batched
         verification can flip a near tie, output then equals plain `generate()`'s token for token, at the cost
         of one attention call per verified position; drafts are cut to the tallest batch this base's linear
         layers compute row-invariantly here (``generation_stats.strict_rows``; 1 means plain decoding). Needs
         sdpa attention and no sliding window. ``packed_weights`` (default: on where it can be, a CPU in float32 or
         bfloat16, unless ``strict``) runs the base's and drafter's linear layers through weights packed once for oneDNN
-        (`decoding.packed`): on a CPU, a forward over a few drafted tokens then costs about what one token's does.
+        (`blocks.packed`): on a CPU, a forward over a few drafted tokens then costs about what one token's does.
         The packed copies are kept beside the model (about its weights' size again in memory); ``False`` leaves
         them out. ``device_step`` runs each step as one function of device buffers with a single host read
         (`decoding.device_step`), compiled into CUDA graphs on CUDA: the default on CUDA for greedy calls with a
@@ -541,7 +541,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
     def decoding_view(self, strict: bool = False, packed_weights: bool | None = None) -> "CerberusForCausalLM":
         """This model as `generate()` runs it with these arguments: a view (`module_views`) whose base and drafter
-        compute through packed weights (`decoding.packed`) where ``packed_weights`` asks for them or, when None,
+        compute through packed weights (`blocks.packed`) where ``packed_weights`` asks for them or, when None,
         where packing can apply and ``strict`` is off; else the model itself. Calibration measures this view, so its
         costs are decoding's."""
         if packed_weights and strict:

@@ -20,7 +20,7 @@ import torch
 from transformers import CompileConfig, DynamicCache, StaticCache
 
 from cerberus_hf.compat import cache_argument
-from cerberus_hf.decoding.profiling import synchronize
+from cerberus_hf.blocks.profiling import synchronize
 from cerberus_hf.decoding.static_cache import BUCKETS, ROOM_MULTIPLE
 from cerberus_hf.real_models import load_packaged_model
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from cerberus_hf.decoding.profiling import asking_line
+from cerberus_hf.blocks.profiling import asking_line
 
 
 def count_syncs(model, input_ids: torch.Tensor, **generate_kwargs) -> dict:

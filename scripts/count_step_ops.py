@@ -6,7 +6,7 @@ the verification's CUDA graph. Each operator the loop dispatches outside the bas
 walk over the verified tree, cutting the cache) is at least one such launch, and on a CPU a few microseconds of
 overhead, so their count per step is what to cut. This counts them on any device, with a dispatch mode that sees
 every ATen operator (views, which launch nothing, are left out), charges each to the loop's phase
-(`decoding.profiling.StepProfiler`) and to the innermost line of this library that asked for it.
+(`blocks.profiling.StepProfiler`) and to the innermost line of this library that asked for it.
 
     python scripts/count_step_ops.py --tiny llama --head-type hydra --max-new-tokens 48
     python scripts/count_step_ops.py --heads model_cards/eagle3-smollm2-135m-instruct --max-new-tokens 64
@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cerberus_hf.decoding import profiling
-from cerberus_hf.decoding.profiling import asking_line
+from cerberus_hf.blocks.profiling import asking_line
 
 from count_host_syncs import model_and_prompt  # scripts/ is on the path when run as a script
 

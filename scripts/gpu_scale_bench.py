@@ -28,7 +28,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.decoding.profiling import HostReads, synchronize
+from cerberus_hf.blocks.profiling import HostReads, synchronize
 
 from count_host_syncs import count_syncs  # scripts/ is on the path when run as a script
 

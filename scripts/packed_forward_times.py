@@ -1,5 +1,5 @@
 """One cached forward of SmolLM2-135M-Instruct over n new tokens, through the base's own linear layers and through
-packed weights (`cerberus_hf.decoding.packed`), alternating, with the largest logit difference between the two.
+packed weights (`cerberus_hf.blocks.packed`), alternating, with the largest logit difference between the two.
 
     python scripts/packed_forward_times.py --dtype float32 [--repeats 8] [--context 300]
 
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from cerberus_hf.decoding.packed import PackedWeights, packed_view
+from cerberus_hf.blocks.packed import PackedWeights, packed_view
 from cerberus_hf.real_models import load_packaged_model
 
 

@@ -12,7 +12,7 @@ way, and where they do not, the argmax can flip at a near tie. Per dtype, on thi
    tokens (each chunk one cached forward, as verification feeds a draft), against feeding it one token per
    forward (as plain generate() does): positions whose logits differ bitwise, the largest difference, and
    positions whose argmax differs;
-3. the same with strict verification (`cerberus_hf.decoding.strict`: each position's attention computed as a
+3. the same with strict verification (`cerberus_hf.blocks.strict`: each position's attention computed as a
    one-token forward computes it), in chunks no taller than the base's row-invariant height on this machine
    (`row_invariant_rows`, printed per dtype; a height of 1 leaves nothing to compare).
 
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from cerberus_hf.decoding.strict import row_invariant_rows, strict_view
+from cerberus_hf.blocks.strict import row_invariant_rows, strict_view
 
 from cerberus_hf.hardware import describe_device
 from cerberus_hf.real_models import load_named_model

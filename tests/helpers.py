@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.decoding.gate import entropy
-from cerberus_hf.decoding.ngram import NgramModel
+from cerberus_hf.blocks.gate import entropy
+from cerberus_hf.blocks.ngram import NgramModel
 from cerberus_hf.testing import (ARCHITECTURES, EOS, PAD, VOCAB, install_oracle, prompt_ids, randomize_heads,
                                  tiny_model)
 

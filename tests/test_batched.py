@@ -137,7 +137,7 @@ def test_where_the_batch_cannot_be_verified_together_rows_go_one_by_one(caplog):
 
 
 def model_settings(model):
-    from cerberus_hf.decoding.settings import resolve_settings
+    from cerberus_hf.blocks.settings import resolve_settings
 
     return resolve_settings(model.decoding_settings(), model.config.num_heads)
 
@@ -187,7 +187,7 @@ def test_each_depth_is_drafted_for_every_row_in_one_call(family, tree):
 def test_a_batched_step_reads_the_device_once(tree):
     """Greedy decoding of a batch reads every row's accepted branch in one read a step (on a GPU each read is a
     synchronisation): at most about one read per base forward, plus a few per call, whatever the rows."""
-    from cerberus_hf.decoding.profiling import HostReads
+    from cerberus_hf.blocks.profiling import HostReads
 
     ids, mask = padded_batch(lengths=(8, 5, 3, 6), seed=4)
     model = fresh_model("llama", "hydra", randomize=True, seed=5, num_heads=3)

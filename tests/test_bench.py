@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cerberus_hf.tools.bench import batch_inputs, markdown_profile, markdown_table, run_bench, save_plot
-from cerberus_hf.decoding.profiling import PHASES
+from cerberus_hf.blocks.profiling import PHASES
 from helpers import fresh_model, get_base, get_prompt, tiny_ngram
 from tiny_models import DEVICE, prompt_ids
 
@@ -198,7 +198,7 @@ def test_profile_accounts_for_the_whole_call():
 def test_a_phase_inside_another_is_charged_only_to_itself():
     import time
 
-    from cerberus_hf.decoding.profiling import StepProfiler
+    from cerberus_hf.blocks.profiling import StepProfiler
 
     profiler = StepProfiler(torch.device("cpu"))
     start = time.perf_counter()
@@ -269,9 +269,9 @@ def test_identical_share_counts_rows_up_to_their_end():
 
 
 def test_the_packed_peer_runs_beside_plain_generate_on_a_cpu():
-    """On a CPU the head rows verify through packed weights (`decoding.packed`); plain generate() through the same
+    """On a CPU the head rows verify through packed weights (`blocks.packed`); plain generate() through the same
     kernels sits beside plain generate(), so the table tells drafting's gain from the kernels'."""
-    from cerberus_hf.decoding.packed import packing_available
+    from cerberus_hf.blocks.packed import packing_available
 
     base = get_base("llama")
     model = fresh_model("llama", "hydra", num_heads=3)

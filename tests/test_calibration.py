@@ -19,7 +19,7 @@ from cerberus_hf.calibration.fit import (
 from cerberus_hf.calibration import measure
 from cerberus_hf.calibration.measure import non_decreasing
 from cerberus_hf.calibration.positions import ChainPosition, PositionRecord, collect_chain_positions, collect_positions
-from cerberus_hf.decoding.tree import DynamicTree
+from cerberus_hf.blocks.tree import DynamicTree
 from cerberus_hf.tools.calibrate import parse_budgets
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference
 from tiny_models import DEVICE, tiny_model
@@ -341,7 +341,7 @@ def test_calibrate_cli_in_bfloat16_writes_its_entry_and_leaves_the_weights_as_st
     from safetensors.torch import load_file
 
     from cerberus_hf import CerberusForCausalLM
-    from cerberus_hf.decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+    from cerberus_hf.blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
     from cerberus_hf.tools import calibrate as calibrate_tool
     from helpers import get_base
 

@@ -18,8 +18,8 @@ from transformers import GenerationConfig
 
 from cerberus_hf.decoding.device_step import DeviceStep
 from cerberus_hf.decoding.paths import device_step_refusal
-from cerberus_hf.decoding.profiling import HostReads
-from cerberus_hf.decoding.tree import TreeSpec
+from cerberus_hf.blocks.profiling import HostReads
+from cerberus_hf.blocks.tree import TreeSpec
 from helpers import PAD, fresh_model, get_base, install_oracle, randomize_heads
 from test_batched import model_settings, new_tokens
 from test_generate import padded_batch

@@ -14,7 +14,7 @@ from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.drafting import (
     StepDrafts, device_selection, dynamic_draft, dynamic_selection, node_budget, static_draft,
 )
-from cerberus_hf.decoding.tree import DynamicTree, TreeSpec
+from cerberus_hf.blocks.tree import DynamicTree, TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from cerberus_hf.drafters.base import capture_lm_head_input, capture_states
 from helpers import (

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 import cerberus_hf.modeling_cerberus as modeling
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
 from cerberus_hf.checkpoint import resolve_file
-from cerberus_hf.decoding.gate import EntropyGate
+from cerberus_hf.blocks.gate import EntropyGate
 from cerberus_hf.errors import UserError
 from helpers import get_prompt
 from tiny_models import CONFIGS, tiny_model

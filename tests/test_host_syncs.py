@@ -1,7 +1,7 @@
 """Host reads of device values per decoding step: each one is a synchronisation on a GPU, where a step that waits
 on the host several times costs about as much as the forward itself (docs/cuda.md).
 
-`decoding.profiling.HostReads` counts them on any device through a torch function mode (value reads such as
+`blocks.profiling.HostReads` counts them on any device through a torch function mode (value reads such as
 ``item``, ``tolist`` and ``bool``, outputs whose shape depends on values such as ``nonzero``, and copies of host
 values that wait for the device's queue: a tensor built from Python values on a named device, ``new_tensor``, indexing
 with a Python list). Greedy decoding of a static tree or a chain reads once a step (the accepted branch,
@@ -21,8 +21,8 @@ import torch
 from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor
 
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
-from cerberus_hf.decoding.profiling import HostReads
-from cerberus_hf.decoding.transfer import positions_index, to_device
+from cerberus_hf.blocks.profiling import HostReads
+from cerberus_hf.blocks.transfer import positions_index, to_device
 from helpers import NEW_TOKENS, fresh_model, get_base, get_prompt, reference
 
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]

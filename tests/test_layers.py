@@ -18,17 +18,15 @@ PACKAGE = Path(cerberus_hf.__file__).resolve().parent
 LAYERS = [
     # foundations: user errors, transformers seams, files, views of a module, calibration keys
     ["errors", "compat", "checkpoint", "module_views", "hardware"],
-    # decoding's primitives, which know no drafter: trees and masks, the gate, acceptance, lookup, n-grams, rescoring
-    ["decoding.tree", "decoding.gate", "decoding.acceptance", "decoding.lookup", "decoding.ngram", "decoding.stats",
-     "decoding.profiling", "decoding.rescoring", "decoding.strict", "decoding.settings", "decoding.batching",
-     "decoding.packed", "decoding.transfer"],
+    # decoding's building blocks, which know no drafter: trees and masks, the gate, acceptance, lookup, n-grams,
+    # rescoring, settings, statistics, strict verification, packed weights, batching, transfers
+    ["blocks", "blocks.*"],
     # what a saved folder is: its config and the code stubs it carries
     ["configuration_cerberus", "remote_code"],
     # the drafter interface and the families
     ["drafters", "drafters.*"],
     # the draft-verify loop, which knows drafters only through their interface
-    ["decoding", "decoding.drafting", "decoding.candidate_generator", "decoding.verification", "decoding.static_cache",
-     "decoding.loop", "decoding.batched", "decoding.device_step", "decoding.paths"],
+    ["decoding", "decoding.*"],
     # reading a saved folder and the base it names
     ["loading", "base_model", "real_models"],
     # the model users load, and its entry points

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.remote_code import LOADING_CODE
 from cerberus_hf.checkpoint import HEADS_WEIGHTS_NAME
-from cerberus_hf.decoding.rescoring import lm_rescore
+from cerberus_hf.blocks.rescoring import lm_rescore
 from cerberus_hf.modeling_cerberus import RESCORER_FOLDER
 from cerberus_hf.tools.bench import build_methods
 from cerberus_hf.compat import cache_argument

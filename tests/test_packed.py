@@ -1,4 +1,4 @@
-"""Linear layers through packed weights on a CPU (`decoding.packed`): the same numbers as the base's own (bit for bit
+"""Linear layers through packed weights on a CPU (`blocks.packed`): the same numbers as the base's own (bit for bit
 in bfloat16, within float32's rounding in float32), the base left as it was, weights changed in place packed again,
 and generate() using them by default except under strict verification."""
 
@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-import cerberus_hf.decoding.packed as packed
-from cerberus_hf.decoding.packed import PackedWeights, packed_view, packing_available
+import cerberus_hf.blocks.packed as packed
+from cerberus_hf.blocks.packed import PackedWeights, packed_view, packing_available
 from helpers import fresh_model, get_base, get_prompt, reference
 from tiny_models import ARCHITECTURES, DEVICE, prompt_ids, tiny_model
 

@@ -8,8 +8,8 @@ import torch
 from transformers import GenerationConfig
 
 from cerberus_hf.decoding.candidate_generator import Draft, with_copied
-from cerberus_hf.decoding.lookup import context_continuation
-from cerberus_hf.decoding.tree import CONTEXT_RANK, TreeSpec, graft_chain
+from cerberus_hf.blocks.lookup import context_continuation
+from cerberus_hf.blocks.tree import CONTEXT_RANK, TreeSpec, graft_chain
 from helpers import ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, ForwardCounter, check_stats, fresh_model, get_base, \
     get_prompt, reference
 

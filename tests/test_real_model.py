@@ -137,7 +137,7 @@ def test_strict_bfloat16_equals_plain_bfloat16_generate(smollm2, name):
     strict decoding is plain and still identical."""
     from pathlib import Path
 
-    from cerberus_hf.decoding.strict import row_invariant_rows
+    from cerberus_hf.blocks.strict import row_invariant_rows
     from cerberus_hf.real_models import load_packaged_model
 
     _, _, prompts = smollm2

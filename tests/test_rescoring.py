@@ -11,9 +11,9 @@ import torch
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding.drafting import StepDrafts, dynamic_selection
-from cerberus_hf.decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
-from cerberus_hf.decoding.rescoring import Rescoring, ngram_rescore, repeats_a_token
-from cerberus_hf.decoding.tree import DynamicTree
+from cerberus_hf.blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from cerberus_hf.blocks.rescoring import Rescoring, ngram_rescore, repeats_a_token
+from cerberus_hf.blocks.tree import DynamicTree
 from cerberus_hf.calibration import calibrate, format_report
 from cerberus_hf.tools.cli import main as cli_main
 from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference, tiny_ngram

@@ -15,7 +15,7 @@ from transformers.generation.logits_process import LogitsProcessorList, Temperat
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
-from cerberus_hf.decoding.ngram import NgramModel
+from cerberus_hf.blocks.ngram import NgramModel
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import VARIANTS, family_options
 

@@ -1,5 +1,5 @@
 """strict=True: every verified position is computed as a one-token forward computes it, so the output equals
-plain generate()'s in bf16 too, where batched verification can flip a near tie (`cerberus_hf.decoding.strict`)."""
+plain generate()'s in bf16 too, where batched verification can flip a near tie (`cerberus_hf.blocks.strict`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import cerberus_hf.modeling_cerberus as modeling
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.candidate_generator import Draft
-from cerberus_hf.decoding.strict import row_invariant_rows, strict_view
-from cerberus_hf.decoding.tree import TreeSpec
+from cerberus_hf.blocks.strict import row_invariant_rows, strict_view
+from cerberus_hf.blocks.tree import TreeSpec
 from cerberus_hf.compat import cache_argument
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import NEW_TOKENS, PROMPT_LEN, check_stats, get_base, get_prompt, install_oracle, randomize_heads

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cerberus_hf import CerberusConfig
-from cerberus_hf.decoding.tree import TreeSpec
+from cerberus_hf.blocks.tree import TreeSpec
 from helpers import ARCHITECTURES, NEW_TOKENS, check_stats, fresh_model, get_prompt, install_oracle, reference
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [0, 0, 0], [1, 0, 0]]

@@ -15,7 +15,7 @@ second is total tokens over total time, ``sum(1 + accepted) / sum(cost(size + 1)
 
 With an n-gram model (`cerberus-hf ngram`) or a small LM (`--rescorer`, a Kangaroo checkpoint) beside
 the heads, a third tree kind is fitted: the dynamic tree over a wider lattice of the heads' guesses,
-rescored by them (`decoding.rescoring`), drafted for real at every position for each pair of candidate
+rescored by them (`blocks.rescoring`), drafted for real at every position for each pair of candidate
 weights (the LM reads each held-out sequence once, and at each position sees only what decoding would);
 the weights and size with the best expected tokens per second are kept, with the drafting time of each
 combination of rescorers, and how often the heads' top-1 block repeats a token, before and after

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoding.gate import GATE_SIGNALS
+from ..blocks.gate import GATE_SIGNALS
 from .positions import PositionRecord
 
 # Gate thresholds tried per signal: every split between distinct values up to this many, else as many quantiles

@@ -15,10 +15,10 @@ from transformers import DynamicCache
 
 from ..compat import cache_argument
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
-from ..decoding.profiling import synchronize
-from ..decoding.rescoring import Rescoring, lattice_rescore
-from ..decoding.strict import strict_view
-from ..decoding.tree import DynamicTree, TreeSpec
+from ..blocks.profiling import synchronize
+from ..blocks.rescoring import Rescoring, lattice_rescore
+from ..blocks.strict import strict_view
+from ..blocks.tree import DynamicTree, TreeSpec
 from .positions import rescorer_state
 
 
@@ -33,7 +33,7 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
     relative cost is the median of those back-to-back ratios; the ratios are then fitted by the closest
     non-decreasing curve (`non_decreasing`), since a forward over more tokens does not cost less, and a dip left in
     would pick a tree whose cost was under-measured. ``strict``: the forwards verify as strict verification does
-    (`decoding.strict`), one attention call per position."""
+    (`blocks.strict`), one attention call per position."""
     device = base.device
     vocab = base.get_output_embeddings().weight.shape[0]
     limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import torch
 
-from ..decoding.rescoring import Rescoring
-from ..decoding.strict import check_strict_support, row_invariant_rows
-from ..decoding.tree import DynamicTree
+from ..blocks.rescoring import Rescoring
+from ..blocks.strict import check_strict_support, row_invariant_rows
+from ..blocks.tree import DynamicTree
 from ..hardware import HardwareKey, bf16_matmul, describe_device
 from ..training.data import Record
 from ..training.hidden_cache import split_record_ids
@@ -68,7 +68,7 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
             raise ValueError(f"Strict verification can verify no draft here: the base's linear layers in "
                              f"{model.base.dtype} give a row computed in a batch other bits than alone.")
         max_nodes, dynamic_max_nodes = min(max_nodes, rows - 1), min(dynamic_max_nodes, rows - 1)
-    decoding = model.decoding_view(strict)  # through packed weights where decoding uses them (`decoding.packed`)
+    decoding = model.decoding_view(strict)  # through packed weights where decoding uses them (`blocks.packed`)
     packed, model = decoding is not model, decoding
     cost = measure_cost_curve(model.base, max_tokens=max(max_nodes, dynamic_max_nodes) + 1, repeats=repeats,
                               strict=strict)

@@ -13,10 +13,10 @@ from transformers import DynamicCache
 
 from ..compat import cache_argument
 from ..decoding.drafting import StepDrafts, dynamic_selection
-from ..decoding.gate import GATE_SIGNALS, gate_signal
-from ..decoding.rescoring import Rescoring, lattice_rescore, repeats_a_token
+from ..blocks.gate import GATE_SIGNALS, gate_signal
+from ..blocks.rescoring import Rescoring, lattice_rescore, repeats_a_token
 from ..compat import tree_attention_ok
-from ..decoding.tree import DynamicTree
+from ..blocks.tree import DynamicTree
 
 
 @dataclass

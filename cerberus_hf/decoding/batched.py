@@ -36,13 +36,13 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import prefill
-from .batching import pad_batch, pad_token_id
+from ..blocks.batching import pad_batch, pad_token_id
 from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
 from .loop import Acceptance, check_supported
-from .profiling import StepProfiler, phase_timer
-from .settings import DecodingSettings
+from ..blocks.profiling import StepProfiler, phase_timer
+from ..blocks.settings import DecodingSettings
 from .static_cache import verification_for
-from .tree import TreeSpec
+from ..blocks.tree import TreeSpec
 from .verification import RowsVerification
 
 

@@ -22,14 +22,14 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from ..compat import tree_attention_ok
 from ..drafters.base import Drafter
 from .drafting import Levels, StepDrafts, chosen_tree, device_levels, dynamic_draft, prime_roots, run_together, static_levels
-from .lookup import context_continuation
-from .ngram import NgramModel
-from .profiling import phase_timer
-from .rescoring import Rescoring, lattice_rescore
-from .settings import DecodingSettings
-from .stats import GenerationStats
-from .transfer import to_device
-from .tree import TreeSpec, graft_chain
+from ..blocks.lookup import context_continuation
+from ..blocks.ngram import NgramModel
+from ..blocks.profiling import phase_timer
+from ..blocks.rescoring import Rescoring, lattice_rescore
+from ..blocks.settings import DecodingSettings
+from ..blocks.stats import GenerationStats
+from ..blocks.transfer import to_device
+from ..blocks.tree import TreeSpec, graft_chain
 
 
 @dataclass

@@ -44,10 +44,10 @@ from transformers.utils import logging
 
 from ..compat import cache_argument
 from ..drafters.base import Drafter
-from .batching import pad_token_id
-from .stats import GenerationStats
+from ..blocks.batching import pad_token_id
+from ..blocks.stats import GenerationStats
 from .loop import host_stopping
-from .tree import TreeSpec
+from ..blocks.tree import TreeSpec
 
 logger = logging.get_logger(__name__)
 

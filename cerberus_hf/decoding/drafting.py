@@ -29,9 +29,9 @@ from functools import lru_cache
 import torch
 
 from ..drafters.base import Drafter
-from .rescoring import Rescore, Rescoring
-from .transfer import to_device
-from .tree import DynamicTree, TreeSpec
+from ..blocks.rescoring import Rescore, Rescoring
+from ..blocks.transfer import to_device
+from ..blocks.tree import DynamicTree, TreeSpec
 
 
 @dataclass

@@ -42,14 +42,14 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import cache_argument, handed_cache, prefill
-from .acceptance import pick_token
-from .gate import EntropyGate
+from ..blocks.acceptance import pick_token
+from ..blocks.gate import EntropyGate
 from .candidate_generator import CerberusCandidateGenerator, Draft
-from .profiling import StepProfiler, phase_timer
-from .settings import DecodingSettings
-from .strict import strict_view
+from ..blocks.profiling import StepProfiler, phase_timer
+from ..blocks.settings import DecodingSettings
+from ..blocks.strict import strict_view
 from .static_cache import verification_for
-from .transfer import to_device
+from ..blocks.transfer import to_device
 
 
 def check_supported(model: nn.Module, generation_config: GenerationConfig, model_kwargs: dict) -> None:

@@ -26,7 +26,7 @@ from transformers.utils import logging
 
 from ..compat import attn_implementation
 from ..drafters.base import Drafter
-from .settings import DecodingSettings
+from ..blocks.settings import DecodingSettings
 
 logger = logging.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from transformers import Cache, DynamicCache
 
 from ..compat import cache_argument, tree_attention_ok
 from .candidate_generator import Draft
-from .transfer import to_device
+from ..blocks.transfer import to_device
 
 
 def verify(model: nn.Module, cache: DynamicCache, input_ids: torch.LongTensor, draft: Draft | None):

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ..configuration_cerberus import STATE_SOURCES, CerberusConfig
-from ..decoding.transfer import positions_index
+from ..blocks.transfer import positions_index
 
 
 @contextmanager
@@ -273,7 +273,7 @@ class Drafter(nn.Module):
     trains_on_sequences: ClassVar[bool] = False
     context_window: int = 0  # how many of the newest verified states the heads read (0: only h_t)
     # `linear` for weights no module holds (the draft vocabulary's rows of a projection); a decoding view on a CPU
-    # sets one that computes through packed weights (`decoding.packed.PackedWeights.linear`)
+    # sets one that computes through packed weights (`blocks.packed.PackedWeights.linear`)
     linear: Callable[..., torch.Tensor] = staticmethod(nn.functional.linear)
 
     def __init__(self, config: CerberusConfig):

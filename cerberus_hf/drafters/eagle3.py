@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
-from ..decoding.transfer import positions_index
+from ..blocks.transfer import positions_index
 from .base import Drafter, SequenceState, capture_states, decoder_layers, in_this_thread
 from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotary, rotate
 

@@ -44,7 +44,7 @@ from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
 from ..compat import cache_argument, tree_attention_ok
-from ..decoding.transfer import positions_index
+from ..blocks.transfer import positions_index
 from .base import Drafter, SequenceState, capture_lm_head_input, decoder_layers, in_this_thread
 from .layers import AttentionAdapter
 from ..module_views import config_view, module_view, replace_modules, with_forward
@@ -155,7 +155,7 @@ class KangarooState(SequenceState):
 
 class PathScorer:
     """The Kangaroo drafter read as a small language model over token paths, for lattice rescoring
-    (`decoding.rescoring.lm_rescore`): `log_probs` gives its log-distribution over the draft vocabulary after
+    (`blocks.rescoring.lm_rescore`): `log_probs` gives its log-distribution over the draft vocabulary after
     the sequence's first ``visible`` tokens, its newest token (at position ``visible``) and each path.
 
     A path's nodes are fed once, the first time a path through them is asked for, all new nodes of one depth

@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 
 from ..configuration_cerberus import HEAD_TYPES
 from ..hardware import describe_device, reduced_precision_note
-from ..decoding.packed import PackedWeights, packed_view, packing_available
-from ..decoding.profiling import PHASES, synchronize
+from ..blocks.packed import PackedWeights, packed_view, packing_available
+from ..blocks.profiling import PHASES, synchronize
 from ..errors import UserError
 from ..training.data import read_prompt_file
 from . import arguments
@@ -70,7 +70,7 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # calibration found with the n-gram alone, the LM alone and both.
 # A "default" row runs the checkpoint exactly as `generate()` would for this device and dtype: its
 # calibrated tree kind, gate and lookup, so each family's own best guess sits beside the fixed rows; an "unpacked"
-# row runs it without packed weights on a CPU (`decoding.packed`: generate(packed_weights=False)).
+# row runs it without packed weights on a CPU (`blocks.packed`: generate(packed_weights=False)).
 # Any variant with "+strict" appended ("default+strict") runs it with strict verification (generate(strict=True):
 # output bit-identical to plain generate() in reduced precision too; "default+strict" takes the checkpoint's
 # strict calibration where it has one).
@@ -139,7 +139,7 @@ def build_methods(
     ``cache_implementation``s (``"dynamic"``, ``"static"``: `decoding.static_cache`), static rows with
     ``compile_config`` where given (transformers then compiles on any device); the first is the reference.
     ``packed_peer``: beside plain generate(), the same through the packed weights the head rows verify with on a
-    CPU (`decoding.packed`; where packing is available), so the table shows what drafting adds to the kernels. On CUDA
+    CPU (`blocks.packed`; where packing is available), so the table shows what drafting adds to the kernels. On CUDA
     the compiled static-cache peer (plain generate() with ``cache_implementation="static"``, which transformers compiles
     into CUDA graphs) is always a row: it is what a GPU user compares with."""
     methods: list[Method] = []
@@ -168,7 +168,7 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
     if packed_peer and packing_available(base.device, base.dtype):
-        # the same kernels as the head rows' verification (`decoding.packed`): what drafting adds on top of them; the
+        # the same kernels as the head rows' verification (`blocks.packed`): what drafting adds on top of them; the
         # view is built once here, not inside the timed call
         packed = packed_view(base, PackedWeights())
         methods.append(Method("plain generate(), packed weights", lambda inputs: (
@@ -632,7 +632,7 @@ def run_cli(args: argparse.Namespace) -> int:
         print("\nspeedup by prompt category (tokens per second against plain generate() on the same prompts):")
         print(markdown_categories(result, categories, measure="speedup"))
     if args.profile:
-        print("\nmilliseconds per decoding step, by phase (see cerberus_hf/decoding/profiling.py):")
+        print("\nmilliseconds per decoding step, by phase (see cerberus_hf/blocks/profiling.py):")
         print(markdown_profile(result))
     save_result(result, args.json, args.plot)
     return 0

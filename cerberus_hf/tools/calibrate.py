@@ -18,7 +18,7 @@ from ..calibration.pipeline import (
 )
 from ..calibration.report import format_chain_report, format_report
 from ..configuration_cerberus import CerberusConfig
-from ..decoding.tree import DynamicTree
+from ..blocks.tree import DynamicTree
 from ..errors import UserError
 from ..training.data import Record, frequent_tokens, read_records
 from . import arguments

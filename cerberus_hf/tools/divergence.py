@@ -14,7 +14,7 @@ side, per prompt and greedy:
 * with ``--reference-dtype float32``, every output against plain float32 `generate()`: whether quality
   moves (identical share, and mean new tokens before the first departure);
 * "drafting off" (the loop with the gate closed): the loop itself, without any verification of drafts;
-* with ``--strict``, each checkpoint again with strict verification (`decoding.strict`), which is built to be
+* with ``--strict``, each checkpoint again with strict verification (`blocks.strict`), which is built to be
   identical to plain `generate()` in any dtype.
 
 It prints a table, writes every per-prompt figure as JSON and plots the identical shares.

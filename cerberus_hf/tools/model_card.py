@@ -23,7 +23,7 @@ from transformers import GenerationConfig
 from ..errors import UserError
 from . import arguments
 from .bench import encode_prompts, load_bench_prompts, sum_per_head
-from ..decoding.lookup import DEFAULT_MAX_NGRAM
+from ..blocks.lookup import DEFAULT_MAX_NGRAM
 
 TRAINING_METRICS = "training_metrics.json"
 EVALUATION = "evaluation.json"

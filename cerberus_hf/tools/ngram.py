@@ -11,7 +11,7 @@ import argparse
 import os
 import time
 
-from ..decoding.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from ..blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from ..training.data import Record, read_records
 from ..training.hidden_cache import split_record_ids
 from . import arguments

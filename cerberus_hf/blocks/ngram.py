@@ -1,6 +1,6 @@
 """A token-id n-gram model (interpolated Kneser-Ney), small enough to query inside a decoding step.
 
-The lattice rescorer (`decoding.rescoring`) asks, once per draft depth, for the log-probability of each
+The lattice rescorer (`blocks.rescoring`) asks, once per draft depth, for the log-probability of each
 head's candidate tokens after each path drafted so far: a few hundred lookups per step. Everything is a
 sorted ``int64`` table and `torch.searchsorted`, so a query is a handful of vectorised calls and the model
 loads from one safetensors file without Python objects per n-gram.
