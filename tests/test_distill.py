@@ -207,6 +207,12 @@ def test_cli(model_and_tokenizer, tmp_path):
     assert sorted((r["id"], r["mode"]) for r in records if r["mode"] == "greedy") == [(f"p{i}", "greedy") for i in range(4)]
     assert {r["id"] for r in records if r["mode"] == "sample"} == sampled_ids([f"p{i}" for i in range(4)], 0.5, seed=0)
     assert json.loads((tmp_path / "cli.jsonl.meta.json").read_text())["max_new_tokens"] == 5
+    shard = tmp_path / "shard.jsonl"  # a shard of the prompt set: --first and --limit
+    args = parser.parse_args(["distill", "--model", str(folder), "--prompts", str(prompt_file), "--output", str(shard),
+                              "--first", "3", "--limit", "2", "--batch-size", "2", "--max-new-tokens", "5",
+                              "--sample-fraction", "0", "--device", "cpu", "--no-progress"])
+    args.func(args)
+    assert sorted(r["id"] for r in _lines(shard)) == ["p3", "p4"]
 
 
 def test_reference_answers_multi_turn_and_long_prompts(model_and_tokenizer, tmp_path):

@@ -54,6 +54,9 @@ def _add_arguments(parser):
     parser.add_argument("--split", default="train", help="dataset split (Hugging Face datasets only)")
     parser.add_argument("--output", required=True, help="output JSONL; an existing file is resumed")
     parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use only the first N prompts")
+    parser.add_argument("--first", type=arguments.non_negative_int, default=0,
+                        help="skip the prompts before this index (a shard of a large prompt set: --first and --limit)")
+    parser.add_argument("--device", default="cpu", type=arguments.device, help="where the base generates")
     parser.add_argument("--batch-size", type=arguments.positive_int, default=16)
     parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=256)
     parser.add_argument("--sample-fraction", type=arguments.probability, default=0.25,
@@ -79,11 +82,13 @@ def run_cli(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     report = {}
-    prompts = load_prompts(args.prompts, prompt_field=args.prompt_field, split=args.split, limit=args.limit,
-                           turns=args.turns, decontaminate=Decontaminator(args.decontaminate or [MT_BENCH_QUESTIONS]),
-                           english_only=args.english_only, report=report)
+    prompts = load_prompts(args.prompts, prompt_field=args.prompt_field, split=args.split,
+                           limit=args.limit and args.first + args.limit, turns=args.turns,
+                           decontaminate=Decontaminator(args.decontaminate or [MT_BENCH_QUESTIONS]),
+                           english_only=args.english_only, report=report)[args.first:]
     logger.info("prompts: %s", report)
     model, tokenizer = load_named_model(args.model, getattr(torch, args.dtype))
+    model.to(args.device)
     logger.info("%d prompts from %s; base %s", len(prompts), args.prompts, args.model)
     started = time.perf_counter()
     path = generate_distillation_data(
