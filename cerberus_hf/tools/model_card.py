@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from huggingface_hub import ModelCard, ModelCardData
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
@@ -209,25 +210,17 @@ def _settings_text(config, settings: dict) -> str:
     return texts[kind] + (f" (also fitted: {'; '.join(others)})" if others else "") + _gate_text(settings)
 
 
-def render_card(
-    config, training: dict | None, evaluation: dict | None, command: str, calibration: dict | None = None
-) -> str:
-    """Markdown with YAML front matter, from the config, the stored calibration (the generation config's
-    ``cerberus_calibration``) and the measured numbers."""
-    head_type = config.head_type
+def card_data(config) -> ModelCardData:
+    """The card's metadata, the fields the Hub reads (base model, library, task, tags, data), as huggingface_hub's
+    ``ModelCardData``, which writes them as YAML the Hub parses (quoting a name where YAML needs it)."""
+    return ModelCardData(base_model=config.base_model_name_or_path, library_name="cerberus-hf",
+                         pipeline_tag="text-generation", tags=["speculative-decoding", "draft-heads", config.head_type],
+                         datasets=["self-distillation"])
+
+
+def _summary_lines(config, calibration: dict | None) -> list[str]:
+    """The title, what the drafter is made of, the base it checks on load, its calibrations and how to load it."""
     lines = [
-        "---",
-        f"base_model: {config.base_model_name_or_path}",
-        "library_name: cerberus-hf",
-        "pipeline_tag: text-generation",
-        "tags:",
-        "- speculative-decoding",
-        "- draft-heads",
-        f"- {head_type}",
-        "datasets:",
-        "- self-distillation",
-        "---",
-        "",
         *_title_and_summary(config),
         "",
         f"- Base: `{config.base_model_name_or_path}`"
@@ -249,7 +242,7 @@ def render_card(
         lines.append(f"- Prompt lookup on by default: up to {config.prompt_lookup_num_tokens} tokens copied from the "
                      f"context after a repeated {config.max_matching_ngram_size or DEFAULT_MAX_NGRAM}-gram are grafted "
                      "into each draft (`generate(prompt_lookup_num_tokens=0)` switches it off)")
-    lines += [
+    return lines + [
         "",
         "The code that runs the heads is the `cerberus-hf` package's (`pip install cerberus-hf`); this repository "
         "holds two stub modules that import it.",
@@ -264,63 +257,83 @@ def render_card(
         "```",
         "",
     ]
-    if training:
-        data, cost, run = training.get("data", {}), training.get("cost", {}), training.get("config", {})
-        lines += [
-            "## Training",
-            "",
-            f"- Data: `{', '.join(Path(p).name for p in _as_list(data.get('path', 'n/a')))}`, the base model's own answers (greedy, and sampled for a "
-            f"share of prompts) to those files' prompts, none of them an MT-Bench question: "
-            f"{data.get('records', 'n/a')} records, {data.get('held_out_records', 'n/a')} held out; "
-            f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
-            f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
-            + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "batch_tokens", "warmup_ratio",
-                                                      "head_weight_decay", "step_weight_decay", "distill_weight",
-                                                      "projection_dtype",
-                                                      "seed") if k in run),
-            _cost_text(cost) + _cache_text(config, cost),
-            *_continued_text(training),
-            "",
-        ]
-        if training.get("top1"):
-            lines += ["Held-out accuracy (the base's own next tokens):", "",
-                      "| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
-            rows = [(k if config.head_type != "eagle3" else f"depth {k}", f"token t+{k + 2}")
-                    for k in range(len(training["top1"]))]
-            if config.head_type == "kangaroo":  # one adapter: the next token, from layer l's states up to it
-                rows = [("adapter", f"the next token, from layer {config.exit_layer}")]
-            for (name, predicts), top1, top5 in zip(rows, training["top1"], training["top5"]):
-                lines.append(f"| {name} | {predicts} | {top1:.3f} | {top5:.3f} |")
-            lines.append("")
-    if evaluation:
-        dtype = evaluation.get("dtype")
-        reduced = dtype not in (None, "float32")  # greedy output is then compared with plain generate() in that dtype
-        lines += ["## Decoding", "",
-                  "Greedy" + (f" in {dtype}" if reduced else "")
-                  + f", {evaluation['prompts']} prompts of `{evaluation.get('prompts_file', 'n/a')}` (first turn, "
-                  f"chat template), {evaluation['max_new_tokens']} new tokens, on {evaluation.get('device', 'n/a')}"
-                  + (f" ({evaluation['machine']})" if evaluation.get("machine") else "")
-                  + (f", plain generate() at {evaluation['plain_tokens_per_s']:.1f} tokens/s"
-                     if evaluation.get("plain_tokens_per_s") else "")
-                  + ". tau is the mean number of tokens per base forward pass (plain decoding: 1)."
-                  + (f" \"Identical to greedy\" compares with plain `generate()` in {dtype}, whose batched verification "
-                     "may round a near-tie differently; `generate(strict=True)` is identical." if reduced else ""),
-                  "",
-                  "| configuration | tau | gate draft rate | speedup vs plain generate() | identical to greedy | "
-                  "acceptance per head depth |",
-                  "|---|---|---|---|---|---|"]
-        for run in evaluation["runs"]:
-            lines.append(
-                f"| {run['configuration']} | {run['tau']:.2f} | {run['draft_rate']:.0%} | "
-                + (f"{run['speedup']:.2f}x" if run.get("speedup") is not None else "n/a") + " | "
-                + (f"{run['identical']:.0%}" if run.get("identical") is not None else "n/a") + " | "
-                + ", ".join(f"{a:.2f}" for a in run["head_acceptance"]) + " |")
+
+
+def _training_lines(config, training: dict) -> list[str]:
+    """The ``## Training`` section: data, recipe, cost, earlier runs, and held-out accuracy per head."""
+    data, cost, run = training.get("data", {}), training.get("cost", {}), training.get("config", {})
+    lines = [
+        "## Training",
+        "",
+        f"- Data: `{', '.join(Path(p).name for p in _as_list(data.get('path', 'n/a')))}`, the base model's own answers (greedy, and sampled for a "
+        f"share of prompts) to those files' prompts, none of them an MT-Bench question: "
+        f"{data.get('records', 'n/a')} records, {data.get('held_out_records', 'n/a')} held out; "
+        f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
+        f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
+        + ", ".join(f"{k}={run[k]}" for k in ("lr", "batch_size", "batch_tokens", "warmup_ratio",
+                                                  "head_weight_decay", "step_weight_decay", "distill_weight",
+                                                  "projection_dtype",
+                                                  "seed") if k in run),
+        _cost_text(cost) + _cache_text(config, cost),
+        *_continued_text(training),
+        "",
+    ]
+    if training.get("top1"):
+        lines += ["Held-out accuracy (the base's own next tokens):", "",
+                  "| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
+        rows = [(k if config.head_type != "eagle3" else f"depth {k}", f"token t+{k + 2}")
+                for k in range(len(training["top1"]))]
+        if config.head_type == "kangaroo":  # one adapter: the next token, from layer l's states up to it
+            rows = [("adapter", f"the next token, from layer {config.exit_layer}")]
+        for (name, predicts), top1, top5 in zip(rows, training["top1"], training["top5"]):
+            lines.append(f"| {name} | {predicts} | {top1:.3f} | {top5:.3f} |")
         lines.append("")
-        if evaluation.get("command"):
-            lines += [f"Measured by `{evaluation['command']}`" + (f" on {evaluation['date']}" if evaluation.get("date")
-                                                                   else "") + ".", ""]
+    return lines
+
+
+def _decoding_lines(evaluation: dict) -> list[str]:
+    """The ``## Decoding`` section: how tau and the speedups were measured, one table row per configuration."""
+    dtype = evaluation.get("dtype")
+    reduced = dtype not in (None, "float32")  # greedy output is then compared with plain generate() in that dtype
+    lines = ["## Decoding", "",
+             "Greedy" + (f" in {dtype}" if reduced else "")
+             + f", {evaluation['prompts']} prompts of `{evaluation.get('prompts_file', 'n/a')}` (first turn, "
+             f"chat template), {evaluation['max_new_tokens']} new tokens, on {evaluation.get('device', 'n/a')}"
+             + (f" ({evaluation['machine']})" if evaluation.get("machine") else "")
+             + (f", plain generate() at {evaluation['plain_tokens_per_s']:.1f} tokens/s"
+                if evaluation.get("plain_tokens_per_s") else "")
+             + ". tau is the mean number of tokens per base forward pass (plain decoding: 1)."
+             + (f" \"Identical to greedy\" compares with plain `generate()` in {dtype}, whose batched verification "
+                "may round a near-tie differently; `generate(strict=True)` is identical." if reduced else ""),
+             "",
+             "| configuration | tau | gate draft rate | speedup vs plain generate() | identical to greedy | "
+             "acceptance per head depth |",
+             "|---|---|---|---|---|---|"]
+    for run in evaluation["runs"]:
+        lines.append(
+            f"| {run['configuration']} | {run['tau']:.2f} | {run['draft_rate']:.0%} | "
+            + (f"{run['speedup']:.2f}x" if run.get("speedup") is not None else "n/a") + " | "
+            + (f"{run['identical']:.0%}" if run.get("identical") is not None else "n/a") + " | "
+            + ", ".join(f"{a:.2f}" for a in run["head_acceptance"]) + " |")
+    lines.append("")
+    if evaluation.get("command"):
+        lines += [f"Measured by `{evaluation['command']}`" + (f" on {evaluation['date']}" if evaluation.get("date")
+                                                               else "") + ".", ""]
+    return lines
+
+
+def render_card(
+    config, training: dict | None, evaluation: dict | None, command: str, calibration: dict | None = None
+) -> str:
+    """The README.md: huggingface_hub's ``ModelCard``, its metadata from `card_data`, its Markdown from the config,
+    the stored calibration (the generation config's ``cerberus_calibration``) and the measured numbers."""
+    lines = ["", *_summary_lines(config, calibration)]
+    if training:
+        lines += _training_lines(config, training)
+    if evaluation:
+        lines += _decoding_lines(evaluation)
     lines += ["## Provenance", "", f"Card written by `{command}` on {time.strftime('%Y-%m-%d')}.", ""]
-    return "\n".join(lines)
+    return str(ModelCard(f"---\n{card_data(config).to_yaml()}\n---\n" + "\n".join(lines)))
 
 
 def add_cli(subparsers) -> None:
