@@ -16,12 +16,12 @@ import torch
 
 from transformers import GenerationConfig
 
-from cerberus_hf.decoding.device_step import DeviceStep
-from cerberus_hf.decoding.paths import device_step_refusal
 from cerberus_hf.blocks.profiling import HostReads
 from cerberus_hf.blocks.tree import TreeSpec
-from helpers import PAD, fresh_model, get_base, install_oracle, randomize_heads
-from test_batched import model_settings, new_tokens
+from cerberus_hf.decoding.device_step import DeviceStep
+from cerberus_hf.decoding.paths import device_step_refusal
+from helpers import PAD, fresh_model, get_base
+from test_batched import heads, model_settings, new_tokens
 from test_generate import padded_batch
 
 BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
@@ -38,18 +38,6 @@ def batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         return ids[:1, keep], mask[:1, keep]
     index = torch.arange(rows) % ids.shape[0]
     return ids[index], mask[index]
-
-
-def heads(arch: str, family: str, drafter: str, ids: torch.Tensor, mask: torch.Tensor):
-    model = fresh_model(arch, family, num_heads=3)
-    if drafter == "random":
-        randomize_heads(model, seed=7)
-    elif drafter == "oracle":
-        base = get_base(arch)
-        references = [base.generate(row[m.bool()][None], max_new_tokens=NEW + 8, do_sample=False)
-                      for row, m in zip(ids, mask)]
-        install_oracle(model, references, corrupt=lambda p, k: (p * 7 + k) % 5 == 0)
-    return model
 
 
 def plain(arch: str, ids: torch.Tensor, mask: torch.Tensor, new: int = NEW) -> list:
