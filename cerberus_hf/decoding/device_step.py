@@ -1,7 +1,8 @@
 """The draft-verify-accept step as tensors on the device, batch-first, with no host read inside it.
 
-Greedy decoding with a static tree (Medusa, Cerberus, Hydra, Clover, EAGLE-3; a chain is a tree with one path) runs each step as one
-function of persistent device buffers, the shape of which never changes within a call (`DeviceStep.step`):
+Greedy decoding with a static tree (Medusa, Cerberus, Hydra, Clover, EAGLE-3; a chain is a tree with one path) runs
+each step as one function of persistent device buffers, the shape of which never changes within a call
+(`DeviceStep.step`):
 
 1. **draft**: the drafter guesses the tree's tokens for every row from the state that predicted the row's newest
    token (`draft_static_rows`);
@@ -21,9 +22,10 @@ replays as CUDA graphs (``mode="reduce-overhead"``); prompts of any length up to
 The drafter's state comes out of the base's forward as an output (the last hidden state, the ``lm_head``'s input), not
 through a hook, so nothing breaks the base's graph. What this step does not do is decided once, before a call uses it
 (`paths.device_step_refusal`): sampling, logits processors, stop criteria other than length and end of sequence, grown
-trees, Kangaroo (it drafts through the base's own cache), strict verification, sliding windows and flash attention. It drafts every step without
-prompt lookup (which would change the tree's shape from step to step) and without the entropy gate (a graph verifies
-its whole tree, so skipping the draft saves nothing); both change only the speed, never the tokens.
+trees, Kangaroo (it drafts through the base's own cache), strict verification, sliding windows and flash attention. It
+drafts every step without prompt lookup (which would change the tree's shape from step to step) and without the
+entropy gate (a graph verifies its whole tree, so skipping the draft saves nothing); both change only the speed, never
+the tokens.
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from ..compat import cache_argument
-from ..drafters.base import Drafter
 from ..blocks.batching import pad_token_id
 from ..blocks.stats import GenerationStats
-from .loop import host_stopping
 from ..blocks.tree import TreeSpec
+from ..compat import cache_argument
+from ..drafters.base import Drafter
+from .loop import host_stopping
 
 logger = logging.get_logger(__name__)
 
@@ -111,24 +113,17 @@ class TreeIndex:
                 zip(tree.levels, on.levels)):
             if members != list(range(members[0], members[0] + len(members))):
                 raise ValueError("a tree must list its nodes depth by depth")  # `TreeSpec` sorts them so
-            paths = [_path_to(tree, p) for p in parents] if parents[0] >= 0 else None
+            # each parent's path from the root's child (the previous depth's `level_paths`)
+            paths = [tree.level_paths[depth - 1][tree.levels[depth - 1][0].index(p)] for p in parents] \
+                if parents[0] >= 0 else None
             # the next depth's parents are members of this one: the rows of their own parents' expansion
             following = tree.levels[depth + 1][1] if depth + 1 < len(tree.levels) else []
             levels.append((rows_on, ranks_on,
                            torch.tensor(paths, dtype=torch.long, device=device) if paths else None,
                            torch.tensor([rows[members.index(p)] for p in following], dtype=torch.long,
                                         device=device)))
-        depth_of = on.position_offsets[1:]
-        return cls(tree, len(tree), tree.depth, tree.top_k, on.parent_positions, on.earlier_siblings, on.node_ancestors, on.ancestor_mask,
-                   on.position_offsets, depth_of, tuple(levels))
-
-
-def _path_to(tree: TreeSpec, node: int) -> list[int]:
-    """The nodes from ``node``'s depth-1 ancestor down to ``node``."""
-    path = [node]
-    while tree.parents[path[0]] >= 0:
-        path.insert(0, tree.parents[path[0]])
-    return path
+        return cls(tree, len(tree), tree.depth, tree.top_k, on.parent_positions, on.earlier_siblings,
+                   on.node_ancestors, on.ancestor_mask, on.position_offsets, on.position_offsets[1:], tuple(levels))
 
 
 def draft_static_rows(drafter: Drafter, index: TreeIndex, hidden: torch.Tensor, last: torch.Tensor,

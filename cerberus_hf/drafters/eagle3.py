@@ -226,7 +226,8 @@ class Eagle3Rows:
         self._extend(features, tokens, valid, valid.shape[1])
 
     def extend(self, features: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
-        """Each row's first ``count`` of ``features`` ``[B, n, F]`` (the accepted path), with the ``tokens`` after them."""
+        """Each row's first ``count`` of ``features`` ``[B, n, F]`` (the accepted path), with the ``tokens`` after
+        them."""
         self._extend(features, tokens, torch.arange(tokens.shape[1], device=count.device)[None] < count[:, None], count)
 
     def _extend(self, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, advance) -> None:
@@ -342,8 +343,9 @@ class Eagle3Drafter(Drafter):
         """Depth 0: ``hidden`` is the layer's output at the newest verified position (`Eagle3State.heads_input`).
         Depth ``k >= 1``: the layer at position ``t + k`` over each parent's output and guess, attending to
         ``context`` (the cache's keys and values; None: nothing cached, the path alone; or every row's cache in the
-        device step, `Eagle3Rows`, whose nodes come row by row) and the path. A node's state holds every path node's output, keys
-        and values (``[n, k + 1, hidden + 2 * kv width]``; depth 0's keys and values are in the cache, zero here)."""
+        device step, `Eagle3Rows`, whose nodes come row by row) and the path. A node's state holds every path node's
+        output, keys and values (``[n, k + 1, hidden + 2 * kv width]``; depth 0's keys and values are in the cache, zero
+        here)."""
         width = self.layer.kv_width
         if k == 0:
             state = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], 2 * width)], dim=-1)[:, None]
