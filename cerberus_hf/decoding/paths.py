@@ -24,9 +24,11 @@ from transformers import GenerationConfig
 from transformers.cache_utils import StaticLayer
 from transformers.utils import logging
 
+from ..blocks.settings import DecodingSettings
 from ..compat import attn_implementation
 from ..drafters.base import Drafter
-from ..blocks.settings import DecodingSettings
+from .batched import batched_speculative_generate
+from .loop import speculative_generate
 
 logger = logging.get_logger(__name__)
 
@@ -77,9 +79,6 @@ class LoopDecoding:
 
     def __call__(self, model: nn.Module, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
                  generation_config: GenerationConfig, synced_gpus: bool = False, **model_kwargs):
-        from .batched import batched_speculative_generate
-        from .loop import speculative_generate
-
         run = speculative_generate if self.path.apart is not None else batched_speculative_generate
         return run(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                    streamer=self.streamer, make_candidate_generator=self.make_candidate_generator,
