@@ -225,3 +225,16 @@ def test_eagle3_rows_keep_what_the_sequence_state_keeps():
         for b, count in enumerate(counts):
             states[b].observe({"features": step_features[b: b + 1]}, list(range(count)))
             sequences[b] = torch.cat([sequences[b], step_tokens[b: b + 1, :count]], dim=1)
+
+
+def test_threads_share_the_step_and_each_gets_its_own_answer():
+    """Calls from several threads on one model take turns on the step's buffers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids, mask = batch(4)
+    model = heads("llama", "hydra", "random", ids, mask)
+    rows = [(ids[i: i + 1, mask[i].bool()], torch.ones(1, int(mask[i].sum()), dtype=torch.long)) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda row: model.generate(row[0], attention_mask=row[1], max_new_tokens=NEW,
+                                                        device_step=True, draft_tree=TREES["static"]), rows * 2))
+    assert [out.tolist() for out in outs] == [plain("llama", *row) for row in rows * 2]

@@ -315,10 +315,12 @@ class DeviceStep:
         return torch.cat([emitted, count[:, None], self.stopped[:, None].long()], dim=1)
 
     def decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-               eos: torch.Tensor) -> tuple[list[list[int]], list[list[int]]]:
+               eos: torch.Tensor, drafter: Drafter | None = None) -> tuple[list[list[int]], list[list[int]]]:
         """Every row's new tokens (each cut at its stop) and the tokens each of its steps emitted, one host read a
         step."""
-        with self.lock:
+        with self.lock:  # one call at a time on these buffers; ``drafter``: the call's view of the heads
+            if drafter is not None:
+                self.drafter = drafter
             new = self.start(input_ids, attention_mask, max_new_tokens, eos)
             done = self.stopped.tolist()
             counts: list[list[int]] = [[] for _ in new]
@@ -361,7 +363,7 @@ class DeviceDecoding:
         eos = torch.tensor(sorted(eos_ids), dtype=torch.long).to(input_ids.device)
         started = time.perf_counter()
         with torch.no_grad():
-            new, counts = step.decode(input_ids, mask, new_tokens, eos)
+            new, counts = step.decode(input_ids, mask, new_tokens, eos, self.drafter)
         if self.compile_mode is not None and not step.warm:
             step.warm = True
             logger.warning(f"cerberus-hf: compiled the device step for {rows} row(s) and a tree of {len(self.tree)} "
@@ -389,7 +391,6 @@ class DeviceDecoding:
             if step is None or step.room < room:
                 step = runners[key] = DeviceStep(self.owner.base, self.drafter, self.tree, rows, room,
                                                  self.compile_mode)
-            step.drafter = self.drafter  # the call's view of the heads (the same module on CUDA)
         return step
 
 
