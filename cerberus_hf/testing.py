@@ -223,17 +223,22 @@ def install_oracle(model: CerberusForCausalLM, references: Iterable[torch.Tensor
             target = int(targets[row, k])
             if target < 0:
                 continue
-            scores = logits[i]
-            scores -= scores.max() + 10.0  # every other token well below 0, their order kept
-            if corrupt is not None and corrupt(p, k):
-                scores[(target + 1) % scores.shape[0]] = 0.0
-                scores[target] = -1.0
-            else:
-                scores[target] = 0.0
+            _rank_first(logits[i], target, corrupt is not None and corrupt(p, k))
         return logits
 
     heads.__class__ = OracleHeads
     return counters
+
+
+def _rank_first(scores: torch.Tensor, target: int, corrupted: bool) -> None:
+    """``scores`` ``[V]`` changed in place so that ``target`` ranks first, or second behind a wrong token where
+    ``corrupted``; every other token well below both, their order kept."""
+    scores -= scores.max() + 10.0
+    if corrupted:
+        scores[(target + 1) % scores.shape[0]] = 0.0
+        scores[target] = -1.0
+    else:
+        scores[target] = 0.0
 
 
 def _install_chain_oracle(model: CerberusForCausalLM, references: Iterable[torch.Tensor],
@@ -263,12 +268,8 @@ def _install_chain_oracle(model: CerberusForCausalLM, references: Iterable[torch
                 return logits
             target = ref[len(sequence)]
             index = target if self.draft_vocab is None else int((self.draft_vocab == target).nonzero()[0])
-            logits -= logits.max() + 10.0
-            if corrupt is not None and corrupt(drafting_from["length"] - 2, len(sequence) - drafting_from["length"]):
-                logits[(index + 1) % logits.shape[0]] = 0.0
-                logits[index] = -1.0
-            else:
-                logits[index] = 0.0
+            _rank_first(logits, index, corrupt is not None and corrupt(drafting_from["length"] - 2,
+                                                                       len(sequence) - drafting_from["length"]))
             return logits
 
     heads.__class__ = OracleChain

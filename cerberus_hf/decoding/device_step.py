@@ -44,7 +44,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from ..blocks.batching import pad_token_id
+from ..blocks.batching import pad_batch
 from ..blocks.stats import GenerationStats
 from ..blocks.tree import TreeSpec
 from ..compat import cache_argument
@@ -372,11 +372,10 @@ class DeviceDecoding:
             self.stats.record_step(1, 0, 0)  # the prefill
             for count in row_counts:
                 self.stats.record_step(count, self.tree.depth, len(self.tree))
-        pad = pad_token_id(generation_config)
-        out = input_ids.new_full((rows, width + max(len(t) for t in new)), 0 if pad is None else pad)
-        out[:, :width] = input_ids
-        for row, tokens in enumerate(new):
-            out[row, width: width + len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+        # padded as batched generate() pads: the prompts as given, each row's new tokens, the pad id after a row's end
+        prompts = [input_ids[b: b + 1] for b in range(rows)]
+        out = pad_batch(input_ids, prompts, [torch.cat([prompt, prompt.new_tensor([tokens])], dim=1)
+                                             for prompt, tokens in zip(prompts, new)], generation_config)
         return GenerateDecoderOnlyOutput(sequences=out) if generation_config.return_dict_in_generate else out
 
     def runner(self, rows: int, length: int) -> DeviceStep:

@@ -86,10 +86,13 @@ class LoopDecoding:
                    no_static=self.path.no_static, **model_kwargs)
 
 
+SLIDING = "the base has sliding-window layers"
+
+
 def _base_refusal(base: nn.Module) -> str | None:
     """Why the base cannot be verified under one 4D mask over fixed slots (None: it can)."""
     if getattr(base.config.get_text_config(), "sliding_window", None) is not None:
-        return "the base has sliding-window layers"
+        return SLIDING
     if "flash" in str(attn_implementation(base.config) or ""):
         return "flash attention takes no 4D mask"
     return None
@@ -119,10 +122,8 @@ def static_refusal(base: nn.Module, drafter: Drafter, settings: DecodingSettings
     if rows > 1:
         return "a batch decodes with the dynamic cache"
     base_refusal = _base_refusal(base)
-    if base_refusal == "the base has sliding-window layers":
-        return "the base has sliding-window layers, which a static cache cannot roll back in place"
     if base_refusal is not None:
-        return base_refusal
+        return base_refusal + (", which a static cache cannot roll back in place" if base_refusal == SLIDING else "")
     through_base = drafts_through_base_cache(drafter, settings)
     if through_base is not None:
         return through_base
