@@ -12,8 +12,9 @@ import torch
 
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.drafting import (
-    StepDrafts, device_selection, dynamic_draft, dynamic_selection, node_budget, static_draft,
+    StepDrafts, dynamic_draft, dynamic_selection, node_budget, static_draft,
 )
+from cerberus_hf.blocks.rescoring import Rescoring, ngram_rescore
 from cerberus_hf.blocks.tree import DynamicTree, TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from cerberus_hf.drafters.base import capture_lm_head_input, capture_states
@@ -274,18 +275,52 @@ def test_dynamic_tree_settings_are_validated():
     assert stats.draft_steps > 0 and stats.drafted_tokens <= 3 * stats.draft_steps
 
 
+def reference_selection(step, settings, max_depth, rescore=None):
+    """EAGLE-2's search written plainly, node by node on the host: each level the ``top_k`` best children (Clover's
+    budget leaves some out) form the next frontier; the ``nodes`` best of everything drafted whose parent was chosen."""
+    width = getattr(settings, "candidates", settings.top_k)
+    budgeted = isinstance(settings, DynamicTree) and settings.budgeted
+    frontier, drafted = [(0.0, (), step.root)], []  # (score, path of ranks, node); (score, path, token)
+    for level in range(min(settings.depth, max_depth)):
+        states, logits = step.expand(level, [node for _, _, node in frontier])
+        top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
+        candidates, values = step.drafter.token_ids(top.indices), top.values
+        kept = node_budget(values, settings.top_p, settings.min_ratio).tolist() if budgeted else None
+        if rescore is not None:
+            values = values + rescore([tuple(node.tokens) for _, _, node in frontier], candidates)
+        scores = (values + torch.tensor([score for score, _, _ in frontier], device=values.device)[:, None]).tolist()
+        children = [(scores[r][j], (*frontier[r][1], j), int(candidates[r, j]), r)
+                    for r in range(len(frontier)) for j in range(candidates.shape[1]) if kept is None or kept[r][j]]
+        drafted.extend(child[:3] for child in children)
+        best = sorted(children, key=lambda c: -c[0])[: settings.top_k]
+        frontier = [(score, path, type(step.root)((*frontier[r][2].tokens, token), states[r]))
+                    for score, path, token, r in best]
+    chosen = {}
+    for score, path, token in sorted(drafted, key=lambda d: (-d[0], len(d[1]))):
+        if len(chosen) == settings.nodes:
+            break
+        if len(path) == 1 or path[:-1] in chosen:
+            chosen[path] = token
+    return chosen
+
+
 @pytest.mark.parametrize("head_type", TREE_FAMILIES)
-def test_the_device_search_chooses_what_the_host_search_chooses(head_type):
-    """`device_selection` (what decoding runs: one read a step) equals `dynamic_selection` (the reference, which
-    calibration also runs) node for node and in order, plain and with Clover's budget, on random heads."""
+def test_the_search_chooses_what_a_plain_search_chooses(head_type):
+    """`dynamic_selection` (what decoding and calibration run: on the device, one read a step) equals the search
+    written plainly (`reference_selection`) node for node and in order: plain, with Clover's budget, and rescored by an
+    n-gram, on random heads."""
     model = fresh_model("llama", head_type, randomize=True, seed=3, num_heads=4)
+    ngram = tiny_ngram(model.config.vocab_size, seed=1)
+    rescore = ngram_rescore(ngram, torch.tensor([3, 9, 5]), 2.0)
     generator = torch.Generator().manual_seed(0)
     for _ in range(4):
         hidden = (torch.randn(1, model.config.hidden_size, generator=generator) * 3).to(DEVICE)
-        for settings in (DynamicTree(nodes=6, depth=3, top_k=3), DynamicTree(nodes=12, depth=4, top_k=4),
-                         DynamicTree(nodes=10, depth=4, top_k=4, top_p=0.7, min_ratio=0.2),
-                         DynamicTree(nodes=3, depth=2, top_k=1)):
+        for settings, scorer in ((DynamicTree(nodes=6, depth=3, top_k=3), None),
+                                 (DynamicTree(nodes=12, depth=4, top_k=4), None),
+                                 (DynamicTree(nodes=10, depth=4, top_k=4, top_p=0.7, min_ratio=0.2), None),
+                                 (DynamicTree(nodes=3, depth=2, top_k=1), None),
+                                 (Rescoring(nodes=8, depth=3, top_k=2, candidates=5, weight=2.0), rescore)):
             with torch.no_grad():
-                host = dynamic_selection(StepDrafts(model.heads, hidden, 5), settings, 4)
-                device = device_selection(StepDrafts(model.heads, hidden, 5), settings, 4)
-            assert list(device.items()) == list(host.items()), settings
+                plain = reference_selection(StepDrafts(model.heads, hidden, 5), settings, 4, scorer)
+                searched = dynamic_selection(StepDrafts(model.heads, hidden, 5), settings, 4, scorer)
+            assert list(searched.items()) == list(plain.items()), settings

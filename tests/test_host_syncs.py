@@ -5,7 +5,7 @@ on the host several times costs about as much as the forward itself (docs/cuda.m
 ``item``, ``tolist`` and ``bool``, outputs whose shape depends on values such as ``nonzero``, and copies of host
 values that wait for the device's queue: a tensor built from Python values on a named device, ``new_tensor``, indexing
 with a Python list). Greedy decoding of a static tree or a chain reads once a step (the accepted branch,
-`loop._greedy_walk`), of a dynamic tree twice (its shape, `drafting.device_selection`, and the accepted branch), plus
+`loop._greedy_walk`), of a dynamic tree twice (its shape, `drafting.dynamic_selection`, and the accepted branch), plus
 about 16 per call, 7 of them generate()'s own preparation; the bounds below are today's counts for every kind of step,
 so that no change adds reads unnoticed.
 
@@ -37,7 +37,7 @@ CASES = {
     "static+static_cache": (dict(CHAIN, draft_tree=STATIC_TREE, cache_implementation="static"), 1.5),
     # a gate on the base's logits decides for every position in the walk's read (`EntropyGate.draft_rows`)
     "chain+gate": (dict(CHAIN, gate_threshold=10.0), 1.7),
-    # a dynamic tree is searched on the device and its shape read once (`drafting.device_selection`)
+    # a dynamic tree is searched on the device and its shape read once (`drafting.dynamic_selection`)
     "dynamic": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3}), 2.6),
     "budgeted": (dict(CHAIN, dynamic_tree={"nodes": 6, "depth": 3, "top_k": 3, "top_p": 0.9, "min_ratio": 0.2}), 2.6),
     # prompt lookup matches the context's n-grams on the host

@@ -21,7 +21,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..compat import tree_attention_ok
 from ..drafters.base import Drafter
-from .drafting import Levels, StepDrafts, chosen_tree, device_levels, dynamic_draft, prime_roots, run_together, static_levels
+from .drafting import Levels, StepDrafts, chosen_tree, dynamic_draft, prime_roots, run_together, search_levels, static_levels
 from ..blocks.lookup import context_continuation
 from ..blocks.ngram import NgramModel
 from ..blocks.profiling import phase_timer
@@ -208,7 +208,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
         if self.drafter.drafts_chains or isinstance(self.dynamic, Rescoring):
             return None
         if self.dynamic is not None:
-            return device_levels(plan.step, self.dynamic, plan.room)
+            return search_levels(plan.step, self.dynamic, plan.room)
         return static_levels(plan.step, plan.static)
 
     def _draft(self, plan: "_Plan", searched) -> Draft | None:

@@ -16,8 +16,8 @@ one call per depth serves every node.
   children are never candidates, so the tree's size follows the drafter's confidence; ``calibrate``
   keeps it only where it beats the plain tree on the device's cost curve.
   With an n-gram model the same search rescores a wider lattice of guesses (`rescoring`).
-  Decoding searches on the device and reads the chosen tree once (`device_selection`); `dynamic_selection`, the
-  reference, searches on the host and also serves calibration and rescoring.
+  Decoding, calibration and rescoring run one search (`dynamic_selection`), on the drafter's device, reading the
+  chosen tree back once.
 """
 
 from __future__ import annotations
@@ -56,11 +56,7 @@ class StepDrafts:
     def expand(self, depth: int, parents: list[_Node]) -> tuple[torch.Tensor, torch.Tensor]:
         """(states ``[n, hidden]``, logits ``[n, V]``) of depth ``depth`` under each of ``parents``."""
         if not self.drafter.reads_tokens:
-            if depth not in self._shared:
-                previous = self._shared[depth - 1][0] if depth > 0 else None
-                tokens = torch.full((1, depth + 1), self.last_token, device=self.hidden.device)
-                self._shared[depth] = self.drafter.draft_level(depth, self.hidden, tokens, previous, self.context)
-            state, logits = self._shared[depth]
+            state, logits = self._level(depth)
             return state.expand(len(parents), -1), logits.expand(len(parents), -1)
         previous = torch.stack([p.state for p in parents]) if depth > 0 else None
         return self.drafter.draft_level(depth, self.hidden.expand(len(parents), -1), self._path_tokens(parents), previous,
@@ -74,13 +70,33 @@ class StepDrafts:
         last = torch.full((len(parents), 1), self.last_token, device=self.hidden.device)
         return torch.cat([last, above], dim=1)
 
+    def _level(self, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(state ``[1, hidden]``, logits ``[1, V]``) of depth ``depth`` for a drafter that ignores drafted tokens (or
+        depth 0 of any drafter): one call serves every node of the depth, computed once."""
+        if depth not in self._shared:
+            previous = self._level(depth - 1)[0] if depth > 0 else None
+            tokens = torch.full((1, depth + 1), self.last_token, device=self.hidden.device)
+            self._shared[depth] = self.drafter.draft_level(depth, self.hidden, tokens, previous, self.context)
+        return self._shared[depth]
+
     def root_logits(self) -> torch.Tensor:
         """Depth 0's logits ``[V]`` (what a head-entropy gate reads); reused by the draft that follows."""
-        if 0 not in self._shared:
-            self._shared[0] = self.drafter.draft_level(
-                0, self.hidden, torch.full((1, 1), self.last_token, device=self.hidden.device), None, self.context
-            )
-        return self._shared[0][1][0]
+        return self._level(0)[1][0]
+
+    @staticmethod
+    def share_level(steps: list["StepDrafts"], depth: int) -> None:
+        """`_level` of several sequences (one drafter) in one call of their drafter, each apart where the drafter
+        attends to a context of its own per sequence. Depth ``depth - 1`` is already there (levels go in order)."""
+        missing = [step for step in steps if depth not in step._shared]
+        if len(missing) > 1 and all(step.context is None for step in missing):
+            previous = torch.cat([step._shared[depth - 1][0] for step in missing]) if depth > 0 else None
+            tokens = to_device([[step.last_token] * (depth + 1) for step in missing], missing[0].hidden.device)
+            states, logits = missing[0].drafter.draft_level(
+                depth, torch.cat([step.hidden for step in missing]), tokens, previous)
+            for r, step in enumerate(missing):
+                step._shared[depth] = (states[r: r + 1], logits[r: r + 1])
+        for step in missing:
+            step._level(depth)
 
 
 def static_draft(step: StepDrafts, tree: TreeSpec) -> torch.LongTensor:
@@ -156,13 +172,7 @@ def expand_together(depth: int, steps: list[StepDrafts], parents: list[list[_Nod
         return [step.expand(depth, nodes) for step, nodes in zip(steps, parents)]
     drafter = steps[0].drafter
     if not drafter.reads_tokens:  # one call per depth serves every node of a sequence (`StepDrafts.expand`)
-        missing = [step for step in steps if depth not in step._shared]
-        if missing:
-            previous = torch.cat([step._shared[depth - 1][0] for step in missing]) if depth > 0 else None
-            tokens = to_device([[step.last_token] * (depth + 1) for step in missing], missing[0].hidden.device)
-            states, logits = drafter.draft_level(depth, torch.cat([step.hidden for step in missing]), tokens, previous)
-            for r, step in enumerate(missing):
-                step._shared[depth] = (states[r: r + 1], logits[r: r + 1])
+        StepDrafts.share_level(steps, depth)
         return [step.expand(depth, nodes) for step, nodes in zip(steps, parents)]
     counts = [len(nodes) for nodes in parents]
     hidden = torch.cat([step.hidden.expand(len(nodes), -1) for step, nodes in zip(steps, parents)])
@@ -182,70 +192,30 @@ def dynamic_selection(
     step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
 ) -> dict[tuple[int, ...], int]:
     """``{path of ranks: token}`` of the nodes EAGLE-2 would verify (see the module docstring), at most
-    ``max_depth`` deep, in the order they were chosen: the first ``n`` entries are the tree of ``n`` nodes.
+    ``max_depth`` deep, in the order they were chosen: the first ``n`` entries are the tree of ``n`` nodes. Decoding,
+    calibration and rescoring run this one search (`search_levels`)."""
+    return run_alone(step, search_levels(step, settings, max_depth, rescore))
+
+
+def search_levels(
+    step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
+) -> Levels:
+    """`dynamic_selection` as `Levels`: each level's expansion is asked of the caller (`run_alone`, `run_together`).
+
+    The search stays on the drafter's device and is read back once, at the end (each read would stall a GPU). Every
+    level keeps a fixed number of frontier rows, so no shape depends on values: a child outside Clover's budget gets
+    the score -inf instead of being left out, and so do its descendants. Ties go to the node drafted first (stable
+    sorts over the drafting order: level by level, row by row), and since a path's score never exceeds its
+    parent's, the ``nodes`` best of everything drafted form a tree without a check.
 
     With `Rescoring` settings each frontier node is extended by the depth's ``candidates`` best guesses
-    (not ``top_k``), and ``rescore(paths, token_ids)`` is added to their scores (lattice rescoring)."""
+    (not ``top_k``), and ``rescore(paths, token_ids)`` (never positive) is added to their scores (lattice
+    rescoring); it reads the frontier's paths on the host, once a level."""
     depth = min(settings.depth, max_depth)
     if depth < 1:
         return {}
-    width = getattr(settings, "candidates", settings.top_k)
+    asked = getattr(settings, "candidates", settings.top_k)
     budgeted = isinstance(settings, DynamicTree) and settings.budgeted
-    frontier: list[tuple[float, tuple[int, ...], _Node]] = [(0.0, (), step.root)]
-    drafted: list[tuple[float, tuple[int, ...], int]] = []  # (score, path of ranks, token)
-    for level in range(depth):
-        states, logits = step.expand(level, [node for _, _, node in frontier])
-        top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
-        candidates = step.drafter.token_ids(top.indices)
-        values = top.values
-        kept = node_budget(values, settings.top_p, settings.min_ratio).tolist() if budgeted else None
-        if rescore is not None:
-            values = values + rescore([node.tokens for _, _, node in frontier], candidates)
-        scores = (values + to_device([s for s, _, _ in frontier], values.device)[:, None]).tolist()
-        token_ids = candidates.tolist()
-        children = [
-            (scores[r][j], (*frontier[r][1], j), token_ids[r][j], r)
-            for r in range(len(frontier))
-            for j in range(len(token_ids[r]))
-            if kept is None or kept[r][j]
-        ]
-        drafted.extend(child[:3] for child in children)
-        best = sorted(children, key=lambda c: -c[0])[: settings.top_k]
-        frontier = [(s, path, _Node((*frontier[r][2].tokens, token), states[r])) for s, path, token, r in best]
-    chosen: dict[tuple[int, ...], int] = {}
-    for score, path, token in sorted(drafted, key=lambda d: (-d[0], len(d[1]))):
-        if len(chosen) == settings.nodes:
-            break
-        if len(path) == 1 or path[:-1] in chosen:
-            chosen[path] = token
-    return chosen
-
-
-def node_budget(log_probs: torch.Tensor, top_p: float, min_ratio: float) -> torch.Tensor:
-    """Clover's per-node budget: which of each row's children (``log_probs`` ``[nodes, k]``, best first) may
-    be drafted: those whose better siblings hold less than ``top_p`` of the probability and that are at
-    least ``min_ratio`` times as probable as the first (so the first always may)."""
-    probs = log_probs.exp()
-    before = probs.cumsum(dim=-1) - probs
-    return (before < top_p) & (probs >= min_ratio * probs[:, :1])
-
-
-def device_selection(step: StepDrafts, settings: DynamicTree, max_depth: int) -> dict[tuple[int, ...], int]:
-    """`dynamic_selection` without a rescorer, searched on the device and read back once (each read would stall a
-    GPU): the same nodes in the same order (`device_levels`)."""
-    return run_alone(step, device_levels(step, settings, max_depth))
-
-
-def device_levels(step: StepDrafts, settings: DynamicTree, max_depth: int) -> Levels:
-    """`device_selection` as `Levels`: each level's expansion is asked of the caller (`run_alone`, `run_together`).
-
-    Every level keeps a fixed number of frontier rows, so no shape depends on values: a child outside Clover's
-    budget gets the score -inf instead of being left out, and so do its descendants. Ties are broken as the host's
-    stable sorts break them (stable sorts over the same insertion order: level by level, row by row), and since a
-    path's score never exceeds its parent's, the ``nodes`` best of everything drafted form a tree without a check."""
-    depth = min(settings.depth, max_depth)
-    if depth < 1:
-        return {}
     frontier: list[_Node] = [step.root]
     frontier_scores = step.hidden.new_zeros(1, dtype=torch.float32)
     frontier_index = torch.full((1,), -1, dtype=torch.long, device=step.hidden.device)  # into the drafted entries
@@ -253,13 +223,15 @@ def device_levels(step: StepDrafts, settings: DynamicTree, max_depth: int) -> Le
     count = 0
     for level in range(depth):
         states, logits = yield level, frontier
-        top = torch.log_softmax(logits.float(), dim=-1).topk(min(settings.top_k, logits.shape[-1]), dim=-1)
+        top = torch.log_softmax(logits.float(), dim=-1).topk(min(asked, logits.shape[-1]), dim=-1)
         width = top.values.shape[-1]
-        values = top.values
-        if settings.budgeted:
+        values, tokens = top.values, step.drafter.token_ids(top.indices)
+        if budgeted:
             values = values.masked_fill(~node_budget(values, settings.top_p, settings.min_ratio), float("-inf"))
+        if rescore is not None:
+            values = values + rescore(_host_paths(frontier, level), tokens)
         scores = (values + frontier_scores[:, None]).flatten()
-        tokens = step.drafter.token_ids(top.indices).flatten()
+        tokens = tokens.flatten()
         drafted_scores.append(scores)
         drafted_tokens.append(tokens)
         drafted_parents.append(frontier_index.repeat_interleave(width))
@@ -272,11 +244,25 @@ def device_levels(step: StepDrafts, settings: DynamicTree, max_depth: int) -> Le
         frontier = [_Node(path_tokens[i], kept[i]) for i in range(best.shape[0])]
         frontier_scores, frontier_index = scores[best], count + best
         count += scores.shape[0]
-    scores = torch.cat(drafted_scores)
-    chosen_entries = torch.sort(-scores, stable=True).indices[: settings.nodes]
+    return _chosen_paths(torch.cat(drafted_scores), torch.cat(drafted_tokens), torch.cat(drafted_parents),
+                         torch.cat(drafted_ranks), settings.nodes)
+
+
+def _host_paths(frontier: list[_Node], level: int) -> list[tuple[int, ...]]:
+    """The drafted tokens above each frontier node, on the host (what a `Rescore` reads)."""
+    if level == 0:
+        return [()]
+    return [tuple(path) for path in torch.stack([node.tokens for node in frontier]).tolist()]
+
+
+def _chosen_paths(scores: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, ranks: torch.Tensor,
+                  nodes: int) -> dict[tuple[int, ...], int]:
+    """``{path of ranks: token}`` of the ``nodes`` best-scoring drafted entries with a finite score (each entry's
+    parent is an index into the entries, -1 for the root), read back from the device in one copy."""
+    chosen_entries = torch.sort(-scores, stable=True).indices[:nodes]
     entries, parents, ranks, tokens, finite = torch.stack([
-        chosen_entries, torch.cat(drafted_parents)[chosen_entries], torch.cat(drafted_ranks)[chosen_entries],
-        torch.cat(drafted_tokens)[chosen_entries], scores[chosen_entries].isfinite().long(),
+        chosen_entries, parents[chosen_entries], ranks[chosen_entries], tokens[chosen_entries],
+        scores[chosen_entries].isfinite().long(),
     ]).tolist()
     paths: dict[int, tuple[int, ...]] = {}  # drafted entry -> its path of ranks
     chosen: dict[tuple[int, ...], int] = {}
@@ -289,16 +275,20 @@ def device_levels(step: StepDrafts, settings: DynamicTree, max_depth: int) -> Le
     return chosen
 
 
+def node_budget(log_probs: torch.Tensor, top_p: float, min_ratio: float) -> torch.Tensor:
+    """Clover's per-node budget: which of each row's children (``log_probs`` ``[nodes, k]``, best first) may
+    be drafted: those whose better siblings hold less than ``top_p`` of the probability and that are at
+    least ``min_ratio`` times as probable as the first (so the first always may)."""
+    probs = log_probs.exp()
+    before = probs.cumsum(dim=-1) - probs
+    return (before < top_p) & (probs >= min_ratio * probs[:, :1])
+
+
 def dynamic_draft(
     step: StepDrafts, settings: DynamicTree | Rescoring, max_depth: int, rescore: Rescore | None = None
 ) -> tuple[TreeSpec, torch.LongTensor] | None:
-    """The tree `dynamic_selection` chooses, with its tokens in tree order (None when nothing fits); searched on the
-    device (`device_selection`) unless a rescorer scores the lattice on the host."""
-    if rescore is None and isinstance(settings, DynamicTree):
-        chosen = device_selection(step, settings, max_depth)
-    else:
-        chosen = dynamic_selection(step, settings, max_depth, rescore)
-    return chosen_tree(chosen, step.hidden.device)
+    """The tree `dynamic_selection` chooses, with its tokens in tree order (None when nothing fits)."""
+    return chosen_tree(dynamic_selection(step, settings, max_depth, rescore), step.hidden.device)
 
 
 def chosen_tree(chosen: dict[tuple[int, ...], int], device: torch.device) -> tuple[TreeSpec, torch.LongTensor] | None:
@@ -312,11 +302,4 @@ def chosen_tree(chosen: dict[tuple[int, ...], int], device: torch.device) -> tup
 def prime_roots(steps: list[StepDrafts]) -> None:
     """Compute depth 0 (what a head-entropy gate reads, `StepDrafts.root_logits`) for several sequences in one call
     of their drafter (each apart where the drafter attends to a context of its own per sequence)."""
-    missing = [step for step in steps if 0 not in step._shared]
-    if len(missing) > 1 and all(step.context is None for step in missing):
-        tokens = to_device([[step.last_token] for step in missing], missing[0].hidden.device)
-        states, logits = missing[0].drafter.draft_level(0, torch.cat([step.hidden for step in missing]), tokens, None)
-        for r, step in enumerate(missing):
-            step._shared[0] = (states[r: r + 1], logits[r: r + 1])
-    for step in missing:
-        step.root_logits()
+    StepDrafts.share_level(steps, 0)
