@@ -136,7 +136,14 @@ def test_the_check_sees_an_upward_import(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ scripts
 SCRIPTS = PACKAGE.parent / "scripts"
+BENCHMARKS = PACKAGE.parent / "benchmarks"  # a measurement's script lives in the run folder it made
 TEST_MODULES = {"tests", "helpers", "tiny_models", "conftest"}
+
+
+def _script_files() -> list[Path]:
+    """Every Python file a user runs as a script: under scripts/ (packages such as make_prompts/ included) and in the
+    run folders of benchmarks/."""
+    return sorted(path for folder in (SCRIPTS, BENCHMARKS) for path in folder.rglob("*.py"))
 
 
 def _private(name: str) -> bool:
@@ -185,10 +192,13 @@ def _script_problems(source: str, modules: dict[str, Path]) -> list[str]:
 
 
 def test_no_script_imports_tests_or_private_names():
-    """scripts/ are the library's first users: what they need from tests/ or from private names belongs in the
-    public API (test helpers that a drafter's author needs are in `cerberus_hf.testing`)."""
+    """Scripts (scripts/ and those beside their runs in benchmarks/) are the library's first users: what they need
+    from tests/ or from private names belongs in the public API (test helpers that a drafter's author needs are in
+    `cerberus_hf.testing`)."""
     modules = _modules()
-    found = [f"scripts/{path.name} {problem}" for path in sorted(SCRIPTS.glob("*.py"))
+    paths = _script_files()
+    assert any(SCRIPTS in path.parents for path in paths) and any(BENCHMARKS in path.parents for path in paths)
+    found = [f"{path.relative_to(PACKAGE.parent)} {problem}" for path in paths
              for problem in _script_problems(path.read_text(), modules)]
     assert not found, "; ".join(found)
 

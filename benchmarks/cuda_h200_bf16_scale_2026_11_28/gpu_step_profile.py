@@ -1,9 +1,10 @@
 r"""Where a draft-verify step's time goes on a GPU, against a plain compiled step (issue 38: the loop's compiled static
 cache made a step of the 8B-shaped base cost 30 ms where the compiled plain peer's costs 12 ms, 2026-11-27).
 
-    python scripts/gpu_step_profile.py --shape llama-3.1-8b \
+    python benchmarks/cuda_h200_bf16_scale_2026_11_28/gpu_step_profile.py --shape llama-3.1-8b \
         --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json
-    python scripts/gpu_step_profile.py --shape llama-3.2-1b --layers 2 --device cpu --new 8    # a dry run
+    python benchmarks/cuda_h200_bf16_scale_2026_11_28/gpu_step_profile.py --shape llama-3.2-1b --layers 2 \
+        --device cpu --new 8    # a dry run
 
 For the plain compiled peer, the drafted loop uncompiled and the drafted loop compiled (static cache): the wall time a
 step, the loop's own phases (`generate(profile=True)`, which synchronises at each phase), and the torch profiler's
@@ -23,11 +24,13 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from cerberus_hf import CerberusForCausalLM
-from gpu_scale_bench import build_base, install_device_oracle, progress, timed, SHAPES  # scripts/ is on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # gpu_scale_bench lives there
+from gpu_scale_bench import build_base, install_device_oracle, progress, timed, SHAPES  # noqa: E402
 
 
 def main() -> int:

@@ -1,8 +1,9 @@
 """What one forward of the base costs on the device against how many positions it is fed: the price of verifying a
 draft, kernel time only (the torch profiler's device time, so launch overhead does not count), per dtype.
 
-    python scripts/gpu_forward_cost.py --shape llama-3.1-8b --dtypes float32 bfloat16
-    python scripts/gpu_forward_cost.py --shape llama-3.2-1b --layers 2 --device cpu     # a dry run (CPU time)
+    python benchmarks/cuda_h200_fp32_scale_2026_11_27/gpu_forward_cost.py --shape llama-3.1-8b --dtypes float32 bfloat16
+    python benchmarks/cuda_h200_fp32_scale_2026_11_27/gpu_forward_cost.py --shape llama-3.2-1b --layers 2 \
+        --device cpu     # a dry run (CPU time)
 
 On 2026-11-27 (H200) a compiled fp32 verification step of the 8B-shaped base fed 8 positions cost 1.95x the kernel time
 of a one-position step: fp32 matrix products of a few rows run on SIMT kernels, where one row runs as a GEMV at the
@@ -14,11 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
-from gpu_scale_bench import SHAPES, build_base  # scripts/ is on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # gpu_scale_bench lives there
+from gpu_scale_bench import SHAPES, build_base  # noqa: E402
 
 
 def kernel_ms(run, device: torch.device, repeats: int) -> tuple[float, float]:

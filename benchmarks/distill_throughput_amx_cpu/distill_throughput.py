@@ -6,8 +6,8 @@ answer tokens per second of wall time (prefill included) and, against plain one-
 the same dtype on the first ``--check`` prompts, how many answers are identical and how much of each answer
 matches before the first difference (batched float arithmetic may round differently and flip a near-tie).
 
-    python scripts/distill_throughput.py --prompts sharegpt --limit 256 --max-new-tokens 128 \
-        --config continuous:64 --config continuous:128 --config transformers:128 --check 16
+    python benchmarks/distill_throughput_amx_cpu/distill_throughput.py --prompts sharegpt --limit 256 \
+        --max-new-tokens 128 --config continuous:64 --config continuous:128 --config transformers:128 --check 16
 """
 
 from __future__ import annotations

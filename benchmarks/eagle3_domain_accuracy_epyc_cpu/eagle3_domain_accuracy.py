@@ -12,7 +12,8 @@ by default, so it is given an unrelated decontamination file):
     echo '{"turns": ["an unrelated placeholder"]}' > /tmp/none.jsonl
     cerberus-hf distill --prompts ../shared/bench/mt_bench.jsonl --turns first --decontaminate /tmp/none.jsonl \
         --output /tmp/mtb_answers.jsonl --max-new-tokens 128 --batch-size 16 --dtype float32
-    python scripts/eagle3_domain_accuracy.py --heads model_cards/eagle3-smollm2-135m-instruct \
+    python benchmarks/eagle3_domain_accuracy_epyc_cpu/eagle3_domain_accuracy.py \
+        --heads model_cards/eagle3-smollm2-135m-instruct \
         --answers mt-bench=/tmp/mtb_answers.jsonl --answers sharegpt-unseen=data/sharegpt_selfdistill.jsonl:8752:150
 
 An ``--answers`` file may name ``:SKIP:LIMIT`` records (the ShareGPT file's records from 8,752 on were added after

@@ -4,9 +4,9 @@
 #           beside the shipped Hydra heads;
 #   pieces  250-step runs of the same recipe and seed: plain Hydra, the teacher loss, head dropout, and the prefix
 #           layer with a window of 1 and of 32 (each one piece against the plain run).
-#   OUT=/tmp/hydrapp STEPS="prefix pieces" bash scripts/hydra_plus_plus_pieces.sh
+#   OUT=/tmp/hydrapp STEPS="prefix pieces" bash benchmarks/hydra_pieces_cpu/hydra_plus_plus_pieces.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/hydrapp}
 DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 STEPS=${STEPS:-"prefix pieces"}

@@ -3,7 +3,8 @@ MT-Bench prompts with the shallow layers' work on each draft reused and recomput
 lengths, interleaved with plain generate() in one run (gate and prompt lookup off). Prints the bench's
 table and per-phase profile; writes the JSON and the plot.
 
-    python scripts/kangaroo_reuse.py [--heads FOLDER] [--every 4] [--lengths 1 2 4] [--exit-confidence 0.0]
+    python benchmarks/kangaroo_reuse_cpu/kangaroo_reuse.py [--heads FOLDER] [--every 4] [--lengths 1 2 4] \
+        [--exit-confidence 0.0]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ output is compared with plain generate() in its own dtype. With --strict, each f
 strict verification (generate(strict=True), its calibration's strict half). Prints the table and the per-phase
 profile, writes the JSON and the plot.
 
-    python scripts/bench_dtypes.py [--every 4] [--max-new-tokens 128] [--lookup] [--strict]
+    python benchmarks/mt_bench_dtypes_cpu/bench_dtypes.py [--every 4] [--max-new-tokens 128] [--lookup] [--strict]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One cached forward of SmolLM2-135M-Instruct over n new tokens, through the base's own linear layers and through
 packed weights (`cerberus_hf.blocks.packed`), alternating, with the largest logit difference between the two.
 
-    python scripts/packed_forward_times.py --dtype float32 [--repeats 8] [--context 300]
+    python benchmarks/packed_weights_fp32_epyc_cpu/packed_forward_times.py --dtype float32 [--repeats 8] [--context 300]
 
 Prints the median milliseconds per size for each, twice over (the machine's speed drifts between passes).
 """

@@ -16,7 +16,8 @@ way, and where they do not, the argmax can flip at a near tie. Per dtype, on thi
    one-token forward computes it), in chunks no taller than the base's row-invariant height on this machine
    (`row_invariant_rows`, printed per dtype; a height of 1 leaves nothing to compare).
 
-    python scripts/shape_invariance.py [--prompts 8] [--tokens 32] [--json benchmarks/shape_invariance_cpu/shape_invariance_cpu.json]
+    python benchmarks/shape_invariance_cpu/shape_invariance.py [--prompts 8] [--tokens 32] \
+        [--json benchmarks/shape_invariance_cpu/shape_invariance_cpu.json]
 """
 
 from __future__ import annotations

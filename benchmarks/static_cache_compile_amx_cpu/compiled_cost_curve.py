@@ -2,8 +2,8 @@
 default path) against its compiled forward over a static cache (``generate(cache_implementation="static")``), after a
 300-token context, at the bucket sizes the static path pads to (`decoding.static_cache.BUCKETS`).
 
-    python scripts/compiled_cost_curve.py --dtype bfloat16            # SmolLM2-135M from its PyPI package, CPU
-    python scripts/compiled_cost_curve.py --dtype bfloat16 --device cuda
+    python benchmarks/static_cache_compile_amx_cpu/compiled_cost_curve.py --dtype bfloat16   # SmolLM2-135M (PyPI), CPU
+    python benchmarks/static_cache_compile_amx_cpu/compiled_cost_curve.py --dtype bfloat16 --device cuda
 
 Compiled as `generate()` compiles: the base's ``get_compiled_call`` with transformers' `CompileConfig` (on a CPU
 ``mode=None`` and ``_compile_all_devices``, since CUDA graphs do not apply). Sizes are interleaved over the repeats;

@@ -5,7 +5,8 @@ Every thread count decodes the same prompts (split among the threads, each threa
 interleave every (dtype, method, threads) cell, so drift hits all alike. Each output is compared with plain
 generate()'s in its dtype, decoded alone. Prints the table, writes the JSON and the plot.
 
-    python scripts/bench_threads.py [--prompts 8] [--max-new-tokens 64] [--threads 1 2 4] [--rounds 2]
+    python benchmarks/threads_hydra_cpu/bench_threads.py [--prompts 8] [--max-new-tokens 64] [--threads 1 2 4] \
+        [--rounds 2]
 """
 
 from __future__ import annotations
