@@ -3,7 +3,6 @@ faster, with the same output (`CerberusForCausalLM`; docs/architecture.md for th
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .decoding.candidate_generator import CerberusCandidateGenerator
 from .configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .blocks.gate import EntropyGate, entropy
 from .blocks.settings import DecodingSettings
@@ -20,7 +19,6 @@ __version__ = "0.3.0"
 
 __all__ = [
     "HEAD_TYPES",
-    "CerberusCandidateGenerator",
     "CerberusConfig",
     "CerberusForCausalLM",
     "CerberusDrafter",

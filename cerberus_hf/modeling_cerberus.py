@@ -2,7 +2,7 @@
 
 The wrapper computes exactly the base's logits in `forward`; only `generate()` differs, and only in
 speed: it runs the base's own `generate()` preparation with a draft-verify loop as the decoding method
-(`decoding.speculative_generate`), fed by a `CerberusCandidateGenerator`. Checkpoints hold only the
+(`decoding.speculative_generate`), fed by a `Proposer`. Checkpoints hold only the
 heads (safetensors), a config naming the base, and two stub modules that import this package (`remote_code`),
 so they load with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` where it is installed.
 """
@@ -42,7 +42,7 @@ from .configuration_cerberus import CerberusConfig
 from .blocks.acceptance import TypicalAcceptance
 from .decoding.batched import shared_budget
 from .blocks.batching import pad_batch, unpadded_length_limits, unpadded_rows
-from .decoding.candidate_generator import CerberusCandidateGenerator
+from .decoding.proposer import Proposer
 from .decoding.device_step import DeviceDecoding
 from .blocks.gate import EntropyGate
 from .blocks.lookup import DEFAULT_MAX_NGRAM
@@ -465,7 +465,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         stats = GenerationStats(calibration=settings.calibration, strict_rows=strict_rows)
         profiler = StepProfiler(self.device) if profile else None
         decode = LoopDecoding(path, settings, streamer, profiler, self.base, functools.partial(
-            decoding._candidate_generator, settings=settings, stats=stats, profiler=profiler))
+            decoding._proposer, settings=settings, stats=stats, profiler=profiler))
         if path.device_step:
             decode = DeviceDecoding(self, decoding.heads, settings.tree or TreeSpec.chain(self.config.num_heads), stats,
                                     decode, "reduce-overhead" if self.device.type == "cuda" else None)
@@ -573,10 +573,10 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             key, stored = f"{key} (strict)", stored["strict"]
         return stored_settings(stored, self.config, key)
 
-    def _candidate_generator(self, generation_config: GenerationConfig, settings: DecodingSettings,
-                             stats: GenerationStats, profiler: StepProfiler | None = None) -> CerberusCandidateGenerator:
+    def _proposer(self, generation_config: GenerationConfig, settings: DecodingSettings,
+                  stats: GenerationStats, profiler: StepProfiler | None = None) -> Proposer:
         rescoring = settings.rescoring is not None
-        return CerberusCandidateGenerator(
+        return Proposer(
             self.heads, settings, generation_config.max_length, stats, ngram=self.ngram if rescoring else None,
             rescorer=self.rescorer if rescoring else None, phase=phase_timer(profiler),
         )

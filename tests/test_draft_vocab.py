@@ -21,7 +21,7 @@ def test_draft_vocab_keeps_output_exact_and_drafts_from_the_subset(head_projecti
     logits = model.draft_logits(hidden, _tokens(hidden, model))
     assert logits.shape == (1, 3, len(subset))
     proposals = []
-    original = model._candidate_generator
+    original = model._proposer
 
     def spy(*args, **kwargs):
         generator = original(*args, **kwargs)
@@ -36,7 +36,7 @@ def test_draft_vocab_keeps_output_exact_and_drafts_from_the_subset(head_projecti
         generator.propose = recording
         return generator
 
-    model._candidate_generator = spy
+    model._proposer = spy
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, draft_tree=[[0], [1], [0, 0]])
     assert torch.equal(out, reference("llama"))
     assert proposals and all(t % 2 == 0 for t in proposals)

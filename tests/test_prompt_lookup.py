@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from cerberus_hf.decoding.candidate_generator import Draft, with_copied
+from cerberus_hf.decoding.proposer import Draft, with_copied
 from cerberus_hf.blocks.lookup import context_continuation
 from cerberus_hf.blocks.tree import CONTEXT_RANK, TreeSpec, graft_chain
 from helpers import ARCHITECTURES, NEW_TOKENS, PROMPT_LEN, ForwardCounter, check_stats, fresh_model, get_base, \
@@ -152,7 +152,7 @@ def test_lookup_setting_comes_from_the_call_the_generation_config_or_the_heads_c
 
 
 def test_lookup_length_and_ngram_size_fall_back_to_the_config_each_on_its_own(monkeypatch):
-    from cerberus_hf.decoding import candidate_generator
+    from cerberus_hf.decoding import proposer
 
     seen = []
 
@@ -160,7 +160,7 @@ def test_lookup_length_and_ngram_size_fall_back_to_the_config_each_on_its_own(mo
         seen.append((num_tokens, max_ngram))
         return []
 
-    monkeypatch.setattr(candidate_generator, "context_continuation", spy)
+    monkeypatch.setattr(proposer, "context_continuation", spy)
     model = fresh_model("llama", "cerberus", gate_threshold=0.0, prompt_lookup_num_tokens=4, max_matching_ngram_size=3)
     prompt = get_prompt("llama")
     for call, expected in (({}, (4, 3)), ({"prompt_lookup_num_tokens": 2}, (2, 3)),

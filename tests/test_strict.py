@@ -14,7 +14,7 @@ from transformers import DynamicCache
 import cerberus_hf.modeling_cerberus as modeling
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
-from cerberus_hf.decoding.candidate_generator import Draft
+from cerberus_hf.decoding.proposer import Draft
 from cerberus_hf.blocks.strict import row_invariant_rows, strict_view
 from cerberus_hf.blocks.tree import TreeSpec
 from cerberus_hf.compat import cache_argument

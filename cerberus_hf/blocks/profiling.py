@@ -4,7 +4,7 @@ The speedup of drafting is bounded by what a step spends outside the base model'
 that share has to be measured, not guessed. `StepProfiler` splits a `generate()` call into phases:
 
 * ``prefill``: the base's forward over the prompt;
-* ``draft``: the heads, the gate and the tree's tokens (`CerberusCandidateGenerator.propose`);
+* ``draft``: the heads, the gate and the tree's tokens (`Proposer.propose`);
 * ``rescore``: the n-gram model scoring the lattice inside a rescored draft (charged here, not to ``draft``);
 * ``verify``: the base's forward over the last token and the draft (or the last token alone);
 * ``accept``: walking the outputs (logits processors, token choice, stopping criteria, streamer);

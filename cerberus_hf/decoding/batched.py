@@ -12,8 +12,8 @@ branch, so a row that kept fewer leaves empty slots, which the mask hides from t
 Nothing is recomputed, and positions are each row's own token count. A row that finishes leaves the batch (its cache
 rows are dropped); the others go on.
 
-Each row keeps its own drafter state and candidate generator (tree, gate, prompt lookup); each depth's guesses for
-every row are drafted in one call of the drafter (`candidate_generator.propose_together`), and the verification
+Each row keeps its own drafter state and proposer (tree, gate, prompt lookup); each depth's guesses for
+every row are drafted in one call of the drafter (`proposer.propose_together`), and the verification
 forward is shared.
 
 What it needs (`paths.batch_refusal`): attention that takes a 4D mask (not flash attention), no sliding-window layers
@@ -37,7 +37,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import prefill
 from ..blocks.batching import pad_batch, pad_token_id
-from .candidate_generator import CerberusCandidateGenerator, Draft, propose_together
+from .proposer import Proposer, Draft, propose_together
 from .loop import Acceptance, check_supported
 from ..blocks.profiling import StepProfiler, phase_timer
 from ..blocks.settings import DecodingSettings
@@ -58,7 +58,7 @@ def shared_budget(settings: DecodingSettings, rows: int) -> DecodingSettings:
         tree = settings.dynamic
         return replace(settings, dynamic=replace(tree, nodes=nodes, depth=min(tree.depth, nodes),
                                                  top_k=min(tree.top_k, nodes)))
-    if settings.tree is None:  # the chain of every head (the candidate generator's default)
+    if settings.tree is None:  # the chain of every head (the proposer's default)
         return settings
     nodes = max(1, round((len(settings.tree) + 1) / rows) - 1)
     return replace(settings, tree=TreeSpec.chain(min(settings.tree.depth, nodes)))
@@ -86,7 +86,7 @@ def batched_speculative_generate(
     generation_config: GenerationConfig,
     synced_gpus: bool = False,
     streamer=None,
-    make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
+    make_proposer: Callable[[GenerationConfig], Proposer] | None = None,
     settings: DecodingSettings | None = None,
     profiler: StepProfiler | None = None,
     compile_base: nn.Module | None = None,
@@ -101,15 +101,15 @@ def batched_speculative_generate(
     batch, width = input_ids.shape
     mask = model_kwargs.get("attention_mask")
     pads = (width - mask.sum(-1)).tolist() if mask is not None else [0] * batch
-    # each row's candidate generator counts its length limit without the row's padding (drafts never run past it)
-    generators = [make_candidate_generator(_with_max_length(generation_config, generation_config.max_length - pad))
+    # each row's proposer counts its length limit without the row's padding (drafts never run past it)
+    proposers = [make_proposer(_with_max_length(generation_config, generation_config.max_length - pad))
                   for pad in pads]
     cache = verification_for(model, compile_base or model, generation_config, model_kwargs,
                              no_static).cache  # a dynamic cache (rows are selected from it)
     valid = mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     verification = RowsVerification(cache, valid)
     typical = settings.typical if settings is not None else None
-    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, generators[0].gate,
+    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, proposers[0].gate,
                             batch=batch)
     pad = pad_token_id(generation_config)
     pad = 0 if pad is None else pad
@@ -120,9 +120,9 @@ def batched_speculative_generate(
     live = list(range(batch))  # the rows still decoding, in the cache's batch order
     drafts: list[Draft | None] = [None] * batch
 
-    with generators[0].capture(model) as captured:
-        for generator in generators:
-            generator.start(model, cache)
+    with proposers[0].capture(model) as captured:
+        for proposer in proposers:
+            proposer.start(model, cache)
         with phase("prefill"):
             outputs = prefill(model, input_ids, generation_config, model_kwargs)
         # what the forward computed, kept apart: drafting a row may run the base's lm_head, whose hook records anew
@@ -136,8 +136,7 @@ def batched_speculative_generate(
                                               live)
                 for row, walk in zip(live, walked):
                     sequences[row] = walk.input_ids
-                    generators[row].update_candidate_strategy(walk.input_ids, walk.scores,
-                                                              num_matches=len(walk.accepted))
+                    proposers[row].record_step(len(walk.accepted))
                     kept.append(walk.kept)
                     lasts.append((walk.last, walk.last_token, walk.gate_decision()))
                     finished.append(walk.finished)
@@ -149,12 +148,12 @@ def batched_speculative_generate(
             with phase("draft"):
                 drafting = [i for i in range(len(live)) if not finished[i]]
                 for i in drafting:
-                    generators[live[i]].observe(
+                    proposers[live[i]].observe(
                         _row_view(step_captured, i, width - pads[live[i]]) if after_prefill else
                         _row_view(step_captured, i), None if after_prefill else kept[i])
                 # every row's guesses at each depth in one call of the drafter
                 proposed = propose_together(
-                    [generators[live[i]] for i in drafting], [sequences[live[i]][:, pads[live[i]]:] for i in drafting],
+                    [proposers[live[i]] for i in drafting], [sequences[live[i]][:, pads[live[i]]:] for i in drafting],
                     [step_captured["hidden"][i: i + 1, lasts[i][0]] for i in drafting],
                     [step_logits[i: i + 1, lasts[i][0]] for i in drafting], [lasts[i][1] for i in drafting],
                     [lasts[i][2] for i in drafting])

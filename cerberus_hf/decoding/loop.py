@@ -44,7 +44,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..compat import cache_argument, handed_cache, prefill
 from ..blocks.acceptance import pick_token
 from ..blocks.gate import EntropyGate
-from .candidate_generator import CerberusCandidateGenerator, Draft
+from .proposer import Proposer, Draft
 from ..blocks.profiling import StepProfiler, phase_timer
 from ..blocks.settings import DecodingSettings
 from ..blocks.strict import strict_view
@@ -300,22 +300,22 @@ def speculative_generate(
     generation_config: GenerationConfig,
     synced_gpus: bool = False,
     streamer=None,
-    make_candidate_generator: Callable[[GenerationConfig], CerberusCandidateGenerator] | None = None,
+    make_proposer: Callable[[GenerationConfig], Proposer] | None = None,
     settings: DecodingSettings | None = None,
     profiler: StepProfiler | None = None,
     compile_base: nn.Module | None = None,
     no_static: str | None = None,
     **model_kwargs,
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
-    """Greedy or sampled decoding of one sequence with drafts from a `CerberusCandidateGenerator`.
+    """Greedy or sampled decoding of one sequence with drafts from a `Proposer`.
 
     Signature and return value follow transformers' `_sample`; ``streamer`` and
-    ``make_candidate_generator`` (called with the prepared generation config, whose ``max_length`` is
+    ``make_proposer`` (called with the prepared generation config, whose ``max_length`` is
     final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
     streamer to a custom decoding callable. Of the call's ``settings`` (`settings.DecodingSettings`), the loop
     reads ``typical`` (Medusa's lossy typical acceptance, opt-in) and ``strict_rows`` (strict verification, see
     `strict`: at most that many positions per forward, the root included, each position's attention computed as a
-    one-token forward computes it); the candidate generator reads the rest. ``profiler`` collects wall time per
+    one-token forward computes it); the proposer reads the rest. ``profiler`` collects wall time per
     phase of the loop. ``compile_base``: the base ``model`` is a per-call view of, whose compiled forward serves a static
     cache (`static_cache`; default ``model``); ``no_static``: why a static cache the call asked for cannot serve
     (`paths.static_refusal`; None: it can).
@@ -325,18 +325,18 @@ def speculative_generate(
     if input_ids.shape[0] != 1:
         raise ValueError("This loop decodes one sequence; CerberusForCausalLM.generate batches rows (`batched`).")
     check_supported(model, generation_config, model_kwargs)
-    candidate_generator = make_candidate_generator(generation_config)
+    proposer = make_proposer(generation_config)
     verification = verification_for(model, compile_base or model, generation_config, model_kwargs, no_static)
     cache = verification.cache
     want_dict = generation_config.return_dict_in_generate
     acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, streamer,
-                            candidate_generator.gate)
+                            proposer.gate)
     phase = phase_timer(profiler)
     # drafts are verified through a view of the base that attends strictly (the base itself stays as it is)
     strict_model = strict_view(model) if strict_rows is not None else model
 
-    with candidate_generator.capture(model) as captured:
-        candidate_generator.start(model, cache)
+    with proposer.capture(model) as captured:
+        proposer.start(model, cache)
         with phase("prefill"):
             outputs = prefill(model, input_ids, generation_config, model_kwargs)
         if hasattr(cache, "activate_past_recording"):
@@ -349,21 +349,21 @@ def speculative_generate(
             with phase("accept"):
                 walked = acceptance.walk(step_logits, draft, input_ids)
             input_ids, kept, last = walked.input_ids, walked.kept, walked.last
-            candidate_generator.update_candidate_strategy(input_ids, walked.scores, num_matches=len(walked.accepted))
+            proposer.record_step(len(walked.accepted))
             if draft is not None:
                 with phase("cache"):
                     verification.keep(kept)
             if walked.finished:
                 break
             with phase("draft"):
-                candidate_generator.observe(captured, None if after_prefill else kept)
+                proposer.observe(captured, None if after_prefill else kept)
                 after_prefill = False
-                draft = candidate_generator.propose(
+                draft = proposer.propose(
                     input_ids, last_hidden_state=step_hidden[:, last], next_token_logits=step_logits[:, last],
                     last_token=walked.last_token, gate_decision=walked.gate_decision(),
                 )
-                draft = verification.fit(model, candidate_generator, draft, input_ids.shape[1] - 1, strict_rows)
-            with phase("verify"), candidate_generator.verifying(
+                draft = verification.fit(model, proposer, draft, input_ids.shape[1] - 1, strict_rows)
+            with phase("verify"), proposer.verifying(
                     strict_model if draft is not None else model, input_ids, draft) as verifier:
                 outputs = verification.forward(verifier, input_ids, draft, captured)
             step_logits = outputs.logits

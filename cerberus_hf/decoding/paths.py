@@ -75,13 +75,13 @@ class LoopDecoding:
     streamer: object | None
     profiler: object | None
     compile_base: nn.Module
-    make_candidate_generator: Callable
+    make_proposer: Callable
 
     def __call__(self, model: nn.Module, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
                  generation_config: GenerationConfig, synced_gpus: bool = False, **model_kwargs):
         run = speculative_generate if self.path.apart is not None else batched_speculative_generate
         return run(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                   streamer=self.streamer, make_candidate_generator=self.make_candidate_generator,
+                   streamer=self.streamer, make_proposer=self.make_proposer,
                    settings=self.settings, profiler=self.profiler, compile_base=self.compile_base,
                    no_static=self.path.no_static, **model_kwargs)
 

@@ -51,7 +51,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.utils import logging
 
 from ..compat import auto_compile, cache_argument, handed_cache, set_handed_cache
-from .candidate_generator import Draft
+from .proposer import Draft
 from .verification import Verification, keep_cache_positions, step_inputs
 
 logger = logging.get_logger(__name__)

@@ -13,7 +13,7 @@ from torch import nn
 from transformers import Cache, DynamicCache
 
 from ..compat import cache_argument, tree_attention_ok
-from .candidate_generator import Draft
+from .proposer import Draft
 from ..blocks.transfer import to_device
 
 
@@ -109,20 +109,20 @@ class Verification:
         """The most draft nodes a forward after ``past`` cached positions can take (None: no limit)."""
         return None
 
-    def fit(self, model: nn.Module, generator, draft: Draft | None, past: int, strict_rows: int | None
+    def fit(self, model: nn.Module, proposer, draft: Draft | None, past: int, strict_rows: int | None
             ) -> Draft | None:
         """``draft`` cut to what this step can verify after ``past`` verified positions: its top chain where the base's
         attention takes no tree at this length, at most ``strict_rows - 1`` nodes under strict verification, and no
-        more than the room left (``generator`` records the cut, `CerberusCandidateGenerator.cut_to`)."""
+        more than the room left (``proposer`` records the cut, `Proposer.cut_to`)."""
         if draft is None:
             return None
         if not draft.tree.is_chain and not tree_attention_ok(model, past + 1 + len(draft.tokens)):
-            draft = generator.fall_back_to_chain(draft)
+            draft = proposer.fall_back_to_chain(draft)
         if draft is not None and strict_rows is not None and len(draft.tokens) >= strict_rows:
-            draft = generator.cut_to(draft, strict_rows - 1)
+            draft = proposer.cut_to(draft, strict_rows - 1)
         room = self.max_draft(past)
         if draft is not None and room is not None and len(draft.tokens) > room:
-            draft = generator.cut_to(draft, room)
+            draft = proposer.cut_to(draft, room)
         return draft
 
 

@@ -1,13 +1,11 @@
-"""`CerberusCandidateGenerator`: the verifier's state in, a draft tree out, from any `Drafter`.
+"""`Proposer`: the drafter's state for one call: the verifier's state in, a draft tree out, from any `Drafter`.
 
-It follows transformers' `CandidateGenerator` contract (`get_candidates` returns the input ids with a
-candidate chain appended; `update_candidate_strategy` hears how many were accepted). The decoding loop
-asks for a whole draft tree through `propose`; a chain is the tree with one path per depth. The tree is a
-fixed tree of ranks, one grown each step from the drafter's confidence (`drafting`), or one grown from
-the drafter's confidence rescored by an n-gram model, a small neural LM or both (`rescoring`). The entropy
-gate lives here: a step the gate rejects gets no head draft, and the loop decodes a single token. With
-prompt lookup on, tokens copied from the context are grafted into the draft (gate or not: a repeated
-n-gram is its own evidence).
+The decoding loop asks it for each step's draft tree (`propose`; a chain is the tree with one path per depth) and
+tells it what was accepted (`record_step`). The tree is a fixed tree of ranks, one grown each step from the drafter's
+confidence (`drafting`), or one grown from the drafter's confidence rescored by an n-gram model, a small neural LM or
+both (`rescoring`). The entropy gate lives here: a step the gate rejects gets no head draft, and the loop decodes a
+single token. With prompt lookup on, tokens copied from the context are grafted into the draft (gate or not: a
+repeated n-gram is its own evidence).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from dataclasses import dataclass
 from typing import Callable, ContextManager, Iterator
 
 import torch
-from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..compat import tree_attention_ok
 from ..drafters.base import Drafter
@@ -68,8 +65,8 @@ def with_copied(draft: Draft | None, copied: list[int], device: torch.device) ->
     return Draft(graft_chain(tree, below, len(rest)), to_device(tokens + rest, device, torch.long))
 
 
-class CerberusCandidateGenerator(CandidateGenerator):
-    """Drafts from a drafter: node ``(r0, ..., rd)`` of a static tree is depth ``d``'s rank-``rd`` guess
+class Proposer:
+    """The drafter's state for one call, drafting each step: node ``(r0, ..., rd)`` of a static tree is depth ``d``'s rank-``rd`` guess
     under node ``(r0, ..., r(d-1))``; a dynamic tree is grown anew each step.
 
     Args:
@@ -88,7 +85,6 @@ class CerberusCandidateGenerator(CandidateGenerator):
             the ``rescore`` phase.
     """
 
-    requires_model_outputs = True
 
     def __init__(
         self,
@@ -260,20 +256,6 @@ class CerberusCandidateGenerator(CandidateGenerator):
         return StepDrafts(self.drafter, heads_input, int(input_ids[0, -1]) if last_token is None else last_token,
                           self.state.context())
 
-    def get_candidates(
-        self,
-        input_ids: torch.LongTensor,
-        last_hidden_state: torch.Tensor | None = None,
-        next_token_logits: torch.Tensor | None = None,
-        **kwargs,
-    ) -> tuple[torch.LongTensor, None]:
-        """transformers' view: ``input_ids`` followed by the draft's top-1 chain (no logits)."""
-        draft = self.propose(input_ids, last_hidden_state, next_token_logits)
-        chain = draft.top_chain() if draft is not None else None
-        if chain is None:
-            return input_ids, None
-        return torch.cat([input_ids, chain.tokens[None]], dim=1), None
-
     def _profiled(self, rescore: Callable) -> Callable:
         """``rescore`` charged to the profiler's ``rescore`` phase."""
 
@@ -294,11 +276,11 @@ class CerberusCandidateGenerator(CandidateGenerator):
         self._last = draft.first_nodes(nodes)
         return self._last
 
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor | None, num_matches: int):
-        """Record how the last proposal fared (the tree is fixed per call; nothing adapts yet)."""
+    def record_step(self, accepted: int) -> None:
+        """Record how the last proposal fared: ``accepted`` of its tokens were kept."""
         draft = self._last
         self.stats.record_step(
-            emitted=num_matches + 1,
+            emitted=accepted + 1,
             depth=draft.tree.depth if draft else 0,
             nodes=len(draft.tree) if draft else 0,
         )
@@ -307,7 +289,7 @@ class CerberusCandidateGenerator(CandidateGenerator):
 
 @dataclass
 class _Plan:
-    """One sequence's step before drafting (`CerberusCandidateGenerator._plan`)."""
+    """One sequence's step before drafting (`Proposer._plan`)."""
 
     input_ids: torch.LongTensor
     room: int
@@ -319,10 +301,10 @@ class _Plan:
 
 @torch.no_grad()
 def propose_together(
-    generators: list[CerberusCandidateGenerator], input_ids: list[torch.LongTensor], hidden: list[torch.Tensor],
+    generators: list[Proposer], input_ids: list[torch.LongTensor], hidden: list[torch.Tensor],
     next_token_logits: list[torch.Tensor], last_tokens: list[int | None], gate_decisions: list[bool | None],
 ) -> list[Draft | None]:
-    """`CerberusCandidateGenerator.propose` for several sequences (one generator each, all of one drafter), with each
+    """`Proposer.propose` for several sequences (one generator each, all of one drafter), with each
     depth's guesses for every sequence computed in one call of the drafter (`drafting.run_together`): the gate's
     depth 0 first, then the trees' searches level by level. Each sequence gets the draft it would get alone (up to
     the rounding of a batched call); one sequence is `propose` itself."""
