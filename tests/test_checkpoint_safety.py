@@ -11,6 +11,7 @@ import pickle
 import re
 import shutil
 import struct
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from cerberus_hf.training.trainer import train_heads
 
 from test_training import FAST, KANGAROO_FAST, base, cache_dir, data_path, fresh, fresh_kangaroo  # noqa: F401
 
-SETTINGS = dict(max_steps=2, save_every=2, **FAST)
+SETTINGS = replace(FAST, max_steps=2, save_every=2)
 STEP = "step-00000002"
 NEW_NAMES = (STATE_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, RNG_TENSORS_NAME.format(0), RNG_JSON_NAME.format(0))
 # What accelerate's save_state wrote (cerberus-hf before its own format): the first model, optimizer, scheduler,
@@ -63,7 +64,7 @@ def plant(path, marker, how: str) -> None:
 def finished_run(base, data_path, cache_dir, tmp_path_factory):  # noqa: F811
     """A run folder whose last checkpoint is its final step (new format)."""
     out = tmp_path_factory.mktemp("run")
-    train_heads(fresh(base), data_path, out, cache_dir=cache_dir, **SETTINGS)
+    train_heads(fresh(base), data_path, out, replace(SETTINGS, cache_dir=cache_dir))
     return out
 
 
@@ -106,7 +107,7 @@ def test_a_planted_pickle_is_refused_unopened(base, data_path, cache_dir, finish
     planted, marker = run / "checkpoints" / STEP / name, tmp_path / "marker"
     plant(planted, marker, how)
     with pytest.raises(ValueError, match=re.escape(f"{planted} is a pickle; cerberus-hf never unpickles")) as refused:
-        train_heads(fresh(base), data_path, run, cache_dir=cache_dir, **SETTINGS)
+        train_heads(fresh(base), data_path, run, replace(SETTINGS, cache_dir=cache_dir))
     assert "\n" not in str(refused.value) and "cannot be resumed safely" in str(refused.value)
     assert not marker.exists()
 
@@ -139,9 +140,10 @@ def test_a_checkpoint_written_by_accelerate_is_refused(base, data_path, cache_di
     shutil.copy(finished_run / "checkpoints" / STEP / STATE_NAME, folder / STATE_NAME)
     first = sorted(p for p in folder.iterdir() if p.suffix in (".bin", ".pkl"))[0]
     with pytest.raises(ValueError, match=re.escape(f"{first} is a pickle") + ".*before .* cannot be resumed safely"):
-        train_heads(fresh(base), data_path, tmp_path / "run", cache_dir=cache_dir, **SETTINGS)
+        train_heads(fresh(base), data_path, tmp_path / "run", replace(SETTINGS, cache_dir=cache_dir))
     # starting over never reads them
-    metrics = train_heads(fresh(base), data_path, tmp_path / "run", cache_dir=cache_dir, resume=False, **SETTINGS)
+    metrics = train_heads(fresh(base), data_path, tmp_path / "run",
+                          replace(SETTINGS, cache_dir=cache_dir, resume=False))
     assert metrics["steps"] == 2 and not any(is_pickle_file(p) for p in (tmp_path / "run").rglob("*") if p.is_file())
 
 
@@ -164,9 +166,9 @@ def test_the_history_entry_a_resume_splits_averages_all_its_steps(base, data_pat
                                                                   monkeypatch):
     """Killed at step 4 with a checkpoint at step 3, the run resumes inside the interval of the entry logged at
     step 5: that entry averages steps 1-5, as the uninterrupted run's does, not 4-5."""
-    settings = dict(max_steps=10, save_every=3, log_every=5, distill_weight=0.5, cache_dir=cache_dir, **FAST)
+    settings = replace(FAST, max_steps=10, save_every=3, log_every=5, distill_weight=0.5, cache_dir=cache_dir)
     uninterrupted = train_heads(fresh(base, "hydra", head_dropout=0.3), data_path, tmp_path / "uninterrupted",
-                                **settings)
+                                settings)
 
     def kill(step):
         if step == 4:
@@ -174,10 +176,10 @@ def test_the_history_entry_a_resume_splits_averages_all_its_steps(base, data_pat
 
     monkeypatch.setattr(checkpointing, "on_step_end", kill)
     with pytest.raises(KeyboardInterrupt):
-        train_heads(fresh(base, "hydra", head_dropout=0.3), data_path, tmp_path / "killed", **settings)
+        train_heads(fresh(base, "hydra", head_dropout=0.3), data_path, tmp_path / "killed", settings)
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir()) == ["step-00000003"]
-    resumed = train_heads(fresh(base, "hydra", head_dropout=0.3), data_path, tmp_path / "killed", **settings)
+    resumed = train_heads(fresh(base, "hydra", head_dropout=0.3), data_path, tmp_path / "killed", settings)
     assert [entry["step"] for entry in resumed["history"]] == [5, 10]
     assert resumed["history"] == uninterrupted["history"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,14 +18,14 @@ from cerberus_hf.training.data import frequent_tokens, read_records
 from cerberus_hf.training.hidden_cache import build_hidden_cache, split_record_ids
 from cerberus_hf.training.evaluation import evaluate_heads
 from cerberus_hf.training.loss import projection_loss
-from cerberus_hf.training.trainer import train_heads
+from cerberus_hf.training.trainer import HeadTrainingSettings, train_heads
 
 from tiny_models import VOCAB, prompt_ids, tiny_model
 from helpers import family_options
 
 NUM_HEADS = 3
 # The tiny problem wants a larger step than the real one (1e-3); everything else is the real recipe.
-FAST = dict(batch_size=32, lr=3e-2, eval_every=0, show_progress=False)
+FAST = HeadTrainingSettings(batch_size=32, lr=3e-2, eval_every=0, show_progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +251,8 @@ def test_training_learns_and_saves_a_loadable_checkpoint(base, data_path, cache_
     cache = build_hidden_cache(base, data_path, cache_dir, show_progress=False, state_source=model.config.state_source)
     train_positions = cache.positions()
     before = evaluate_heads(model, cache, train_positions)
-    metrics = train_heads(model, data_path, tmp_path, epochs=12, cache_dir=cache_dir, distill_weight=0.2, **FAST)
+    metrics = train_heads(model, data_path, tmp_path,
+                          replace(FAST, epochs=12, cache_dir=cache_dir, distill_weight=0.2))
 
     history = metrics["history"]
     assert history[-1]["loss"] < 0.75 * history[0]["loss"]
@@ -298,20 +300,46 @@ def test_same_seed_same_heads_other_seed_other_heads(base, data_path, cache_dir,
     runs = {}
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         model = fresh(base)
-        train_heads(model, data_path, tmp_path / name, max_steps=8, seed=seed, cache_dir=cache_dir, **FAST)
+        train_heads(model, data_path, tmp_path / name, replace(FAST, max_steps=8, seed=seed, cache_dir=cache_dir))
         runs[name] = model
     assert heads_equal(runs["a"], runs["b"])
     assert not heads_equal(runs["a"], runs["c"])
 
 
 def test_train_fraction_takes_nested_subsets_and_keeps_the_held_out_split(base, data_path, cache_dir, tmp_path):
-    runs = {f: train_heads(fresh(base), data_path, tmp_path / str(f), max_steps=1, train_fraction=f,
-                           cache_dir=cache_dir, **FAST)["data"] for f in (0.3, 0.6, 1.0)}
+    runs = {f: train_heads(fresh(base), data_path, tmp_path / str(f),
+                           replace(FAST, max_steps=1, train_fraction=f, cache_dir=cache_dir))["data"]
+            for f in (0.3, 0.6, 1.0)}
     assert len({r["held_out_records"] for r in runs.values()}) == 1
     assert runs[0.3]["train_positions"] < runs[0.6]["train_positions"] < runs[1.0]["train_positions"]
     with pytest.raises(ValueError, match="train_fraction"):
-        train_heads(fresh(base), data_path, tmp_path / "bad", max_steps=1, train_fraction=0.0, cache_dir=cache_dir,
-                    **FAST)
+        replace(FAST, train_fraction=0.0)
+
+
+def test_settings_refuse_bad_values_and_the_cli_fills_them_with_the_same_defaults(tmp_path):
+    """`HeadTrainingSettings` refuses a value out of range in one line when it is made, and ``cerberus-hf train``
+    gives `train_heads` the settings' own defaults where no option is given, and each option where one is."""
+    for bad, message in ((dict(distill_weight=1.5), "distill_weight must be in"),
+                         (dict(text_distill_weight=-0.1), "text_distill_weight must be in"),
+                         (dict(train_fraction=1.2), "train_fraction must be in"),
+                         (dict(projection_dtype="float33"), "projection_dtype must name a torch dtype")):
+        with pytest.raises(ValueError, match=message) as error:
+            HeadTrainingSettings(**bad)
+        assert "\n" not in str(error.value)
+    with pytest.raises(TypeError, match="learning_rate"):
+        HeadTrainingSettings(learning_rate=1e-3)
+    assert HeadTrainingSettings(projection_dtype="bfloat16").projection_torch_dtype == torch.bfloat16
+    assert [HeadTrainingSettings(eval_every=n).checkpoint_every for n in (0, 40, 250)] == [100, 40, 100]
+
+    parser = argparse.ArgumentParser()
+    train_cli.add_cli(parser.add_subparsers(dest="command"))
+    common = ["train", "--data", "x.jsonl", "--output", str(tmp_path / "out")]
+    assert train_cli._head_training_settings(parser.parse_args(common)) == HeadTrainingSettings()
+    given = train_cli._head_training_settings(parser.parse_args(
+        common + ["--lr", "0.01", "--train-fraction", "0.5", "--projection-dtype", "bfloat16", "--init-from", "h",
+                  "--no-resume", "--no-progress"]))
+    assert given == HeadTrainingSettings(lr=0.01, train_fraction=0.5, projection_dtype="bfloat16", init_from="h",
+                                         resume=False, show_progress=False)
 
 
 def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, cache_dir, tmp_path):
@@ -337,8 +365,8 @@ def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, c
 
     trainer_module.Rows = Spy
     try:
-        metrics = train_heads(fresh(base), [data_path, text_path], tmp_path / "mixed", epochs=1, cache_dir=cache_dir,
-                              teacher_topk=4, eval_fraction=0.25, **FAST)
+        metrics = train_heads(fresh(base), [data_path, text_path], tmp_path / "mixed",
+                              replace(FAST, epochs=1, cache_dir=cache_dir, teacher_topk=4, eval_fraction=0.25))
     finally:
         trainer_module.Rows = original
     text = torch.cat([s[0] for s in seen])
@@ -348,22 +376,23 @@ def test_text_records_train_on_the_teacher_and_are_not_scored(base, data_path, c
     assert torch.all(label_share[~text] == 1)  # distill_weight 0 for the base's own answers
     assert metrics["data"]["text_records"] == 16 and metrics["data"]["path"] == [str(data_path), str(text_path)]
     scored = metrics["eval"]["positions"]
-    only_own = train_heads(fresh(base), data_path, tmp_path / "own", epochs=1, cache_dir=cache_dir, teacher_topk=4,
-                           eval_fraction=0.25, **FAST)
+    only_own = train_heads(fresh(base), data_path, tmp_path / "own",
+                           replace(FAST, epochs=1, cache_dir=cache_dir, teacher_topk=4, eval_fraction=0.25))
     assert scored == only_own["eval"]["positions"]  # the same held-out base answers, no text positions
     with pytest.raises(ValueError, match="more than once"):
-        train_heads(fresh(base), [data_path, data_path], tmp_path / "twice", epochs=1, cache_dir=cache_dir, **FAST)
+        train_heads(fresh(base), [data_path, data_path], tmp_path / "twice",
+                    replace(FAST, epochs=1, cache_dir=cache_dir))
 
 
 def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_path, monkeypatch):
     """Dropout draws from the global RNG, so only a restored RNG state resumes to the same weights."""
-    settings = dict(max_steps=20, save_every=5, distill_weight=0.5, cache_dir=cache_dir, **FAST)
+    settings = replace(FAST, max_steps=20, save_every=5, distill_weight=0.5, cache_dir=cache_dir)
 
     def fresh_dropout():
         return fresh(base, "hydra+prefix", head_dropout=0.3)
 
     uninterrupted = fresh_dropout()
-    train_heads(uninterrupted, data_path, tmp_path / "uninterrupted", **settings)
+    train_heads(uninterrupted, data_path, tmp_path / "uninterrupted", settings)
 
     def kill(step):
         if step == 13:
@@ -371,13 +400,13 @@ def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_
 
     monkeypatch.setattr(checkpointing, "on_step_end", kill)
     with pytest.raises(KeyboardInterrupt):
-        train_heads(fresh_dropout(), data_path, tmp_path / "killed", **settings)
+        train_heads(fresh_dropout(), data_path, tmp_path / "killed", settings)
     monkeypatch.undo()
     checkpoints = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir())
     assert checkpoints == ["step-00000005", "step-00000010"]  # the last two are kept
 
     resumed = fresh_dropout()  # a new process starts from fresh heads and finds the checkpoint
-    metrics = train_heads(resumed, data_path, tmp_path / "killed", **settings)
+    metrics = train_heads(resumed, data_path, tmp_path / "killed", settings)
     assert metrics["steps"] == 20
     assert heads_equal(resumed, uninterrupted)
     for name in (checkpointing.OPTIMIZER_NAME, checkpointing.WEIGHTS_NAME, checkpointing.RNG_TENSORS_NAME.format(0)):
@@ -395,19 +424,19 @@ def test_killed_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_
     (legacy / "trainer_state.json").write_text(json.dumps(state))
     (legacy / "optimizer.safetensors").touch()
     with pytest.raises(ValueError, match="older cerberus-hf"):
-        train_heads(fresh_dropout(), data_path, tmp_path / "legacy", **settings)
+        train_heads(fresh_dropout(), data_path, tmp_path / "legacy", settings)
 
     # Other settings refuse to resume; resume=False starts over.
     with pytest.raises(ValueError, match="other settings"):
-        train_heads(fresh_dropout(), data_path, tmp_path / "killed", **dict(settings, lr=1e-2))
+        train_heads(fresh_dropout(), data_path, tmp_path / "killed", replace(settings, lr=1e-2))
     restarted = fresh_dropout()
-    train_heads(restarted, data_path, tmp_path / "killed", resume=False, **dict(settings, lr=1e-2))
+    train_heads(restarted, data_path, tmp_path / "killed", replace(settings, lr=1e-2, resume=False))
     assert not heads_equal(restarted, uninterrupted)
 
 
 def test_own_projection_heads_train(base, data_path, cache_dir, tmp_path):
     model = fresh(base, "medusa", head_projection="own")
-    metrics = train_heads(model, data_path, tmp_path, max_steps=15, cache_dir=cache_dir, **FAST)
+    metrics = train_heads(model, data_path, tmp_path, replace(FAST, max_steps=15, cache_dir=cache_dir))
     assert metrics["history"][-1]["loss"] < metrics["history"][0]["loss"]
     assert not torch.equal(model.heads.lm_heads[0].weight, base.get_output_embeddings().weight)
 
@@ -424,7 +453,8 @@ def test_training_over_a_train_vocabulary_learns(base, data_path, cache_dir, tmp
             return train_chain_drafter(fresh_kangaroo(base), data_path, out, epochs=20, cache_dir=cache_dir,
                                        train_vocab=vocab, **KANGAROO_FAST), None
         model = fresh(base, head_type)
-        return train_heads(model, data_path, out, epochs=12, cache_dir=cache_dir, train_vocab=vocab, **FAST), model
+        settings = replace(FAST, epochs=12, cache_dir=cache_dir, train_vocab=vocab)
+        return train_heads(model, data_path, out, settings), model
 
     (full, _), (restricted, model) = run(None, tmp_path / "full"), run(VOCAB // 8, tmp_path / "restricted")
     losses = [entry["loss"] for entry in restricted["history"]]
@@ -455,13 +485,14 @@ def test_a_run_starts_from_saved_heads_and_refuses_other_ones(base, data_path, c
     """``init_from``: the run starts from the saved weights, not fresh ones (with a zero learning rate it ends on
     them), leaves their draft vocabulary behind, records the folder, and refuses heads of another drafter."""
     first = fresh(base)
-    train_heads(first, data_path, tmp_path / "first", max_steps=6, cache_dir=cache_dir, train_vocab=VOCAB // 8, **FAST)
+    train_heads(first, data_path, tmp_path / "first",
+                replace(FAST, max_steps=6, cache_dir=cache_dir, train_vocab=VOCAB // 8))
     assert first.config.draft_vocab_trained
 
     second = fresh(base)
     assert not heads_equal(second, first)
-    metrics = train_heads(second, data_path, tmp_path / "second", max_steps=1, cache_dir=cache_dir,
-                          init_from=tmp_path / "first", **dict(FAST, lr=0.0))
+    metrics = train_heads(second, data_path, tmp_path / "second",
+                          replace(FAST, max_steps=1, cache_dir=cache_dir, init_from=tmp_path / "first", lr=0.0))
     assert metrics["config"]["init_from"] == str(tmp_path / "first")
     assert metrics["continued_from"]["steps"] == 6 and metrics["continued_from"]["continued_from"] is None
     assert metrics["continued_from"]["train_time_s"] > 0
@@ -472,8 +503,8 @@ def test_a_run_starts_from_saved_heads_and_refuses_other_ones(base, data_path, c
 
     for other in (fresh(base, num_heads=NUM_HEADS - 1), fresh(base, "hydra")):
         with pytest.raises(ValueError, match="holds other heads than this run trains"):
-            train_heads(other, data_path, tmp_path / "other", max_steps=1, cache_dir=cache_dir,
-                        init_from=tmp_path / "first", **FAST)
+            train_heads(other, data_path, tmp_path / "other",
+                        replace(FAST, max_steps=1, cache_dir=cache_dir, init_from=tmp_path / "first"))
 
 
 def test_accuracy_among_a_draft_vocabulary_ranks_only_its_tokens():

@@ -13,7 +13,7 @@ from ..configuration_cerberus import HEAD_TYPES, STATE_SOURCES
 from ..real_models import load_named_model
 from ..training.data import read_records
 from ..training.hidden_cache import build_hidden_cache
-from ..training.trainer import default_cache_dir, train_heads
+from ..training.trainer import HeadTrainingSettings, default_cache_dir, train_heads
 
 
 def add_cli(subparsers):
@@ -144,17 +144,8 @@ def run_cli(args: argparse.Namespace) -> int:
                                                     "prefix_layer", "head_dropout", "state_source")
              if args.head_type in args.only_for[name][0]}  # the drafter's shape options that apply to this head type
     model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads, **shape)
-    metrics = train_heads(
-        model, args.data if len(args.data) > 1 else args.data[0], args.output, epochs=args.epochs, lr=args.lr,
-        batch_size=args.batch_size,
-        warmup_ratio=args.warmup_ratio, head_weight_decay=args.head_weight_decay, distill_weight=args.distill_weight,
-        text_distill_weight=args.text_distill_weight,
-        eval_every=args.eval_every, save_every=args.save_every, seed=args.seed, max_steps=args.max_steps,
-        eval_fraction=args.eval_fraction, train_fraction=args.train_fraction, cache_dir=args.cache_dir,
-        num_threads=args.num_threads,
-        projection_dtype=args.projection_dtype, teacher_topk=args.teacher_topk, train_vocab=args.train_vocab,
-        init_from=args.init_from, resume=not args.no_resume, show_progress=not args.no_progress,
-    )
+    metrics = train_heads(model, args.data if len(args.data) > 1 else args.data[0], args.output,
+                          _head_training_settings(args))
     cost = metrics["cost"]
     if metrics["eval"] is not None:
         print("held-out top-1 per head: " + " ".join(f"{v:.3f}" for v in metrics["top1"]))
@@ -168,6 +159,19 @@ def run_cli(args: argparse.Namespace) -> int:
               f"{cost['positions_per_s']} positions/s) on {cost['device']}")
     print(f"heads saved to {args.output}")
     return 0
+
+
+# The `HeadTrainingSettings` fields that the options of the same name set (the others keep their defaults).
+_HEAD_TRAINING_OPTIONS = ("epochs", "lr", "batch_size", "warmup_ratio", "head_weight_decay", "distill_weight",
+                          "text_distill_weight", "eval_every", "save_every", "seed", "max_steps", "eval_fraction",
+                          "train_fraction", "cache_dir", "num_threads", "projection_dtype", "teacher_topk",
+                          "train_vocab", "init_from")
+
+
+def _head_training_settings(args: argparse.Namespace) -> HeadTrainingSettings:
+    """The `train_heads` settings that parsed ``train`` options give."""
+    return HeadTrainingSettings(**{name: getattr(args, name) for name in _HEAD_TRAINING_OPTIONS},
+                                resume=not args.no_resume, show_progress=not args.no_progress)
 
 
 def _refuse_options_of_other_head_types(args: argparse.Namespace) -> None:

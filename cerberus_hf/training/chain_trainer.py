@@ -177,7 +177,8 @@ def train_chain_drafter(
 
     ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``distill_weight`` is the share
     of the base's own top-``teacher_topk`` distribution in the target (a hidden-state cache with the
-    teacher is built for it when above 0). The other arguments are `train_heads`'.
+    teacher is built for it when above 0). The other arguments are the `HeadTrainingSettings` fields of
+    the same names.
     """
     from accelerate import Accelerator
 

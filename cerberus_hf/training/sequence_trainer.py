@@ -214,7 +214,7 @@ def train_sequence_drafter(
     runs the unrolled steps under autocast and the projection in bfloat16 (faster where the processor multiplies bf16
     natively, docs/training.md), the weights and the optimizer staying float32; ``init_from`` continues from a saved
     drafter of the same shape with a fresh schedule (more updates for a run that stopped early); the rest are
-    `train_heads`' arguments."""
+    `HeadTrainingSettings` fields of the same names."""
     from accelerate import Accelerator
 
     from .trainer import load_initial_heads

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -100,41 +101,125 @@ def load_initial_heads(model, folder: str | os.PathLike) -> None:
     logger.info("starting from the heads in %s", folder)
 
 
+@dataclass(frozen=True)
+class HeadTrainingSettings:
+    """How `train_heads` trains: the recipe, the data split, the cache, evaluations and checkpoints, the process.
+
+    ``cerberus-hf train`` fills one from its options; ``dataclasses.replace`` makes a variant. A value out of range
+    raises a one-line ``ValueError`` here, before anything runs."""
+
+    # ---- the recipe
+    epochs: float = 1.0
+    """Passes over the training positions (fractions allowed); ignored when ``max_steps`` is set."""
+    max_steps: int | None = None
+    """Total optimizer steps (overrides ``epochs``)."""
+    lr: float = 1e-3
+    """AdamW's peak learning rate: warmed up linearly over ``warmup_ratio`` of the steps, then a cosine to zero."""
+    warmup_ratio: float = 0.05
+    """Share of the steps the learning rate warms up over."""
+    weight_decay: float = 0.0
+    """AdamW's weight decay."""
+    max_grad_norm: float | None = 1.0
+    """Gradients are clipped to this norm (None or 0: not clipped)."""
+    batch_size: int = 256
+    """Answer positions per optimizer step (each gives up to ``num_heads`` targets), over all processes."""
+    head_weight_decay: float = 0.8
+    """Head ``k``'s loss weight is ``head_weight_decay ** k`` (Medusa uses 0.8)."""
+    distill_weight: float = 0.0
+    """Share of the target given to the base's own distribution (top ``teacher_topk``) instead of the data token;
+    0 is plain cross-entropy, 1 pure distillation."""
+    text_distill_weight: float = 1.0
+    """The same share for ``"text"`` records (a dataset's answers, not the base's): by default their targets are the
+    base's distribution alone. When the data holds the base's own answers too, held-out accuracy is measured on those
+    only, since that is what decoding meets."""
+    teacher_topk: int = 32
+    """The base's next-token log-probabilities the cache keeps per position (for ``distill_weight``; kept by default
+    so that one cache serves runs with and without it)."""
+    train_vocab: int | None = None
+    """Score the loss over the data's ``train_vocab`` most frequent answer tokens plus each batch's targets instead of
+    the whole vocabulary (`projection_loss`). The saved heads draft among those tokens (their draft vocabulary, which
+    calibrate keeps), and accuracy is scored among them, as drafting meets it; rows outside it are never trained, so
+    the heads' ranking over the whole vocabulary is worse."""
+    projection_dtype: str | torch.dtype = "float32"
+    """Dtype of the products with the frozen ``lm_head`` in the loss (softmax and loss stay float32). bfloat16 kept
+    the accuracy in a trial; whether it is faster depends on the processor (docs/training.md). The heads themselves
+    always train in float32."""
+    chunk_rows: int = 512
+    """Rows of logits formed at once in the loss (memory: ``chunk_rows x vocab x 4`` bytes)."""
+    seed: int = 0
+    """Data order and dropout seed: the same seed and settings give the same weights."""
+
+    # ---- the data and its split
+    eval_fraction: float = 0.05
+    """Share of record ids held out (decided by a hash of the id)."""
+    train_fraction: float = 1.0
+    """Share of the remaining record ids trained on, by the same hash, so smaller fractions are subsets of larger
+    ones and the held-out split never changes: a data-scaling curve measured with it says how accuracy grows with
+    data before anyone generates more."""
+    eval_max_positions: int | None = 4096
+    """Evaluate on a fixed random subset of this many held-out positions (None: all)."""
+    max_seq_len: int | None = None
+    """Sequences are cut to this many tokens in the cache (None: whole)."""
+    cache_dir: str | os.PathLike | None = None
+    """Hidden-state cache folder (default: ``$CERBERUS_HF_CACHE/hidden_states``). Entries are keyed by base and
+    settings and shards by content, so runs on the same data and base (other head types, other hyperparameters)
+    compute the base's states only once."""
+    cache_batch_tokens: int = 4096
+    """Padded tokens per forward of the base while the cache is computed."""
+
+    # ---- where the run starts, what it reports and keeps
+    init_from: str | os.PathLike | None = None
+    """Saved heads (a ``save_pretrained`` folder of the same drafter, `load_initial_heads`) to start from instead of
+    ``model.heads``' current weights; recorded in the run's settings, so a resumed run must name the same folder."""
+    eval_every: int = 250
+    """Steps between held-out evaluations (0: only at the end)."""
+    log_every: int = 10
+    """Steps per history entry (the mean loss and per-head top-1 over them)."""
+    save_every: int | None = None
+    """Steps between checkpoints (default: 100, or ``eval_every`` when smaller)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept in ``output_dir/checkpoints`` (the newest)."""
+    resume: bool = True
+    """Continue from the last checkpoint in ``output_dir`` if there is one (its settings must match); ``False``
+    discards existing checkpoints."""
+
+    # ---- the process
+    num_threads: int | None = None
+    """``torch.set_num_threads`` for the run (default: leave torch's setting)."""
+    show_progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        for name in ("distill_weight", "text_distill_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}.")
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}.")
+        if isinstance(self.projection_dtype, str) and not isinstance(getattr(torch, self.projection_dtype, None),
+                                                                     torch.dtype):
+            raise ValueError(f"projection_dtype must name a torch dtype, got {self.projection_dtype!r}.")
+
+    @property
+    def projection_torch_dtype(self) -> torch.dtype:
+        """``projection_dtype`` as a ``torch.dtype``."""
+        dtype = self.projection_dtype
+        return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Steps between checkpoints: ``save_every``, or its default."""
+        if self.save_every is not None:
+            return self.save_every
+        return min(self.eval_every, 100) if self.eval_every and self.eval_every > 0 else 100
+
+
 def train_heads(
     model,
     data_path: str | os.PathLike | Sequence[str | os.PathLike],
     output_dir: str | os.PathLike,
+    settings: HeadTrainingSettings | None = None,
     *,
-    epochs: float = 1.0,
-    lr: float = 1e-3,
-    batch_size: int = 256,
-    warmup_ratio: float = 0.05,
-    head_weight_decay: float = 0.8,
-    distill_weight: float = 0.0,
-    text_distill_weight: float = 1.0,
-    eval_every: int = 250,
-    seed: int = 0,
-    max_steps: int | None = None,
-    weight_decay: float = 0.0,
-    max_grad_norm: float | None = 1.0,
-    save_every: int | None = None,
-    keep_checkpoints: int = 2,
-    eval_fraction: float = 0.05,
-    train_fraction: float = 1.0,
-    eval_max_positions: int | None = 4096,
-    teacher_topk: int = 32,
-    cache_dir: str | os.PathLike | None = None,
-    max_seq_len: int | None = None,
-    cache_batch_tokens: int = 4096,
-    chunk_rows: int = 512,
-    projection_dtype: torch.dtype | str = torch.float32,
-    train_vocab: int | None = None,
-    init_from: str | os.PathLike | None = None,
-    log_every: int = 10,
-    num_threads: int | None = None,
-    resume: bool = True,
     accelerator=None,
-    show_progress: bool = True,
 ) -> dict:
     """Train ``model.heads`` on a frozen base from a distillation JSONL file; returns the metrics.
 
@@ -145,46 +230,7 @@ def train_heads(
             ``cerberus-hf distill``), or several, read in order as one data set.
         output_dir: receives the final heads (``model.save_pretrained``), ``training_metrics.json`` and
             ``checkpoints/`` (leave that out when publishing the folder).
-        epochs: passes over the training positions (fractions allowed); ignored when ``max_steps`` is set.
-        lr: AdamW peak learning rate; the schedule warms up linearly over ``warmup_ratio`` of the steps,
-            then decays along a cosine to zero.
-        batch_size: answer positions per optimizer step (each gives up to ``num_heads`` targets), over all
-            processes.
-        head_weight_decay: head ``k``'s loss weight is ``head_weight_decay ** k`` (Medusa uses 0.8).
-        distill_weight: share of the target given to the base's own distribution (top ``teacher_topk``)
-            instead of the data token; 0 is plain cross-entropy, 1 pure distillation.
-        text_distill_weight: the same share for ``"text"`` records (a dataset's answers, not the base's): by
-            default their targets are the base's own distribution alone. When the data holds the base's own
-            answers too, held-out accuracy is measured on those only, since that is what decoding meets.
-        eval_every: steps between held-out evaluations (0: only at the end).
-        seed: data order seed; the same seed and arguments give the same weights.
-        max_steps: total optimizer steps (overrides ``epochs``).
-        save_every: steps between checkpoints (default: 100, or ``eval_every`` when smaller).
-        eval_fraction: share of record ids held out (decided by a hash of the id).
-        train_fraction: share of the remaining record ids trained on, by the same hash, so smaller fractions
-            are subsets of larger ones and the held-out split never changes: a data-scaling curve measured
-            with it says how accuracy grows with data before anyone generates more.
-        eval_max_positions: evaluate on a fixed random subset of this many held-out positions (None: all).
-        teacher_topk: how many of the base's next-token log-probabilities the cache keeps per position
-            (for ``distill_weight``; kept by default so that one cache serves runs with and without it).
-        cache_dir: hidden-state cache folder (default: ``$CERBERUS_HF_CACHE/hidden_states``). Entries are
-            keyed by base and settings and shards by content, so runs on the same data and base (Medusa and
-            Cerberus heads, other hyperparameters) compute the base's states only once.
-        chunk_rows: rows of logits formed at once in the loss (memory: ``chunk_rows x vocab x 4`` bytes).
-        projection_dtype: dtype of the matrix products with the frozen ``lm_head`` in the loss (softmax and
-            loss stay float32). ``torch.bfloat16`` kept the accuracy in a trial; whether it is faster depends
-            on the processor and is worth timing before a long run (docs/training.md); the heads themselves
-            always train in float32.
-        train_vocab: score the loss over the data's ``train_vocab`` most frequent answer tokens plus each batch's
-            targets instead of the whole vocabulary (`projection_loss`). The saved heads draft among those tokens
-            (their draft vocabulary, which calibrate keeps), and accuracy is scored among them, as drafting meets
-            it; rows outside it are never trained, so the heads' ranking over the whole vocabulary is worse.
-        init_from: saved heads (a ``save_pretrained`` folder of the same drafter, `load_initial_heads`) to start
-            from instead of ``model.heads``' current weights; recorded in the run's settings, so a resumed run
-            must name the same folder.
-        num_threads: ``torch.set_num_threads`` for the run (default: leave torch's setting).
-        resume: continue from the last checkpoint in ``output_dir`` if there is one (its settings must
-            match); ``False`` discards existing checkpoints.
+        settings: the recipe and the run's options (`HeadTrainingSettings`; default: its defaults).
         accelerator: an ``accelerate.Accelerator`` (default: a new one; single process on a CPU).
 
     Returns:
@@ -197,20 +243,17 @@ def train_heads(
     from accelerate.utils import set_seed
 
     started = time.perf_counter()
-    if num_threads is not None:
-        torch.set_num_threads(int(num_threads))
+    settings = settings if settings is not None else HeadTrainingSettings()
+    if settings.num_threads is not None:
+        torch.set_num_threads(int(settings.num_threads))
     accelerator = accelerator or Accelerator()
-    if isinstance(projection_dtype, str):
-        projection_dtype = getattr(torch, projection_dtype)
+    projection_dtype = settings.projection_torch_dtype
+    save_every = settings.checkpoint_every
     output_dir = Path(output_dir)
-    if not 0.0 <= distill_weight <= 1.0:
-        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
-    if batch_size < accelerator.num_processes:
-        raise ValueError(f"batch_size {batch_size} is smaller than the number of processes.")
-    if save_every is None:
-        save_every = min(eval_every, 100) if eval_every and eval_every > 0 else 100
-    if init_from is not None:  # before the cache, so that a wrong folder fails at once
-        load_initial_heads(model, init_from)
+    if settings.batch_size < accelerator.num_processes:
+        raise ValueError(f"batch_size {settings.batch_size} is smaller than the number of processes.")
+    if settings.init_from is not None:  # before the cache, so that a wrong folder fails at once
+        load_initial_heads(model, settings.init_from)
     heads = model.heads
     num_heads = heads.num_heads
     device = accelerator.device
@@ -224,61 +267,57 @@ def train_heads(
     if len(repeated) != len(records):
         raise ValueError(f"{', '.join(map(str, paths))}: a (prompt id, mode) pair appears more than once; "
                          "combine data files whose prompt ids are distinct")
-    if not 0.0 <= text_distill_weight <= 1.0:
-        raise ValueError(f"text_distill_weight must be in [0, 1], got {text_distill_weight}.")
     cache = build_hidden_cache(
-        model.base, records, cache_dir if cache_dir is not None else default_cache_dir(),
-        teacher_topk=teacher_topk, max_seq_len=max_seq_len,
-        batch_tokens=cache_batch_tokens, accelerator=accelerator, show_progress=show_progress,
+        model.base, records, settings.cache_dir if settings.cache_dir is not None else default_cache_dir(),
+        teacher_topk=settings.teacher_topk, max_seq_len=settings.max_seq_len,
+        batch_tokens=settings.cache_batch_tokens, accelerator=accelerator, show_progress=settings.show_progress,
         state_source=model.config.state_source,
     )
     cache_time = time.perf_counter() - cache_started
-    if not 0.0 < train_fraction <= 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1], got {train_fraction}.")
-    held_out = split_record_ids(cache.record_ids, eval_fraction)
+    held_out = split_record_ids(cache.record_ids, settings.eval_fraction)
     left_out = held_out | {r for r in cache.record_ids
-                           if id_bucket(r) >= eval_fraction + train_fraction * (1.0 - eval_fraction)}
+                           if id_bucket(r) >= settings.eval_fraction + settings.train_fraction * (1.0 - settings.eval_fraction)}
     train_positions = cache.positions(exclude=left_out)
     is_text = cache.position_modes("text")
     eval_positions = cache.positions(record_ids=held_out)
     if not bool(is_text.all()):  # score the base's own answers, which is what decoding meets
         eval_positions = eval_positions[~is_text[eval_positions]]
-    eval_positions = position_subset(eval_positions, eval_max_positions, EVAL_SUBSET_SEED)
-    target_weight = torch.where(is_text, text_distill_weight, distill_weight) if bool(is_text.any()) else distill_weight
-    train_eval_positions = position_subset(train_positions, eval_max_positions, EVAL_SUBSET_SEED)
+    eval_positions = position_subset(eval_positions, settings.eval_max_positions, EVAL_SUBSET_SEED)
+    target_weight = torch.where(is_text, settings.text_distill_weight, settings.distill_weight) if bool(is_text.any()) else settings.distill_weight
+    train_eval_positions = position_subset(train_positions, settings.eval_max_positions, EVAL_SUBSET_SEED)
     if train_positions.numel() == 0:
         raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
     remaining = cache.remaining()
 
-    steps_per_epoch = math.ceil(train_positions.shape[0] / batch_size)
-    total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
-    warmup_steps = int(round(warmup_ratio * total_steps))
+    steps_per_epoch = math.ceil(train_positions.shape[0] / settings.batch_size)
+    total_steps = int(settings.max_steps) if settings.max_steps is not None else max(1, math.ceil(settings.epochs * steps_per_epoch))
+    warmup_steps = int(round(settings.warmup_ratio * total_steps))
     run_config = {
         "head_type": model.config.head_type, "num_heads": num_heads, "num_layers": model.config.num_layers,
-        "head_projection": model.config.head_projection, "lr": lr, "batch_size": batch_size,
-        "warmup_ratio": warmup_ratio, "warmup_steps": warmup_steps, "head_weight_decay": head_weight_decay,
-        "distill_weight": distill_weight, "text_distill_weight": text_distill_weight,
-        "teacher_topk": cache.teacher_topk, "seed": seed,
-        "projection_dtype": str(projection_dtype).replace("torch.", ""), "train_vocab": train_vocab,
-        "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "weight_decay": weight_decay,
-        "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "train_fraction": train_fraction,
+        "head_projection": model.config.head_projection, "lr": settings.lr, "batch_size": settings.batch_size,
+        "warmup_ratio": settings.warmup_ratio, "warmup_steps": warmup_steps, "head_weight_decay": settings.head_weight_decay,
+        "distill_weight": settings.distill_weight, "text_distill_weight": settings.text_distill_weight,
+        "teacher_topk": cache.teacher_topk, "seed": settings.seed,
+        "projection_dtype": str(projection_dtype).replace("torch.", ""), "train_vocab": settings.train_vocab,
+        "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "weight_decay": settings.weight_decay,
+        "max_grad_norm": settings.max_grad_norm, "eval_fraction": settings.eval_fraction, "train_fraction": settings.train_fraction,
         "data_digest": cache.info["data_digest"],
         "base_cache_key": cache.info["key"],
-        "init_from": str(init_from) if init_from is not None else None,
+        "init_from": str(settings.init_from) if settings.init_from is not None else None,
     }
 
     # ---- heads, optimizer, schedule (heads train in float32 whatever the base's dtype)
     heads_dtype = next(heads.parameters()).dtype
     heads.to(device=device, dtype=torch.float32)
     heads.train()
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = cosine_with_warmup(optimizer, warmup_steps, total_steps)
     trainable, optimizer_wrapped = accelerator.prepare(HeadStates(heads), optimizer)
     weight, bias = lm_head_projection(model)
     weight = weight.to(device=device, dtype=projection_dtype)
     bias = bias.to(device=device, dtype=projection_dtype) if bias is not None else None
-    head_weights = torch.tensor([head_weight_decay**k for k in range(num_heads)], dtype=torch.float32)
-    vocab = frequent_tokens(records, train_vocab).to(device) if train_vocab else None
+    head_weights = torch.tensor([settings.head_weight_decay**k for k in range(num_heads)], dtype=torch.float32)
+    vocab = frequent_tokens(records, settings.train_vocab).to(device) if settings.train_vocab else None
 
     # ---- resume (a resumed run continues the saved RNG state; a new one starts from the seed's: dropout draws from it)
     trainer_state: dict = {"run_config": run_config, "history": [], "evals": [], "train_time_s": 0.0,
@@ -287,8 +326,8 @@ def train_heads(
     # the sums behind the next history entry; checkpointed, so that an entry whose interval a resume splits still
     # averages all of its steps
     window = {"loss": 0.0, "steps": 0, **{key: torch.zeros(num_heads, dtype=torch.float64) for key in WINDOW_SUMS}}
-    set_seed(seed)
-    saved = resume_checkpoint(accelerator, output_dir, run_config, resume, heads, optimizer, scheduler)
+    set_seed(settings.seed)
+    saved = resume_checkpoint(accelerator, output_dir, run_config, settings.resume, heads, optimizer, scheduler)
     if saved is not None:
         trainer_state.update({k: saved[k] for k in ("history", "evals", "train_time_s", "positions_trained")})
         step = int(saved["step"])
@@ -298,7 +337,7 @@ def train_heads(
     # ---- the loop
     is_main = accelerator.is_main_process
     progress = tqdm(total=total_steps, initial=step, unit="step", desc=f"training {model.config.head_type} heads",
-                    disable=not (show_progress and is_main), dynamic_ncols=True)
+                    disable=not (settings.show_progress and is_main), dynamic_ncols=True)
     permutation_epoch, permutation = -1, None
     train_started = time.perf_counter()
     train_time_before = trainer_state["train_time_s"]
@@ -310,13 +349,13 @@ def train_heads(
         if eval_positions.numel() == 0:
             return None
         t0 = time.perf_counter()
-        result = evaluate_heads(model, cache, eval_positions, chunk_rows=chunk_rows, accelerator=accelerator,
+        result = evaluate_heads(model, cache, eval_positions, chunk_rows=settings.chunk_rows, accelerator=accelerator,
                                 vocab=vocab)
         eval_time += time.perf_counter() - t0
         result = {"step": at_step, **result}
         trainer_state["evals"].append(result)
         if is_main:
-            among = f" (among the {train_vocab} train-vocabulary tokens)" if vocab is not None else ""
+            among = f" (among the {settings.train_vocab} train-vocabulary tokens)" if vocab is not None else ""
             progress.write(f"step {at_step}: held-out top-1{among} " + " ".join(f"{v:.3f}" for v in result["top1"])
                            + " | top-5 " + " ".join(f"{v:.3f}" for v in result["top5"]))
         return result
@@ -329,21 +368,21 @@ def train_heads(
     while step < total_steps:
         epoch, index = divmod(step, steps_per_epoch)
         if epoch != permutation_epoch:
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch)
             permutation = torch.randperm(train_positions.shape[0], generator=generator)
             permutation_epoch = epoch
-        batch = train_positions[permutation[index * batch_size : (index + 1) * batch_size]].sort().values
+        batch = train_positions[permutation[index * settings.batch_size : (index + 1) * settings.batch_size]].sort().values
         local = batch[accelerator.process_index :: accelerator.num_processes]
         rows = Rows(cache, remaining, local, num_heads, target_weight, device, heads.context_window)
 
         states = trainable(rows.hidden, rows.tokens, rows.next_tokens, rows.valid)
-        row_losses, row_correct = head_losses(model, states, rows, weight, bias, chunk_rows, vocab)
+        row_losses, row_correct = head_losses(model, states, rows, weight, bias, settings.chunk_rows, vocab)
         head_rows = torch.zeros(num_heads, device=device).index_add_(0, rows.head, torch.ones_like(row_losses))
         row_weights = (head_weights.to(device) / head_rows.clamp(min=1))[rows.head]
         loss = (row_losses * row_weights).sum()
         accelerator.backward(loss)
-        if max_grad_norm:
-            accelerator.clip_grad_norm_(heads.parameters(), max_grad_norm)
+        if settings.max_grad_norm:
+            accelerator.clip_grad_norm_(heads.parameters(), settings.max_grad_norm)
         optimizer_wrapped.step()
         scheduler.step()
         optimizer_wrapped.zero_grad(set_to_none=True)
@@ -357,7 +396,7 @@ def train_heads(
         window["head_hits"].index_add_(0, head_cpu, row_correct.cpu().double())
         window["head_rows"].index_add_(0, head_cpu, torch.ones(head_cpu.shape[0], dtype=torch.float64))
         window["steps"] += 1
-        if step % log_every == 0 or step == total_steps:
+        if step % settings.log_every == 0 or step == total_steps:
             n = window["head_rows"].clamp(min=1)
             entry = {"step": step, "epoch": round(step / steps_per_epoch, 4),
                      "loss": round(window["loss"] / window["steps"], 6),
@@ -370,10 +409,10 @@ def train_heads(
             for key in WINDOW_SUMS:
                 window[key].zero_()
         progress.update(1)
-        if eval_every and step % eval_every == 0 and step != total_steps:
+        if settings.eval_every and step % settings.eval_every == 0 and step != total_steps:
             run_eval(step)
         if step % save_every == 0 or step == total_steps:
-            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints, heads, optimizer,
+            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), settings.keep_checkpoints, heads, optimizer,
                             scheduler)
         checkpointing.on_step_end(step)
     progress.close()
@@ -384,10 +423,10 @@ def train_heads(
     if final_eval is None:
         final_eval = run_eval(step)
         if final_eval is not None:  # keep the checkpoint's record complete
-            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), keep_checkpoints, heads, optimizer,
+            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), settings.keep_checkpoints, heads, optimizer,
                             scheduler)
     t0 = time.perf_counter()
-    train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=chunk_rows, accelerator=accelerator,
+    train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=settings.chunk_rows, accelerator=accelerator,
                                 vocab=vocab)
     eval_time += time.perf_counter() - t0
     heads.to(dtype=heads_dtype)
@@ -422,7 +461,7 @@ def train_heads(
             "device": describe_device(device),
             "num_processes": accelerator.num_processes,
         },
-        "continued_from": earlier_run(init_from),
+        "continued_from": earlier_run(settings.init_from),
         "history": trainer_state["history"],
         "evals": trainer_state["evals"],
     }
