@@ -1,3 +1,8 @@
+# Reproduces: the export check docs/checkpoints.md and docs/training.md quote: the shipped EAGLE-3 folder
+#   (model_cards/eagle3-smollm2-135m-instruct), exported by `cerberus-hf export --format speculators`, gives the same
+#   depth-0 drafts and logits when loaded by the speculators library itself.
+# Run: python scripts/check_speculators_export.py --python /tmp/specvenv/bin/python \
+#        --heads model_cards/eagle3-smollm2-135m-instruct   (the venv as below; without --heads: tiny random heads)
 """Check `cerberus-hf export --format speculators` against the speculators library itself.
 
 For EAGLE-3 heads on a base (a tiny random Llama, or a shipped folder on its real base), this exports the heads,

@@ -1,3 +1,6 @@
+# Reproduces: the README's "a step syncs with the host once" on CUDA (docs/cuda.md: 1.1 syncs a step;
+#   benchmarks/cuda_h200_fp32_scale_2026_11_27/syncs_*.txt); step 3 of scripts/gpu_run.sh.
+# Run (on a GPU): python scripts/count_host_syncs.py --tiny llama --head-type hydra --max-new-tokens 48
 """Count the host-device synchronisations of one `generate()` call on CUDA, and say where they come from.
 
 A draft-verify step must sync at least once (the host reads how many draft tokens were accepted to cut

@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# Reproduces: no result itself; the step before every GPU run that reproduces one (scripts/gpu_run.sh,
+#   scripts/gpu_smollm2.sh), as docs/cuda.md ("The prepared GPU run") tells.
+# Run: scripts/device_slim.sh enter (before the device calls), scripts/device_slim.sh leave (after them).
+#
 # Make the checkout small enough for a GPU device run, and back.
 #
 # A device run carries the checkout's tracked and untracked-not-ignored files, at most 64 MiB; the tracked tree is

@@ -1,4 +1,9 @@
 #!/usr/bin/env bash
+# Reproduces: the CUDA runs of docs/cuda.md, "The prepared GPU run" (its versions made Call 1 of each
+#   benchmarks/cuda_h200_*/ run; this one: the device-step tests on CUDA, the 8B-shaped bf16 scale bench at batch 1, 4
+#   and 16, and syncs per step, scripts/gpu_scale_bench.py and scripts/count_host_syncs.py).
+# Run: a device call with carry [".whl"] and timeout 600: bash scripts/gpu_run.sh (setup below).
+#
 # The prepared GPU run: what is owed on CUDA that needs nothing but the checkout (scripts/device_slim.sh enter first,
 # so the checkout fits a device call; carry .whl with a transformers wheel in the supported range, since the device
 # machine has 5.17). Results go to $OUT. At most about 9 minutes: each step has its own time limit. Its rows are the open CUDA issue's.

@@ -1,3 +1,10 @@
+# Reproduces: the README's H200 numbers (benchmarks/cuda_h200_fp32_scale_2026_11_27/): on an 8B-shaped random base in
+#   fp32, oracle drafts 4.82x plain generate() (tau 4.74), drafts matched to the shipped Hydra 2.08x (tau 2.34), 0.95x
+#   the compiled static-cache peer; the 1B shape with oracle drafts 5.26x through the loop's compiled static cache.
+# Run (on a GPU): python scripts/gpu_scale_bench.py --shape llama-3.1-8b --device cuda --dtype float32 --prompts 4 \
+#        --batch-sizes 1 --acceptance benchmarks/mt_bench_bf16_amx_cpu/mt_bench_bf16_amx_cpu.json
+#      python scripts/gpu_scale_bench.py --shape llama-3.2-1b --device cuda --dtype float32 --prompts 4 \
+#        --batch-sizes 1 --drafts oracle          (step 2 of scripts/gpu_run.sh runs it in bf16)
 """The decoding machinery at the scale users run, with nothing to download: bases built from the configs of real 1B-8B
 models with random weights, drafts from an oracle that knows the base's greedy continuation, optionally corrupted per
 depth to match the acceptance real heads reach (issue 38, part 3; batch sizes for issue 39).

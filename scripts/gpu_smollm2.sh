@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# Reproduces: the GPU runs docs/cuda.md prepares for the shipped heads (the CUDA bench against the compiled peer,
+#   self-distilled shards, EAGLE-3's drafter trained on a GPU); none is a shipped result yet.
+# Run: bash scripts/gpu_smollm2.sh prepare here, then device calls with stash / bench / train / distill (below).
+#
 # SmolLM2-135M-Instruct on a lent GPU, with the shipped heads: the MT-Bench bench against plain generate() and the
 # compiled static-cache peer (`bench`: the open CUDA issue's SmolLM2 row, docs/cuda.md), and EAGLE-3's training
 # (`train`: the fused states of both self-distillation files and several epochs of training-time test take minutes

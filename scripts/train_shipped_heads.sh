@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Reproduces the shipped SmolLM2-135M-Instruct heads under model_cards/: data, training, cards.
+# Reproduces: the shipped SmolLM2-135M-Instruct heads under model_cards/ (data, training, calibration, the benches the
+#   cards quote, the cards), as README.md ("Training and calibration") and docs/training.md say.
+# Run: from the repository root, as below.
 # Every step is resumable: run it again after an interruption and it continues where it stopped.
 #   bash scripts/train_shipped_heads.sh            # all steps
 #   STEPS="bench card" bash scripts/train_shipped_heads.sh

@@ -1,6 +1,7 @@
 """Making the prompt set: each category's distinct prompts, shuffled, with their ids.
 
-Part of `make_prompts` (see its `__init__.py`), which reproduces `cerberus_hf/data/prompts.jsonl`.
+Part of `make_prompts`, which reproduces `cerberus_hf/data/prompts.jsonl`: `python scripts/make_prompts`
+(see `__init__.py`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The command line: make the prompts (`build`), check them against the MT-Bench file (no prompt may share a run of 8 or
 more words with any of its questions; a hit is printed and the exit status is 1), write the JSONL and print its
-statistics. Part of `make_prompts` (see its `__init__.py`), which reproduces `cerberus_hf/data/prompts.jsonl`.
+statistics. Part of `make_prompts`, which reproduces `cerberus_hf/data/prompts.jsonl`: `python scripts/make_prompts`
+(see `__init__.py`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The word lists several categories share (names, cities) and the optional style suffix.
 
-Part of `make_prompts` (see its `__init__.py`), which reproduces `cerberus_hf/data/prompts.jsonl`.
+Part of `make_prompts`, which reproduces `cerberus_hf/data/prompts.jsonl`: `python scripts/make_prompts`
+(see `__init__.py`).
 """
 
 from __future__ import annotations
