@@ -19,7 +19,7 @@ Runs are deterministic under a seed (the data order is drawn from the seed and t
 from the seeded global RNG) and resumable: every ``save_every`` steps `save_checkpoint` writes the heads, AdamW's
 moments and every process's RNG state in safetensors, and the run's settings, history, AdamW's hyper-parameters, the
 schedule and Python's and NumPy's RNG states in JSON, atomically under ``output_dir/checkpoints/step-N``; a killed
-run started again with the same arguments continues from the last one and ends with the same weights and history
+run started again with the same settings continues from the last one and ends with the same weights and history
 as a run that was never interrupted. No checkpoint file is a pickle and none is ever unpickled (accelerate's
 ``save_state`` writes pickles, which run code when loaded): a pickle in the folder makes the resume refuse it
 (`resume_checkpoint`). ``accelerate`` runs the same code on several GPUs (``accelerate launch``): each process
@@ -51,9 +51,10 @@ from .checkpointing import (
     resume_checkpoint,
     save_checkpoint,
 )
-from .data import frequent_tokens, read_records
+from .data import Record, frequent_tokens, read_records
 from .evaluation import EVAL_SUBSET_SEED, evaluate_heads, position_subset
 from .hidden_cache import (
+    HiddenStateCache,
     build_hidden_cache,
     default_cache_dir,
     id_bucket,
@@ -62,15 +63,7 @@ from .hidden_cache import (
 
 logger = logging.getLogger(__name__)
 
-
-
-
-
-
 WINDOW_SUMS = ("head_loss", "head_hits", "head_rows")  # per-head sums of a history entry's interval
-
-
-
 
 # What makes saved heads a valid start for a run: the same drafter over the same kind of base.
 INIT_FIELDS = ("base_model_type", "hidden_size", "vocab_size", "head_type", "num_heads", "num_layers",
@@ -240,31 +233,65 @@ def train_heads(
         ``output_dir/training_metrics.json``.
     """
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
 
     started = time.perf_counter()
     settings = settings if settings is not None else HeadTrainingSettings()
     if settings.num_threads is not None:
         torch.set_num_threads(int(settings.num_threads))
     accelerator = accelerator or Accelerator()
-    projection_dtype = settings.projection_torch_dtype
-    save_every = settings.checkpoint_every
-    output_dir = Path(output_dir)
     if settings.batch_size < accelerator.num_processes:
         raise ValueError(f"batch_size {settings.batch_size} is smaller than the number of processes.")
     if settings.init_from is not None:  # before the cache, so that a wrong folder fails at once
         load_initial_heads(model, settings.init_from)
-    heads = model.heads
-    num_heads = heads.num_heads
-    device = accelerator.device
-    model.base.to(device)
+    model.base.to(accelerator.device)
+    data = _prepare_data(model, data_path, settings, accelerator)
+    run = _HeadRun(model, settings, data, accelerator, Path(output_dir))
+    run.train()
+    final_eval, train_eval = run.finish()
+    metrics = run.metrics(final_eval, train_eval, started)
+    if accelerator.is_main_process:
+        run.output_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(run.output_dir)
+        (run.output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
+    accelerator.wait_for_everyone()
+    return metrics
 
-    # ---- the hidden-state cache (the only time the base runs)
+
+@dataclass
+class _HeadData:
+    """A run's data: the records, their hidden-state cache, and the cache positions trained and evaluated on."""
+
+    paths: list
+    records: list[Record]
+    cache: HiddenStateCache
+    cache_time: float  # seconds spent building (or finding) the cache
+    held_out: set[str]  # record ids never trained on
+    train_positions: torch.Tensor
+    eval_positions: torch.Tensor  # held out (the base's own answers where there are others), at most a fixed subset
+    train_eval_positions: torch.Tensor  # a fixed subset of the training positions
+    target_weight: torch.Tensor | float  # the teacher's share of each position's target (text records: their own)
+    remaining: torch.Tensor  # per position, the answer tokens of its record after the one it predicts
+
+    def describe(self) -> dict:
+        """The metrics' ``"data"`` entry."""
+        cache = self.cache
+        return {
+            "path": str(self.paths[0]) if len(self.paths) == 1 else [str(p) for p in self.paths],
+            "records": len(cache.record_ids), "text_records": sum(m == "text" for m in cache.record_modes),
+            "held_out_records": len(self.held_out),
+            "positions": cache.num_positions, "train_positions": int(self.train_positions.shape[0]),
+            "eval_positions": int(self.eval_positions.shape[0]), "base_agreement": cache.base_agreement(),
+            "cache_folder": cache.info["folder"], "cache_shards_computed": cache.info["shards_computed"],
+        }
+
+
+def _prepare_data(model, data_path, settings: HeadTrainingSettings, accelerator) -> _HeadData:
+    """Read the records, build their hidden-state cache (the only time the base runs), and split its positions into
+    the held-out ones and, by ``train_fraction``, the ones trained on."""
     cache_started = time.perf_counter()
     paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
     records = [record for path in paths for record in read_records(path)]
-    repeated = {(r.id, r.mode) for r in records}
-    if len(repeated) != len(records):
+    if len({(r.id, r.mode) for r in records}) != len(records):
         raise ValueError(f"{', '.join(map(str, paths))}: a (prompt id, mode) pair appears more than once; "
                          "combine data files whose prompt ids are distinct")
     cache = build_hidden_cache(
@@ -275,199 +302,290 @@ def train_heads(
     )
     cache_time = time.perf_counter() - cache_started
     held_out = split_record_ids(cache.record_ids, settings.eval_fraction)
-    left_out = held_out | {r for r in cache.record_ids
-                           if id_bucket(r) >= settings.eval_fraction + settings.train_fraction * (1.0 - settings.eval_fraction)}
-    train_positions = cache.positions(exclude=left_out)
+    trained_below = settings.eval_fraction + settings.train_fraction * (1.0 - settings.eval_fraction)
+    train_positions = cache.positions(exclude=held_out | {r for r in cache.record_ids if id_bucket(r) >= trained_below})
+    if train_positions.numel() == 0:
+        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
     is_text = cache.position_modes("text")
     eval_positions = cache.positions(record_ids=held_out)
     if not bool(is_text.all()):  # score the base's own answers, which is what decoding meets
         eval_positions = eval_positions[~is_text[eval_positions]]
-    eval_positions = position_subset(eval_positions, settings.eval_max_positions, EVAL_SUBSET_SEED)
-    target_weight = torch.where(is_text, settings.text_distill_weight, settings.distill_weight) if bool(is_text.any()) else settings.distill_weight
-    train_eval_positions = position_subset(train_positions, settings.eval_max_positions, EVAL_SUBSET_SEED)
-    if train_positions.numel() == 0:
-        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
-    remaining = cache.remaining()
+    distill_weight = settings.distill_weight
+    return _HeadData(
+        paths, records, cache, cache_time, held_out, train_positions,
+        eval_positions=position_subset(eval_positions, settings.eval_max_positions, EVAL_SUBSET_SEED),
+        train_eval_positions=position_subset(train_positions, settings.eval_max_positions, EVAL_SUBSET_SEED),
+        target_weight=torch.where(is_text, settings.text_distill_weight, distill_weight) if bool(is_text.any())
+        else distill_weight,
+        remaining=cache.remaining(),
+    )
 
-    steps_per_epoch = math.ceil(train_positions.shape[0] / settings.batch_size)
-    total_steps = int(settings.max_steps) if settings.max_steps is not None else max(1, math.ceil(settings.epochs * steps_per_epoch))
-    warmup_steps = int(round(settings.warmup_ratio * total_steps))
-    run_config = {
-        "head_type": model.config.head_type, "num_heads": num_heads, "num_layers": model.config.num_layers,
+
+@dataclass(frozen=True)
+class _Schedule:
+    """How many optimizer steps a run takes, per epoch and in all, and how many of them warm the learning rate up."""
+
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+
+    @classmethod
+    def of(cls, train_positions: int, settings: HeadTrainingSettings) -> _Schedule:
+        steps_per_epoch = math.ceil(train_positions / settings.batch_size)
+        total_steps = int(settings.max_steps) if settings.max_steps is not None else \
+            max(1, math.ceil(settings.epochs * steps_per_epoch))
+        return cls(steps_per_epoch, total_steps, int(round(settings.warmup_ratio * total_steps)))
+
+
+def _run_config(model, settings: HeadTrainingSettings, data: _HeadData, schedule: _Schedule) -> dict:
+    """The run's settings as its checkpoints and metrics record them: a resume must find the same."""
+    return {
+        "head_type": model.config.head_type, "num_heads": model.heads.num_heads, "num_layers": model.config.num_layers,
         "head_projection": model.config.head_projection, "lr": settings.lr, "batch_size": settings.batch_size,
-        "warmup_ratio": settings.warmup_ratio, "warmup_steps": warmup_steps, "head_weight_decay": settings.head_weight_decay,
+        "warmup_ratio": settings.warmup_ratio, "warmup_steps": schedule.warmup_steps,
+        "head_weight_decay": settings.head_weight_decay,
         "distill_weight": settings.distill_weight, "text_distill_weight": settings.text_distill_weight,
-        "teacher_topk": cache.teacher_topk, "seed": settings.seed,
-        "projection_dtype": str(projection_dtype).replace("torch.", ""), "train_vocab": settings.train_vocab,
-        "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "weight_decay": settings.weight_decay,
-        "max_grad_norm": settings.max_grad_norm, "eval_fraction": settings.eval_fraction, "train_fraction": settings.train_fraction,
-        "data_digest": cache.info["data_digest"],
-        "base_cache_key": cache.info["key"],
+        "teacher_topk": data.cache.teacher_topk, "seed": settings.seed,
+        "projection_dtype": str(settings.projection_torch_dtype).replace("torch.", ""),
+        "train_vocab": settings.train_vocab, "total_steps": schedule.total_steps,
+        "steps_per_epoch": schedule.steps_per_epoch, "weight_decay": settings.weight_decay,
+        "max_grad_norm": settings.max_grad_norm, "eval_fraction": settings.eval_fraction,
+        "train_fraction": settings.train_fraction,
+        "data_digest": data.cache.info["data_digest"],
+        "base_cache_key": data.cache.info["key"],
         "init_from": str(settings.init_from) if settings.init_from is not None else None,
     }
 
-    # ---- heads, optimizer, schedule (heads train in float32 whatever the base's dtype)
-    heads_dtype = next(heads.parameters()).dtype
-    heads.to(device=device, dtype=torch.float32)
-    heads.train()
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    scheduler = cosine_with_warmup(optimizer, warmup_steps, total_steps)
-    trainable, optimizer_wrapped = accelerator.prepare(HeadStates(heads), optimizer)
-    weight, bias = lm_head_projection(model)
-    weight = weight.to(device=device, dtype=projection_dtype)
-    bias = bias.to(device=device, dtype=projection_dtype) if bias is not None else None
-    head_weights = torch.tensor([settings.head_weight_decay**k for k in range(num_heads)], dtype=torch.float32)
-    vocab = frequent_tokens(records, settings.train_vocab).to(device) if settings.train_vocab else None
 
-    # ---- resume (a resumed run continues the saved RNG state; a new one starts from the seed's: dropout draws from it)
-    trainer_state: dict = {"run_config": run_config, "history": [], "evals": [], "train_time_s": 0.0,
-                           "positions_trained": 0}
-    step = 0
-    # the sums behind the next history entry; checkpointed, so that an entry whose interval a resume splits still
-    # averages all of its steps
-    window = {"loss": 0.0, "steps": 0, **{key: torch.zeros(num_heads, dtype=torch.float64) for key in WINDOW_SUMS}}
-    set_seed(settings.seed)
-    saved = resume_checkpoint(accelerator, output_dir, run_config, settings.resume, heads, optimizer, scheduler)
-    if saved is not None:
-        trainer_state.update({k: saved[k] for k in ("history", "evals", "train_time_s", "positions_trained")})
-        step = int(saved["step"])
-        window.update(loss=saved["window"]["loss"], steps=saved["window"]["steps"],
-                      **{key: torch.tensor(saved["window"][key], dtype=torch.float64) for key in WINDOW_SUMS})
+@dataclass
+class _Optimization:
+    """What a step trains the heads with: AdamW under the schedule, the frozen ``lm_head`` the loss projects
+    through, each head's loss weight and the train vocabulary."""
 
-    # ---- the loop
-    is_main = accelerator.is_main_process
-    progress = tqdm(total=total_steps, initial=step, unit="step", desc=f"training {model.config.head_type} heads",
-                    disable=not (settings.show_progress and is_main), dynamic_ncols=True)
-    permutation_epoch, permutation = -1, None
-    train_started = time.perf_counter()
-    train_time_before = trainer_state["train_time_s"]
-    positions_this_call = 0
-    eval_time = 0.0
+    trainable: torch.nn.Module  # the heads' forward, as accelerate prepared it
+    optimizer: torch.optim.Optimizer  # AdamW itself, whose state checkpoints hold
+    prepared: torch.optim.Optimizer  # accelerate's wrapper of it, which steps
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    head_weights: torch.Tensor  # head k's loss weight, head_weight_decay ** k
+    vocab: torch.Tensor | None  # the train vocabulary (None: the whole one)
 
-    def run_eval(at_step: int) -> dict | None:
-        nonlocal eval_time
-        if eval_positions.numel() == 0:
-            return None
-        t0 = time.perf_counter()
-        result = evaluate_heads(model, cache, eval_positions, chunk_rows=settings.chunk_rows, accelerator=accelerator,
-                                vocab=vocab)
-        eval_time += time.perf_counter() - t0
-        result = {"step": at_step, **result}
-        trainer_state["evals"].append(result)
-        if is_main:
-            among = f" (among the {settings.train_vocab} train-vocabulary tokens)" if vocab is not None else ""
-            progress.write(f"step {at_step}: held-out top-1{among} " + " ".join(f"{v:.3f}" for v in result["top1"])
-                           + " | top-5 " + " ".join(f"{v:.3f}" for v in result["top5"]))
-        return result
+    @classmethod
+    def build(cls, model, settings: HeadTrainingSettings, data: _HeadData, schedule: _Schedule,
+              accelerator) -> _Optimization:
+        """Move the heads to the device in float32 (whatever the base's dtype) for training, and make the rest."""
+        heads, device, dtype = model.heads, accelerator.device, settings.projection_torch_dtype
+        heads.to(device=device, dtype=torch.float32)
+        heads.train()
+        optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        scheduler = cosine_with_warmup(optimizer, schedule.warmup_steps, schedule.total_steps)
+        trainable, prepared = accelerator.prepare(HeadStates(heads), optimizer)
+        weight, bias = lm_head_projection(model)
+        return cls(
+            trainable, optimizer, prepared, scheduler, weight.to(device=device, dtype=dtype),
+            bias.to(device=device, dtype=dtype) if bias is not None else None,
+            torch.tensor([settings.head_weight_decay**k for k in range(heads.num_heads)], dtype=torch.float32),
+            frequent_tokens(data.records, settings.train_vocab).to(device) if settings.train_vocab else None,
+        )
 
-    def state_for_checkpoint() -> dict:
-        sums = {"loss": window["loss"], "steps": window["steps"], **{key: window[key].tolist() for key in WINDOW_SUMS}}
-        return dict(trainer_state, train_time_s=train_time_before + time.perf_counter() - train_started - eval_time,
-                    window=sums)
 
-    while step < total_steps:
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != permutation_epoch:
-            generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + epoch)
-            permutation = torch.randperm(train_positions.shape[0], generator=generator)
-            permutation_epoch = epoch
-        batch = train_positions[permutation[index * settings.batch_size : (index + 1) * settings.batch_size]].sort().values
+class _HistoryWindow:
+    """The sums behind the next history entry: the loss of each step and, per head, the rows' losses, hits and count.
+    Checkpointed, so that an entry whose interval a resume splits still averages all of its steps."""
+
+    def __init__(self, num_heads: int):
+        self.loss, self.steps = 0.0, 0
+        self.sums = {key: torch.zeros(num_heads, dtype=torch.float64) for key in WINDOW_SUMS}
+
+    def add(self, loss: torch.Tensor, head: torch.Tensor, row_losses: torch.Tensor, row_correct: torch.Tensor) -> None:
+        head = head.cpu()
+        self.loss += float(loss.detach())
+        self.sums["head_loss"].index_add_(0, head, row_losses.detach().cpu().double())
+        self.sums["head_hits"].index_add_(0, head, row_correct.cpu().double())
+        self.sums["head_rows"].index_add_(0, head, torch.ones(head.shape[0], dtype=torch.float64))
+        self.steps += 1
+
+    def entry(self, step: int, epoch: float, lr: float) -> dict:
+        """The history entry of the steps added so far; the window then starts again."""
+        n = self.sums["head_rows"].clamp(min=1)
+        entry = {"step": step, "epoch": epoch, "loss": round(self.loss / self.steps, 6),
+                 "head_loss": [round(float(v), 5) for v in self.sums["head_loss"] / n],
+                 "head_top1": [round(float(v), 5) for v in self.sums["head_hits"] / n], "lr": lr}
+        self.loss, self.steps = 0.0, 0
+        for sums in self.sums.values():
+            sums.zero_()
+        return entry
+
+    def to_json(self) -> dict:
+        return {"loss": self.loss, "steps": self.steps, **{key: self.sums[key].tolist() for key in WINDOW_SUMS}}
+
+    def load(self, saved: dict) -> None:
+        self.loss, self.steps = saved["loss"], saved["steps"]
+        self.sums = {key: torch.tensor(saved[key], dtype=torch.float64) for key in WINDOW_SUMS}
+
+
+class _HeadRun:
+    """One call of `train_heads` once its data is ready: the optimizer loop with its history, held-out evaluations
+    and checkpoints, from the seed or from the last checkpoint of ``output_dir``."""
+
+    def __init__(self, model, settings: HeadTrainingSettings, data: _HeadData, accelerator, output_dir: Path):
+        self.model, self.settings, self.data, self.accelerator = model, settings, data, accelerator
+        self.output_dir, self.device, self.is_main = output_dir, accelerator.device, accelerator.is_main_process
+        self.schedule = _Schedule.of(data.train_positions.shape[0], settings)
+        self.run_config = _run_config(model, settings, data, self.schedule)
+        self.heads_dtype = next(model.heads.parameters()).dtype
+        self.opt = _Optimization.build(model, settings, data, self.schedule, accelerator)
+        self.state: dict = {"run_config": self.run_config, "history": [], "evals": [], "train_time_s": 0.0,
+                            "positions_trained": 0}
+        self.step = 0
+        self.window = _HistoryWindow(model.heads.num_heads)
+        self._resume()
+        self.progress = tqdm(total=self.schedule.total_steps, initial=self.step, unit="step",
+                             desc=f"training {model.config.head_type} heads",
+                             disable=not (settings.show_progress and self.is_main), dynamic_ncols=True)
+        self.order: tuple[int, torch.Tensor] | None = None  # (epoch, its order of the training positions)
+        self.train_started, self.train_time_before = time.perf_counter(), self.state["train_time_s"]
+        self.positions_this_call, self.eval_time, self.train_time = 0, 0.0, 0.0
+
+    def _resume(self) -> None:
+        """Continue from the last checkpoint (weights, AdamW, schedule, RNG state, history) if there is one; a new
+        run starts from the seed's RNG state (dropout draws from it)."""
+        from accelerate.utils import set_seed
+
+        set_seed(self.settings.seed)
+        saved = resume_checkpoint(self.accelerator, self.output_dir, self.run_config, self.settings.resume,
+                                  self.model.heads, self.opt.optimizer, self.opt.scheduler)
+        if saved is not None:
+            self.state.update({k: saved[k] for k in ("history", "evals", "train_time_s", "positions_trained")})
+            self.step = int(saved["step"])
+            self.window.load(saved["window"])
+
+    def train(self) -> None:
+        """Step to the schedule's end, evaluating every ``eval_every`` steps and checkpointing every
+        ``checkpoint_every`` and at the end."""
+        settings, total_steps = self.settings, self.schedule.total_steps
+        while self.step < total_steps:
+            self._step(self._next_batch())
+            self.progress.update(1)
+            if settings.eval_every and self.step % settings.eval_every == 0 and self.step != total_steps:
+                self._evaluate()
+            if self.step % settings.checkpoint_every == 0 or self.step == total_steps:
+                self._save_checkpoint()
+            checkpointing.on_step_end(self.step)
+        self.progress.close()
+        self.train_time = time.perf_counter() - self.train_started - self.eval_time
+
+    def _next_batch(self) -> torch.Tensor:
+        """The next step's positions (all processes'): its slice of its epoch's order, which the seed and the epoch
+        number alone decide."""
+        epoch, index = divmod(self.step, self.schedule.steps_per_epoch)
+        if self.order is None or self.order[0] != epoch:
+            generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + epoch)
+            self.order = (epoch, torch.randperm(self.data.train_positions.shape[0], generator=generator))
+        size = self.settings.batch_size
+        return self.data.train_positions[self.order[1][index * size : (index + 1) * size]].sort().values
+
+    def _step(self, batch: torch.Tensor) -> None:
+        """One optimizer step on this process's share of ``batch``, added to the history's window."""
+        model, opt, data, accelerator, device = self.model, self.opt, self.data, self.accelerator, self.device
+        heads = model.heads
         local = batch[accelerator.process_index :: accelerator.num_processes]
-        rows = Rows(cache, remaining, local, num_heads, target_weight, device, heads.context_window)
-
-        states = trainable(rows.hidden, rows.tokens, rows.next_tokens, rows.valid)
-        row_losses, row_correct = head_losses(model, states, rows, weight, bias, settings.chunk_rows, vocab)
-        head_rows = torch.zeros(num_heads, device=device).index_add_(0, rows.head, torch.ones_like(row_losses))
-        row_weights = (head_weights.to(device) / head_rows.clamp(min=1))[rows.head]
+        rows = Rows(data.cache, data.remaining, local, heads.num_heads, data.target_weight, device,
+                    heads.context_window)
+        states = opt.trainable(rows.hidden, rows.tokens, rows.next_tokens, rows.valid)
+        row_losses, row_correct = head_losses(model, states, rows, opt.weight, opt.bias, self.settings.chunk_rows,
+                                              opt.vocab)
+        head_rows = torch.zeros(heads.num_heads, device=device).index_add_(0, rows.head, torch.ones_like(row_losses))
+        row_weights = (opt.head_weights.to(device) / head_rows.clamp(min=1))[rows.head]
         loss = (row_losses * row_weights).sum()
         accelerator.backward(loss)
-        if settings.max_grad_norm:
-            accelerator.clip_grad_norm_(heads.parameters(), settings.max_grad_norm)
-        optimizer_wrapped.step()
-        scheduler.step()
-        optimizer_wrapped.zero_grad(set_to_none=True)
-        step += 1
-        positions_this_call += int(batch.shape[0])
-        trainer_state["positions_trained"] += int(batch.shape[0])
+        if self.settings.max_grad_norm:
+            accelerator.clip_grad_norm_(heads.parameters(), self.settings.max_grad_norm)
+        opt.prepared.step()
+        opt.scheduler.step()
+        opt.prepared.zero_grad(set_to_none=True)
+        self.step += 1
+        self.positions_this_call += int(batch.shape[0])
+        self.state["positions_trained"] += int(batch.shape[0])
+        self.window.add(loss, rows.head, row_losses, row_correct)
+        if self.step % self.settings.log_every == 0 or self.step == self.schedule.total_steps:
+            entry = self.window.entry(self.step, round(self.step / self.schedule.steps_per_epoch, 4),
+                                      opt.scheduler.get_last_lr()[0])
+            self.state["history"].append(entry)
+            self.progress.set_postfix(loss=f"{entry['loss']:.3f}",
+                                      top1="/".join(f"{v:.2f}" for v in entry["head_top1"]))
 
-        head_cpu = rows.head.cpu()
-        window["loss"] += float(loss.detach())
-        window["head_loss"].index_add_(0, head_cpu, row_losses.detach().cpu().double())
-        window["head_hits"].index_add_(0, head_cpu, row_correct.cpu().double())
-        window["head_rows"].index_add_(0, head_cpu, torch.ones(head_cpu.shape[0], dtype=torch.float64))
-        window["steps"] += 1
-        if step % settings.log_every == 0 or step == total_steps:
-            n = window["head_rows"].clamp(min=1)
-            entry = {"step": step, "epoch": round(step / steps_per_epoch, 4),
-                     "loss": round(window["loss"] / window["steps"], 6),
-                     "head_loss": [round(float(v), 5) for v in window["head_loss"] / n],
-                     "head_top1": [round(float(v), 5) for v in window["head_hits"] / n],
-                     "lr": scheduler.get_last_lr()[0]}
-            trainer_state["history"].append(entry)
-            progress.set_postfix(loss=f"{entry['loss']:.3f}", top1="/".join(f"{v:.2f}" for v in entry["head_top1"]))
-            window.update(loss=0.0, steps=0)
-            for key in WINDOW_SUMS:
-                window[key].zero_()
-        progress.update(1)
-        if settings.eval_every and step % settings.eval_every == 0 and step != total_steps:
-            run_eval(step)
-        if step % save_every == 0 or step == total_steps:
-            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), settings.keep_checkpoints, heads, optimizer,
-                            scheduler)
-        checkpointing.on_step_end(step)
-    progress.close()
-    train_time = time.perf_counter() - train_started - eval_time
+    def _timed_eval(self, positions: torch.Tensor) -> dict:
+        """`evaluate_heads` on ``positions``, its time counted apart from training's."""
+        started = time.perf_counter()
+        result = evaluate_heads(self.model, self.data.cache, positions, chunk_rows=self.settings.chunk_rows,
+                                accelerator=self.accelerator, vocab=self.opt.vocab)
+        self.eval_time += time.perf_counter() - started
+        return result
 
-    # ---- final evaluation, the heads, the metrics
-    final_eval = trainer_state["evals"][-1] if trainer_state["evals"] and trainer_state["evals"][-1]["step"] == step else None
-    if final_eval is None:
-        final_eval = run_eval(step)
-        if final_eval is not None:  # keep the checkpoint's record complete
-            save_checkpoint(accelerator, output_dir, step, state_for_checkpoint(), settings.keep_checkpoints, heads, optimizer,
-                            scheduler)
-    t0 = time.perf_counter()
-    train_eval = evaluate_heads(model, cache, train_eval_positions, chunk_rows=settings.chunk_rows, accelerator=accelerator,
-                                vocab=vocab)
-    eval_time += time.perf_counter() - t0
-    heads.to(dtype=heads_dtype)
-    heads.eval()
-    if vocab is not None:  # trained to rank these tokens only: draft among them
-        model.set_draft_vocab(vocab, trained=True)
-    total_train_time = train_time_before + train_time
-    metrics = {
-        "top1": final_eval["top1"] if final_eval else None,
-        "top5": final_eval["top5"] if final_eval else None,
-        "eval": final_eval,
-        "train_eval": train_eval,
-        "steps": step,
-        "epochs": round(step / steps_per_epoch, 4),
-        "config": run_config,
-        "data": {
-            "path": str(paths[0]) if len(paths) == 1 else [str(p) for p in paths],
-            "records": len(cache.record_ids), "text_records": sum(m == "text" for m in cache.record_modes),
-            "held_out_records": len(held_out),
-            "positions": cache.num_positions, "train_positions": int(train_positions.shape[0]),
-            "eval_positions": int(eval_positions.shape[0]), "base_agreement": cache.base_agreement(),
-            "cache_folder": cache.info["folder"], "cache_shards_computed": cache.info["shards_computed"],
-        },
-        "cost": {
-            "wall_time_s": round(time.perf_counter() - started, 3),
-            "cache_time_s": round(cache_time, 3),
-            "train_time_s": round(train_time, 3),
-            "train_time_s_total": round(total_train_time, 3),
-            "eval_time_s": round(eval_time, 3),
-            "positions_per_s": round(positions_this_call / train_time, 2) if positions_this_call and train_time > 0 else None,
-            "positions_trained": trainer_state["positions_trained"],
-            "device": describe_device(device),
-            "num_processes": accelerator.num_processes,
-        },
-        "continued_from": earlier_run(settings.init_from),
-        "history": trainer_state["history"],
-        "evals": trainer_state["evals"],
-    }
-    if is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(output_dir)
-        (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
-    accelerator.wait_for_everyone()
-    return metrics
+    def _evaluate(self) -> dict | None:
+        """The held-out evaluation at this step, added to the run's record and shown (None: nothing held out)."""
+        if self.data.eval_positions.numel() == 0:
+            return None
+        result = {"step": self.step, **self._timed_eval(self.data.eval_positions)}
+        self.state["evals"].append(result)
+        if self.is_main:
+            among = f" (among the {self.settings.train_vocab} train-vocabulary tokens)" if self.opt.vocab is not None \
+                else ""
+            self.progress.write(f"step {self.step}: held-out top-1{among} "
+                                + " ".join(f"{v:.3f}" for v in result["top1"])
+                                + " | top-5 " + " ".join(f"{v:.3f}" for v in result["top5"]))
+        return result
+
+    def _save_checkpoint(self) -> None:
+        window = self.window.to_json()
+        train_time = self.train_time_before + time.perf_counter() - self.train_started - self.eval_time
+        save_checkpoint(self.accelerator, self.output_dir, self.step, dict(self.state, train_time_s=train_time,
+                                                                           window=window),
+                        self.settings.keep_checkpoints, self.model.heads, self.opt.optimizer, self.opt.scheduler)
+
+    def finish(self) -> tuple[dict | None, dict]:
+        """The held-out evaluation at the last step (unless the loop made it) and one on training positions; the
+        heads then go back to their dtype, to draft among the train vocabulary when there is one."""
+        evals = self.state["evals"]
+        final_eval = evals[-1] if evals and evals[-1]["step"] == self.step else None
+        if final_eval is None:
+            final_eval = self._evaluate()
+            if final_eval is not None:  # keep the checkpoint's record complete
+                self._save_checkpoint()
+        train_eval = self._timed_eval(self.data.train_eval_positions)
+        heads = self.model.heads
+        heads.to(dtype=self.heads_dtype)
+        heads.eval()
+        if self.opt.vocab is not None:  # trained to rank these tokens only: draft among them
+            self.model.set_draft_vocab(self.opt.vocab, trained=True)
+        return final_eval, train_eval
+
+    def metrics(self, final_eval: dict | None, train_eval: dict, started: float) -> dict:
+        """What `train_heads` returns and writes to ``training_metrics.json``."""
+        train_time, positions = self.train_time, self.positions_this_call
+        return {
+            "top1": final_eval["top1"] if final_eval else None,
+            "top5": final_eval["top5"] if final_eval else None,
+            "eval": final_eval,
+            "train_eval": train_eval,
+            "steps": self.step,
+            "epochs": round(self.step / self.schedule.steps_per_epoch, 4),
+            "config": self.run_config,
+            "data": self.data.describe(),
+            "cost": {
+                "wall_time_s": round(time.perf_counter() - started, 3),
+                "cache_time_s": round(self.data.cache_time, 3),
+                "train_time_s": round(train_time, 3),
+                "train_time_s_total": round(self.train_time_before + train_time, 3),
+                "eval_time_s": round(self.eval_time, 3),
+                "positions_per_s": round(positions / train_time, 2) if positions and train_time > 0 else None,
+                "positions_trained": self.state["positions_trained"],
+                "device": describe_device(self.device),
+                "num_processes": self.accelerator.num_processes,
+            },
+            "continued_from": earlier_run(self.settings.init_from),
+            "history": self.state["history"],
+            "evals": self.state["evals"],
+        }
