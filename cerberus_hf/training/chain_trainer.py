@@ -42,7 +42,7 @@ from .data import Record
 from .evaluation import outside_of, top_hits
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import load_sequences, mixed_targets, run_training
+from .sequences import SequenceLoop, load_sequences, mixed_targets, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -213,11 +213,13 @@ def train_chain_drafter(
                   "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
                   "seed": seed, "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction,
                   "max_seq_len": max_seq_len, "train_vocab": train_vocab}
-    return run_training(
-        model, drafter.adapter, data, Path(output_dir), make_batch=make, batch_loss=batch_loss,
+    loop = SequenceLoop(
+        make_batch=make, batch_loss=batch_loss,
         evaluate=lambda batches, vocab: evaluate_adapter(drafter, batches, chunk_rows, vocab),
         describe=lambda result: f"held-out top-1 {result['top1']:.3f} top-5 {result['top5']:.3f}",
-        run_config=run_config, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed,
-        max_steps=max_steps, max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every,
-        train_vocab=train_vocab, betas=(0.9, 0.999), accelerator=accelerator, started=started, cache_time=cache_time,
-        desc="training the kangaroo adapter", resume=resume, show_progress=show_progress)
+        run_config=run_config, desc="training the kangaroo adapter", betas=(0.9, 0.999), epochs=epochs, lr=lr,
+        batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed, max_steps=max_steps,
+        max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every, train_vocab=train_vocab,
+        resume=resume, show_progress=show_progress)
+    return run_training(model, drafter.adapter, data, Path(output_dir), loop, accelerator=accelerator,
+                        started=started, cache_time=cache_time)

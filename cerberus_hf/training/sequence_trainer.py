@@ -40,7 +40,7 @@ from ..drafters.kangaroo import first_layers
 from .data import Record
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import load_sequences, mixed_targets, run_training
+from .sequences import SequenceData, SequenceLoop, load_sequences, mixed_targets, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -222,65 +222,91 @@ def train_sequence_drafter(
     started = time.perf_counter()
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
-    if isinstance(compute_dtype, str):
-        compute_dtype = getattr(torch, compute_dtype)
-    if compute_dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"compute_dtype must be float32 or bfloat16, got {compute_dtype}.")
     drafter = model.heads
-    if not hasattr(drafter, "unrolled_outputs"):
-        raise ValueError(f"{drafter.drafter_type} heads do not unroll over sequences; train them with train_heads.")
+    compute_dtype = _checked_dtype(drafter, compute_dtype)
     if init_from is not None:  # before the features, so that a wrong folder fails at once
         load_initial_heads(model, init_from)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     device = accelerator.device
     model.base.to(device)
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if max_seq_len is None:
         max_seq_len = getattr(model.base.config.get_text_config(), "max_position_embeddings", None)
     cache_started = time.perf_counter()
+    data, features, starts = _sequence_inputs(model, data_path, cache_dir, max_seq_len, distill_weight, teacher_topk,
+                                              eval_fraction, show_progress)
+    cache_time = time.perf_counter() - cache_started
+
+    def make(members: list[int]) -> UnrolledBatch:
+        return UnrolledBatch(members, features, starts, data.sequences, data.answers, drafter.num_heads, data.teacher,
+                             distill_weight, device)
+
+    run_config = {"head_type": model.config.head_type, "num_heads": drafter.num_heads,
+                  "feature_layers": drafter.feature_layers, "adapter_heads": model.config.adapter_heads,
+                  "adapter_head_dim": model.config.adapter_head_dim, "adapter_kv_heads": model.config.adapter_kv_heads,
+                  "lr": lr, "batch_tokens": batch_tokens, "warmup_ratio": warmup_ratio,
+                  "step_weight_decay": step_weight_decay, "distill_weight": distill_weight,
+                  "teacher_topk": teacher_topk if distill_weight > 0 else 0, "seed": seed,
+                  "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len,
+                  "train_vocab": train_vocab, "compute_dtype": str(compute_dtype).replace("torch.", ""),
+                  "init_from": str(init_from) if init_from is not None else None}
+    loop = SequenceLoop(
+        make_batch=make, batch_loss=_UnrolledLoss(drafter, step_weight_decay, chunk_rows, compute_dtype, device),
+        evaluate=lambda batches, vocab: evaluate_unrolled(drafter, batches, chunk_rows, vocab),
+        describe=lambda result: "held-out top-1 per depth " + " ".join(f"{v:.3f}" for v in result["top1"]),
+        run_config=run_config, desc="training the eagle3 drafter", betas=(0.9, 0.95), epochs=epochs, lr=lr,
+        batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed, max_steps=max_steps,
+        max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every, train_vocab=train_vocab,
+        resume=resume, show_progress=show_progress)
+    return run_training(model, drafter, data, Path(output_dir), loop, accelerator=accelerator, started=started,
+                        cache_time=cache_time)
+
+
+def _checked_dtype(drafter, compute_dtype: torch.dtype | str) -> torch.dtype:
+    """``compute_dtype`` as a ``torch.dtype``, once the run is known to be possible: ``drafter`` unrolls over
+    sequences, and the dtype is float32 or bfloat16."""
+    dtype = getattr(torch, compute_dtype) if isinstance(compute_dtype, str) else compute_dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"compute_dtype must be float32 or bfloat16, got {dtype}.")
+    if not hasattr(drafter, "unrolled_outputs"):
+        raise ValueError(f"{drafter.drafter_type} heads do not unroll over sequences; train them with train_heads.")
+    return dtype
+
+
+def _sequence_inputs(model, data_path, cache_dir: str | os.PathLike | None, max_seq_len: int | None,
+                     distill_weight: float, teacher_topk: int, eval_fraction: float, show_progress: bool
+                     ) -> tuple[SequenceData, np.ndarray, list[int]]:
+    """The records (with their held-out split and the base's teacher distribution) and the base's features over them
+    with each record's first row (`sequence_features`), both cached in ``cache_dir``."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
                           distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
                           show_progress=show_progress, min_answer=2)  # depth 0 targets the second answer token
-    features, starts = sequence_features(model.base, data.records, drafter.feature_layers, cache_dir, max_seq_len,
+    features, starts = sequence_features(model.base, data.records, model.heads.feature_layers, cache_dir, max_seq_len,
                                          show_progress=show_progress)
-    cache_time = time.perf_counter() - cache_started
-    steps = drafter.num_heads
-    weights = [step_weight_decay ** j for j in range(steps)]
-    projection, bias = (t.to(compute_dtype) if t is not None else None for t in _projection(drafter))
-    autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
+    return data, features, starts
 
-    def make(members: list[int]) -> UnrolledBatch:
-        return UnrolledBatch(members, features, starts, data.sequences, data.answers, steps, data.teacher,
-                             distill_weight, device)
 
-    def batch_loss(batch: UnrolledBatch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
-        with autocast:
-            outputs = batch.outputs(drafter)
+class _UnrolledLoss:
+    """`run_training`'s ``batch_loss``: the sum over the unrolled steps of each step's mean loss, weighted
+    ``step_weight_decay ** step``, with each step's top-1 for the history and the positions scored."""
+
+    def __init__(self, drafter, step_weight_decay: float, chunk_rows: int, compute_dtype: torch.dtype,
+                 device: torch.device):
+        self.drafter, self.chunk_rows, self.compute_dtype = drafter, chunk_rows, compute_dtype
+        self.weights = [step_weight_decay ** j for j in range(drafter.num_heads)]
+        self.projection, self.bias = (t.to(compute_dtype) if t is not None else None for t in _projection(drafter))
+        self.autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
+
+    def __call__(self, batch: UnrolledBatch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
+        with self.autocast:
+            outputs = batch.outputs(self.drafter)
         total, hits, scored = 0.0, [], 0
         for j, (picked, (_, _, target_ids, target_probs, labels)) in enumerate(zip(outputs, batch.targets)):
             if not labels.numel():
                 continue
-            losses, correct = projection_loss(picked.to(compute_dtype), projection, target_ids, target_probs, labels,
-                                              bias=bias, chunk_rows=chunk_rows, vocab=vocab)
-            total = total + weights[j] * losses.mean()
+            losses, correct = projection_loss(picked.to(self.compute_dtype), self.projection, target_ids, target_probs,
+                                              labels, bias=self.bias, chunk_rows=self.chunk_rows, vocab=vocab)
+            total = total + self.weights[j] * losses.mean()
             hits.append(round(correct.float().mean().item(), 5))
             scored += labels.numel()
         return total, {"top1": hits}, scored
-
-    run_config = {"head_type": model.config.head_type, "num_heads": steps, "feature_layers": drafter.feature_layers,
-                  "adapter_heads": model.config.adapter_heads, "adapter_head_dim": model.config.adapter_head_dim,
-                  "adapter_kv_heads": model.config.adapter_kv_heads, "lr": lr, "batch_tokens": batch_tokens,
-                  "warmup_ratio": warmup_ratio, "step_weight_decay": step_weight_decay,
-                  "distill_weight": distill_weight, "teacher_topk": teacher_topk if distill_weight > 0 else 0,
-                  "seed": seed, "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction,
-                  "max_seq_len": max_seq_len, "train_vocab": train_vocab,
-                  "compute_dtype": str(compute_dtype).replace("torch.", ""),
-                  "init_from": str(init_from) if init_from is not None else None}
-    return run_training(
-        model, drafter, data, Path(output_dir), make_batch=make, batch_loss=batch_loss,
-        evaluate=lambda batches, vocab: evaluate_unrolled(drafter, batches, chunk_rows, vocab),
-        describe=lambda result: "held-out top-1 per depth " + " ".join(f"{v:.3f}" for v in result["top1"]),
-        run_config=run_config, epochs=epochs, lr=lr, batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed,
-        max_steps=max_steps, max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every,
-        train_vocab=train_vocab, betas=(0.9, 0.95), accelerator=accelerator, started=started, cache_time=cache_time,
-        desc="training the eagle3 drafter", resume=resume, show_progress=show_progress)

@@ -119,113 +119,172 @@ def epoch_groups(members: list[int], lengths: list[int], batch_tokens: int, seed
     return [groups[i] for i in order.tolist()]
 
 
-def run_training(
-    model, module: nn.Module, data: SequenceData, output_dir: Path, *,
-    make_batch: Callable[[list[int]], object],
-    batch_loss: Callable[[object], tuple[torch.Tensor, dict, int]],
-    evaluate: Callable[[list], dict],
-    describe: Callable[[dict], str],
-    run_config: dict, epochs: float, lr: float, batch_tokens: int, warmup_ratio: float, seed: int,
-    max_steps: int | None, max_grad_norm: float | None, save_every: int, eval_every: int, train_vocab: int | None,
-    betas: tuple[float, float], accelerator, started: float, cache_time: float, desc: str, resume: bool,
-    show_progress: bool,
-) -> dict:
+@dataclass(frozen=True)
+class SequenceLoop:
+    """What `run_training` needs besides the model and the data: what the drafter's family computes, and the loop's
+    settings (the trainers' arguments of the same names)."""
+
+    make_batch: Callable[[list[int]], object]  # a batch of the members given
+    # (the loss, the history entry's extra fields, the positions it scored) of a batch, over a vocabulary or all
+    batch_loss: Callable[[object, torch.Tensor | None], tuple[torch.Tensor, dict, int]]
+    evaluate: Callable[[list, torch.Tensor | None], dict]  # ``top1`` and ``top5`` (a number, or one per depth)
+    describe: Callable[[dict], str]  # an evaluation in words
+    run_config: dict  # the family's settings; completed with the schedule and checked on resume
+    desc: str  # the progress bar's
+    betas: tuple[float, float]  # AdamW's
+    epochs: float
+    lr: float
+    batch_tokens: int
+    warmup_ratio: float
+    seed: int
+    max_steps: int | None
+    max_grad_norm: float | None
+    save_every: int
+    eval_every: int
+    train_vocab: int | None
+    resume: bool
+    show_progress: bool
+
+
+def run_training(model, module: nn.Module, data: SequenceData, output_dir: Path, loop: SequenceLoop, *, accelerator,
+                 started: float, cache_time: float) -> dict:
     """Train ``module`` (the drafter's trained part) with AdamW under a cosine schedule over batches of whole sequences,
     evaluate on the held-out members, save the heads (float32) and ``training_metrics.json`` in ``output_dir``, and
-    return the metrics. ``batch_loss(batch)`` gives (the loss, the history entry's extra fields, the positions it
-    scored); ``evaluate(batches)`` a dict with ``top1`` and ``top5`` (one number, or one per depth), which
-    ``describe`` puts in words. ``run_config`` is completed with the schedule and checked on resume."""
-    drafter, device = model.heads, accelerator.device
-    lengths = data.lengths
-    eval_groups = group_by_tokens(sorted(data.eval_members, key=lengths.__getitem__), lengths, batch_tokens)
-    steps_per_epoch = len(epoch_groups(data.train_members, lengths, batch_tokens, seed, 0))
-    total_steps = int(max_steps) if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
-    run_config = {**run_config, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
-    vocab = frequent_tokens(data.records, train_vocab).to(device) if train_vocab else None
+    return the metrics. ``started`` is when the trainer began and ``cache_time`` how long its base states took."""
+    run = _SequenceRun(model, module, data, output_dir, loop, accelerator)
+    run.train()
+    return run.finish(started, cache_time)
 
-    drafter_dtype = drafter.dtype
-    drafter.to(device=device, dtype=torch.float32)
-    drafter.train()
-    trained = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas)
-    scheduler = cosine_with_warmup(optimizer, int(round(warmup_ratio * total_steps)), total_steps)
-    optimizer = accelerator.prepare(optimizer)
-    state = {"run_config": run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
-    saved = resume_checkpoint(accelerator, output_dir, run_config, resume, module, optimizer, scheduler)
-    if saved is not None:
-        state = saved
 
-    progress = tqdm(total=total_steps, initial=state["step"], unit="step", desc=desc, disable=not show_progress,
-                    dynamic_ncols=True)
-    train_started, time_before, eval_time, positions = time.perf_counter(), state["train_time_s"], 0.0, 0
-    eval_batches: list | None = None  # made at the first evaluation: a run that resumes to its end makes them once
-    epoch_cache: tuple[int, list[list[int]]] = (-1, [])
+class _SequenceRun:
+    """`run_training`'s state: the schedule, AdamW, the run's record (resumed from the last checkpoint if there is
+    one), its progress and its timings."""
 
-    def run_eval(step: int) -> None:
-        nonlocal eval_time, eval_batches
-        t0 = time.perf_counter()
-        if eval_batches is None:
-            eval_batches = [make_batch(g) for g in eval_groups]
-        if eval_batches:
-            result = {"step": step, **evaluate(eval_batches, vocab)}
-            state["evals"].append(result)
-            progress.write(f"step {step}: {describe(result)}")
-        eval_time += time.perf_counter() - t0
+    def __init__(self, model, module: nn.Module, data: SequenceData, output_dir: Path, loop: SequenceLoop,
+                 accelerator):
+        self.model, self.module, self.data, self.output_dir, self.loop = model, module, data, output_dir, loop
+        self.accelerator, device, lengths = accelerator, accelerator.device, data.lengths
+        self.eval_groups = group_by_tokens(sorted(data.eval_members, key=lengths.__getitem__), lengths,
+                                           loop.batch_tokens)
+        self.steps_per_epoch = len(epoch_groups(data.train_members, lengths, loop.batch_tokens, loop.seed, 0))
+        self.total_steps = int(loop.max_steps) if loop.max_steps is not None else \
+            max(1, math.ceil(loop.epochs * self.steps_per_epoch))
+        self.run_config = {**loop.run_config, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch}
+        self.vocab = frequent_tokens(data.records, loop.train_vocab).to(device) if loop.train_vocab else None
+        self._prepare_optimizer()
+        self.state = {"run_config": self.run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
+        saved = resume_checkpoint(accelerator, output_dir, self.run_config, loop.resume, module, self.optimizer,
+                                  self.scheduler)
+        if saved is not None:
+            self.state = saved
+        self.progress = tqdm(total=self.total_steps, initial=self.state["step"], unit="step", desc=loop.desc,
+                             disable=not loop.show_progress, dynamic_ncols=True)
+        self.train_started, self.time_before = time.perf_counter(), self.state["train_time_s"]
+        self.eval_time, self.train_time, self.positions = 0.0, 0.0, 0
+        self.eval_batches: list | None = None  # made at the first evaluation (a run resumed at its end: at the end)
+        self.epoch_groups: tuple[int, list[list[int]]] = (-1, [])
 
-    while state["step"] < total_steps:
-        epoch, index = divmod(state["step"], steps_per_epoch)
-        if epoch_cache[0] != epoch:
-            epoch_cache = (epoch, epoch_groups(data.train_members, lengths, batch_tokens, seed, epoch))
-        loss, extra, scored = batch_loss(make_batch(epoch_cache[1][index]), vocab)
-        accelerator.backward(loss)
-        if max_grad_norm:
-            accelerator.clip_grad_norm_(trained, max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        positions += scored
+    def _prepare_optimizer(self) -> None:
+        """The drafter in float32 on the device, in training mode; AdamW over ``module``'s trained parameters under
+        the warmup-and-cosine schedule."""
+        drafter, loop = self.model.heads, self.loop
+        self.drafter_dtype = drafter.dtype
+        drafter.to(device=self.accelerator.device, dtype=torch.float32)
+        drafter.train()
+        self.trained = [p for p in self.module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(self.trained, lr=loop.lr, betas=loop.betas)
+        self.scheduler = cosine_with_warmup(optimizer, int(round(loop.warmup_ratio * self.total_steps)),
+                                            self.total_steps)
+        self.optimizer = self.accelerator.prepare(optimizer)
+
+    def train(self) -> None:
+        """Step to the schedule's end, evaluating every ``eval_every`` steps and at the end, checkpointing every
+        ``save_every`` and at the end."""
+        loop, state = self.loop, self.state
+        while state["step"] < self.total_steps:
+            self._step()
+            step = state["step"]
+            if loop.eval_every and step % loop.eval_every == 0 and step != self.total_steps:
+                self._evaluate(step)
+            if step % loop.save_every == 0 or step == self.total_steps:
+                state["train_time_s"] = self.time_before + time.perf_counter() - self.train_started - self.eval_time
+                save_checkpoint(self.accelerator, self.output_dir, step, state, 2, self.module, self.optimizer,
+                                self.scheduler)
+            checkpointing.on_step_end(step)
+        self.progress.close()
+        if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
+            self._evaluate(state["step"])
+        self.train_time = time.perf_counter() - self.train_started - self.eval_time
+
+    def _step(self) -> None:
+        """One optimizer step on the next group of its epoch (`epoch_groups`), recorded in the history."""
+        loop, state = self.loop, self.state
+        epoch, index = divmod(state["step"], self.steps_per_epoch)
+        if self.epoch_groups[0] != epoch:
+            self.epoch_groups = (epoch, epoch_groups(self.data.train_members, self.data.lengths, loop.batch_tokens,
+                                                     loop.seed, epoch))
+        loss, extra, scored = loop.batch_loss(loop.make_batch(self.epoch_groups[1][index]), self.vocab)
+        self.accelerator.backward(loss)
+        if loop.max_grad_norm:
+            self.accelerator.clip_grad_norm_(self.trained, loop.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.positions += scored
         state["step"] += 1
-        step = state["step"]
-        entry = {"step": step, "loss": round(float(loss.detach()), 6), **extra, "lr": scheduler.get_last_lr()[0]}
+        entry = {"step": state["step"], "loss": round(float(loss.detach()), 6), **extra,
+                 "lr": self.scheduler.get_last_lr()[0]}
         state["history"].append(entry)
-        progress.set_postfix(loss=f"{entry['loss']:.3f}")
-        progress.update(1)
-        if eval_every and step % eval_every == 0 and step != total_steps:
-            run_eval(step)
-        if step % save_every == 0 or step == total_steps:
-            state["train_time_s"] = time_before + time.perf_counter() - train_started - eval_time
-            save_checkpoint(accelerator, output_dir, step, state, 2, module, optimizer, scheduler)
-        checkpointing.on_step_end(step)
-    progress.close()
-    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
-        run_eval(state["step"])
-    train_time = time.perf_counter() - train_started - eval_time
-    drafter.eval()
-    if vocab is not None:  # trained to rank these tokens only: draft among them
-        model.set_draft_vocab(vocab, trained=True)
-    final = state["evals"][-1] if state["evals"] else None
+        self.progress.set_postfix(loss=f"{entry['loss']:.3f}")
+        self.progress.update(1)
 
-    def as_list(value):
-        return value if isinstance(value, list) or value is None else [value]
+    def _evaluate(self, step: int) -> None:
+        """The held-out evaluation at ``step``, added to the run's record and shown; its time counted apart."""
+        t0 = time.perf_counter()
+        if self.eval_batches is None:
+            self.eval_batches = [self.loop.make_batch(g) for g in self.eval_groups]
+        if self.eval_batches:
+            result = {"step": step, **self.loop.evaluate(self.eval_batches, self.vocab)}
+            self.state["evals"].append(result)
+            self.progress.write(f"step {step}: {self.loop.describe(result)}")
+        self.eval_time += time.perf_counter() - t0
 
-    metrics = {
-        "top1": as_list(final["top1"]) if final else None, "top5": as_list(final["top5"]) if final else None,
-        "eval": final, "steps": state["step"], "epochs": round(state["step"] / steps_per_epoch, 4),
-        "config": run_config,
-        "data": {"path": str(data.paths[0]) if len(data.paths) == 1 else [str(p) for p in data.paths],
-                 "records": len(data.records), "held_out_records": len(data.held_out),
-                 "train_positions": sum(data.answers[i] for i in data.train_members),
-                 "eval_positions": sum(data.answers[i] for i in data.eval_members)},
-        "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),
-                 "train_time_s": round(train_time, 3), "train_time_s_total": round(time_before + train_time, 3),
-                 "eval_time_s": round(eval_time, 3),
-                 "positions_per_s": round(positions / train_time, 1) if positions and train_time > 0 else None,
-                 "device": describe_device(device)},
-        "continued_from": earlier_run(run_config.get("init_from")),
-        "history": state["history"], "evals": state["evals"],
-    }
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)  # in float32 whatever the base's dtype: the folder serves every dtype
-    drafter.to(dtype=drafter_dtype)
-    (output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
-    return metrics
+    def finish(self, started: float, cache_time: float) -> dict:
+        """Save the drafter (in float32 whatever the base's dtype: the folder serves every dtype, drafting among the
+        train vocabulary when there is one) and the metrics; return them."""
+        model, drafter = self.model, self.model.heads
+        drafter.eval()
+        if self.vocab is not None:  # trained to rank these tokens only: draft among them
+            model.set_draft_vocab(self.vocab, trained=True)
+        metrics = self._metrics(started, cache_time)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(self.output_dir)
+        drafter.to(dtype=self.drafter_dtype)
+        (self.output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
+        return metrics
+
+    def _metrics(self, started: float, cache_time: float) -> dict:
+        state, data, train_time = self.state, self.data, self.train_time
+        final = state["evals"][-1] if state["evals"] else None
+
+        def as_list(value):
+            return value if isinstance(value, list) or value is None else [value]
+
+        return {
+            "top1": as_list(final["top1"]) if final else None, "top5": as_list(final["top5"]) if final else None,
+            "eval": final, "steps": state["step"], "epochs": round(state["step"] / self.steps_per_epoch, 4),
+            "config": self.run_config,
+            "data": {"path": str(data.paths[0]) if len(data.paths) == 1 else [str(p) for p in data.paths],
+                     "records": len(data.records), "held_out_records": len(data.held_out),
+                     "train_positions": sum(data.answers[i] for i in data.train_members),
+                     "eval_positions": sum(data.answers[i] for i in data.eval_members)},
+            "cost": {"wall_time_s": round(time.perf_counter() - started, 3), "cache_time_s": round(cache_time, 3),
+                     "train_time_s": round(train_time, 3),
+                     "train_time_s_total": round(self.time_before + train_time, 3),
+                     "eval_time_s": round(self.eval_time, 3),
+                     "positions_per_s": round(self.positions / train_time, 1) if self.positions and train_time > 0
+                     else None,
+                     "device": describe_device(self.accelerator.device)},
+            "continued_from": earlier_run(self.run_config.get("init_from")),
+            "history": state["history"], "evals": state["evals"],
+        }
