@@ -232,6 +232,97 @@ class _Row:
         self.next_position, self.first_column = prompt_length, first_column
 
 
+class _SlotBatch:
+    """The continuous engine's batch: the row in each slot, the key/value buffers (made at the first prefill), the
+    attention mask over their columns and the window of columns the live rows occupy."""
+
+    def __init__(self, model, batch_size: int, widest: int, capacity: int):
+        self.model, self.device, self.widest, self.capacity = model, model.device, widest, capacity
+        self.rows: list[_Row | None] = [None] * batch_size
+        self.mask = torch.zeros((batch_size, capacity), dtype=torch.long, device=self.device)
+        self.window = _Window(widest)  # columns before `widest` leave room for any prompt to end at `end`
+        self.cache: Cache | None = None
+
+    def free_slots(self) -> list[int]:
+        return [i for i, row in enumerate(self.rows) if row is None]
+
+    def prefill(self, new: list, slots: list[int], pad_id: int) -> torch.Tensor:
+        """Run the prompts of the tasks ``new`` (together, left padded) and write their keys and values into
+        ``slots`` so that they end at the window's end; returns each one's next-token logits."""
+        width = max(len(t[3]) for t in new)
+        ids = torch.full((len(new), width), pad_id, dtype=torch.long)
+        new_mask = torch.zeros((len(new), width), dtype=torch.long)
+        for i, t in enumerate(new):
+            ids[i, width - len(t[3]):] = torch.tensor(t[3])
+            new_mask[i, width - len(t[3]):] = 1
+        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
+        device = self.device
+        out = self.model(input_ids=ids.to(device), attention_mask=new_mask.to(device),
+                         position_ids=positions.to(device), **cache_argument(DynamicCache(config=self.model.config)),
+                         use_cache=True, logits_to_keep=1)
+        if self.cache is None:  # buffers shaped like the layers' keys and values, over every slot and column
+            self.cache = Cache(layers=[
+                _SlotLayer(*(torch.zeros((len(self.rows), *t.shape[1:2], self.capacity, t.shape[3]), dtype=t.dtype,
+                                         device=device) for t in (layer.keys, layer.values)), self.window)
+                for layer in output_cache(out).layers])
+        index = torch.tensor(slots, device=device)
+        begin, end = self.window.end - width, self.window.end
+        for layer, new_layer in zip(self.cache.layers, output_cache(out).layers):
+            layer.buffer_keys[index, :, begin:end] = new_layer.keys
+            layer.buffer_values[index, :, begin:end] = new_layer.values
+        self.mask[index] = 0
+        self.mask[index, begin:end] = new_mask.to(device)
+        return out.logits[:, -1, :]
+
+    def decode(self, pad_id: int) -> tuple[list[int], torch.Tensor]:
+        """One decoding step for every slot (a free slot's row is computed and ignored): the live slots and every
+        slot's next-token logits."""
+        if self.window.end == self.capacity:
+            self.compact()
+        live = [i for i, row in enumerate(self.rows) if row is not None]
+        feed = torch.full((len(self.rows), 1), pad_id, dtype=torch.long)
+        positions = torch.zeros((len(self.rows), 1), dtype=torch.long)
+        for i in live:
+            feed[i, 0], positions[i, 0] = self.rows[i].generated[-1], self.rows[i].next_position
+            self.rows[i].next_position += 1
+        window = self.window
+        self.mask[:, window.end] = 1  # a free slot attends to its own column only, so its row stays finite
+        out = self.model(input_ids=feed.to(self.device), attention_mask=self.mask[:, window.start: window.end + 1],
+                         position_ids=positions.to(self.device), **cache_argument(self.cache), use_cache=True)
+        window.end += 1
+        return live, out.logits[:, -1, :]
+
+    def compact(self) -> None:
+        """Move the live columns to start at ``widest``, so that the window can grow again."""
+        window, widest = self.window, self.widest
+        width, shift = window.end - window.start, widest - window.start
+        for layer in self.cache.layers:
+            for buffer in (layer.buffer_keys, layer.buffer_values):
+                buffer[:, :, widest: widest + width] = buffer[:, :, window.start: window.end].clone()
+        moved = self.mask[:, window.start: window.end].clone()
+        self.mask.zero_()  # stale marks outside the window must not come back into it with a later prompt
+        self.mask[:, widest: widest + width] = moved
+        for row in self.rows:
+            if row is not None:
+                row.first_column += shift
+        window.start, window.end = widest, widest + width
+
+    def keep_only_live(self) -> None:
+        """Drop the free slots, copying the window's columns of the live ones."""
+        window = self.window
+        live = torch.tensor([i for i, row in enumerate(self.rows) if row is not None], device=self.device)
+        for layer in self.cache.layers:
+            for name in ("buffer_keys", "buffer_values"):
+                old = getattr(layer, name)
+                new = old.new_zeros((len(live), *old.shape[1:]))
+                new[:, :, window.start: window.end] = old[live, :, window.start: window.end]
+                setattr(layer, name, new)
+        kept = self.mask.new_zeros((len(live), self.capacity))
+        kept[:, window.start: window.end] = self.mask[live, window.start: window.end]
+        self.mask = kept
+        self.rows = [row for row in self.rows if row is not None]
+
+
 @torch.inference_mode()
 def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size: int, max_new_tokens: int,
                          temperature: float, top_p: float, generator: torch.Generator, slack: int | None = None):
@@ -244,104 +335,35 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
     the buffer's start when the window reaches its end (every ``slack`` steps or more; default
     ``max_new_tokens``), so nothing is copied on an ordinary step. Every row attends to exactly its own tokens
     (the rest is masked), so greedy answers equal one-at-a-time greedy decoding up to floating-point rounding.
+    Once the queue is empty, the free slots are dropped each time an eighth of them has emptied, so the last
+    answers do not pay for a full batch (a short run is mostly this tail).
     """
     from collections import deque
 
-    device = model.device
     queue = deque(tasks)
     widest = max(len(t[3]) for t in tasks)
     span = widest + max_new_tokens  # the most columns the live rows can occupy together
-    capacity = widest + span + (max_new_tokens if slack is None else slack)
-    slots: list[_Row | None] = [None] * batch_size
-    mask = torch.zeros((batch_size, capacity), dtype=torch.long, device=device)
-    window = _Window(widest)  # columns before `widest` leave room for any prompt to end at `end`
-    cache = None
-
-    def compact() -> None:
-        """Move the live columns to start at ``widest``, so that the window can grow again."""
-        width, shift = window.end - window.start, widest - window.start
-        for layer in cache.layers:
-            for buffer in (layer.buffer_keys, layer.buffer_values):
-                buffer[:, :, widest: widest + width] = buffer[:, :, window.start: window.end].clone()
-        moved = mask[:, window.start: window.end].clone()
-        mask.zero_()  # stale marks outside the window must not come back into it with a later prompt
-        mask[:, widest: widest + width] = moved
-        for row in slots:
-            if row is not None:
-                row.first_column += shift
-        window.start, window.end = widest, widest + width
-
-    def keep_only_live() -> None:
-        """Drop the free slots once the queue is empty, so the last answers do not pay for a full batch: one
-        copy of the window's columns each time an eighth of the slots has emptied (a short run is mostly
-        this tail)."""
-        nonlocal mask, slots
-        live = torch.tensor([i for i, row in enumerate(slots) if row is not None], device=device)
-        for layer in cache.layers:
-            for name in ("buffer_keys", "buffer_values"):
-                old = getattr(layer, name)
-                new = old.new_zeros((len(live), *old.shape[1:]))
-                new[:, :, window.start: window.end] = old[live, :, window.start: window.end]
-                setattr(layer, name, new)
-        kept = mask.new_zeros((len(live), capacity))
-        kept[:, window.start: window.end] = mask[live, window.start: window.end]
-        mask = kept
-        slots = [row for row in slots if row is not None]
-
-    while queue or any(slots):
-        free = [i for i, row in enumerate(slots) if row is None]
-        finished = []
+    batch = _SlotBatch(model, batch_size, widest, widest + span + (max_new_tokens if slack is None else slack))
+    while queue or any(batch.rows):
+        free, finished = batch.free_slots(), []
         if queue and free:  # prefill new prompts into the free slots
             new = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-            width = max(len(t[3]) for t in new)
-            ids = torch.full((len(new), width), pad_id, dtype=torch.long)
-            new_mask = torch.zeros((len(new), width), dtype=torch.long)
-            for i, t in enumerate(new):
-                ids[i, width - len(t[3]):] = torch.tensor(t[3])
-                new_mask[i, width - len(t[3]):] = 1
-            positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=ids.to(device), attention_mask=new_mask.to(device),
-                        position_ids=positions.to(device), **cache_argument(DynamicCache(config=model.config)),
-                        use_cache=True, logits_to_keep=1)
-            if cache is None:
-                cache = Cache(layers=[_SlotLayer(*(torch.zeros((batch_size, *t.shape[1:2], capacity, t.shape[3]),
-                                                               dtype=t.dtype, device=device)
-                                                   for t in (layer.keys, layer.values)), window)
-                                      for layer in output_cache(out).layers])
-            index = torch.tensor(free[: len(new)], device=device)
-            begin = window.end - width
-            for layer, new_layer in zip(cache.layers, output_cache(out).layers):
-                layer.buffer_keys[index, :, begin: window.end] = new_layer.keys
-                layer.buffer_values[index, :, begin: window.end] = new_layer.values
-            mask[index] = 0
-            mask[index, begin: window.end] = new_mask.to(device)
-            sample = torch.tensor([t[1] == "sample" for t in new], device=device)
-            chosen = _choose(out.logits[:, -1, :], sample, temperature, top_p, generator).tolist()
-            for slot, t, token in zip(free, new, chosen):
-                slots[slot] = _Row(t, t[1] == "sample", len(t[3]), window.end - len(t[3]))
-                finished += _advance(slots, slot, token, eos, max_new_tokens)
+            logits = batch.prefill(new, free[: len(new)], pad_id)
+            sample = torch.tensor([t[1] == "sample" for t in new], device=model.device)
+            for slot, t, token in zip(free, new, _choose(logits, sample, temperature, top_p, generator).tolist()):
+                batch.rows[slot] = _Row(t, t[1] == "sample", len(t[3]), batch.window.end - len(t[3]))
+                finished += _advance(batch.rows, slot, token, eos, max_new_tokens)
         # The window begins at the first column of the oldest live row (rows are left padded to `end`).
-        window.start = min((row.first_column for row in slots if row is not None), default=window.end)
-        empty = sum(row is None for row in slots)
-        if not queue and max(1, len(slots) // 8) <= empty < len(slots):
-            keep_only_live()
-        if any(slots):  # one decoding step for every slot (a free slot's row is computed and ignored)
-            if window.end == capacity:
-                compact()
-            live = [i for i, row in enumerate(slots) if row is not None]
-            feed = torch.full((len(slots), 1), pad_id, dtype=torch.long)
-            positions = torch.zeros((len(slots), 1), dtype=torch.long)
+        batch.window.start = min((row.first_column for row in batch.rows if row is not None), default=batch.window.end)
+        empty = sum(row is None for row in batch.rows)
+        if not queue and max(1, len(batch.rows) // 8) <= empty < len(batch.rows):
+            batch.keep_only_live()
+        if any(batch.rows):
+            live, logits = batch.decode(pad_id)
+            sample = torch.tensor([row is not None and row.sample for row in batch.rows], device=model.device)
+            chosen = _choose(logits, sample, temperature, top_p, generator).tolist()
             for i in live:
-                feed[i, 0], positions[i, 0] = slots[i].generated[-1], slots[i].next_position
-                slots[i].next_position += 1
-            mask[:, window.end] = 1  # a free slot attends to its own column only, so its row stays finite
-            out = model(input_ids=feed.to(device), attention_mask=mask[:, window.start: window.end + 1],
-                        position_ids=positions.to(device), **cache_argument(cache), use_cache=True)
-            window.end += 1
-            sample = torch.tensor([row is not None and row.sample for row in slots], device=device)
-            chosen = _choose(out.logits[:, -1, :], sample, temperature, top_p, generator).tolist()
-            for i in live:
-                finished += _advance(slots, i, chosen[i], eos, max_new_tokens)
+                finished += _advance(batch.rows, i, chosen[i], eos, max_new_tokens)
         if finished:
             yield finished
 
@@ -423,10 +445,35 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
     if pad_id is None:
         pad_id = min(eos) if eos else 0
     tokenizer.padding_side = "left"  # what generate() expects; the batches below are padded by hand to match
+    _write_meta(output_path, dict(
+        base=getattr(model, "name_or_path", None) or model.config.name_or_path, max_new_tokens=max_new_tokens,
+        sample_fraction=sample_fraction, temperature=temperature, top_p=top_p, seed=seed, system_prompt=system_prompt,
+        pad_token_id=pad_id, eos_token_id=sorted(eos)))
 
-    meta = dict(base=getattr(model, "name_or_path", None) or model.config.name_or_path, max_new_tokens=max_new_tokens,
-                sample_fraction=sample_fraction, temperature=temperature, top_p=top_p, seed=seed,
-                system_prompt=system_prompt, pad_token_id=pad_id, eos_token_id=sorted(eos))
+    existing = read_records(output_path, repair=True, allow_empty=True) if output_path.is_file() else []
+    done = {(r.id, r.mode) for r in existing}
+    to_sample = sampled_ids(ids, sample_fraction, seed) if answers == "base" else set()
+    tasks = _pending_tasks(tokenizer, prompts, done, answers, to_sample, system_prompt, max_prompt_tokens)
+    total = sum(len(t) for t in tasks.values())
+    if total == 0:
+        logger.info("%s: all %d records already present", output_path, len(done))
+        return output_path
+    logger.info("%s: %d records present, %d to write (up to %d answer tokens)", output_path, len(done), total,
+                total * max_new_tokens)
+    if answers == "reference":
+        _write_references(output_path, tokenizer, tasks["text"], eos, max_new_tokens)
+        return output_path
+    # Longest prompts first: the slowest work (and any memory trouble) comes early; similar lengths batch together.
+    queue = sorted(((pid, mode, text, ids) for mode in MODES for pid, text, ids, _ in tasks[mode]),
+                   key=lambda t: (-len(t[3]), t[1], t[0]))
+    answered = _engine_answers(model, queue, pad_id, eos, engine, batch_size=batch_size,
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    _append_answers(output_path, answered, total, progress)
+    return output_path
+
+
+def _write_meta(output_path: Path, meta: dict) -> None:
+    """Write the generation settings beside ``output_path``, warning when the file was written with others."""
     meta_path = output_path.with_name(output_path.name + ".meta.json")
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
@@ -435,9 +482,11 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
             logger.warning("%s was written with other settings (old, new): %s", output_path, changed)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
 
-    existing = read_records(output_path, repair=True, allow_empty=True) if output_path.is_file() else []
-    done = {(r.id, r.mode) for r in existing}
-    to_sample = sampled_ids(ids, sample_fraction, seed) if answers == "base" else set()
+
+def _pending_tasks(tokenizer, prompts: list[dict], done: set[tuple[str, str]], answers: str, to_sample: set[str],
+                   system_prompt: str | None, max_prompt_tokens: int | None) -> dict[str, list]:
+    """Per mode, ``(id, prompt text, input_ids, reference)`` of every answer not yet in the file (``done``); prompts
+    longer than ``max_prompt_tokens`` are skipped, and counted in the log."""
     tasks = {mode: [] for mode in MODES}
     too_long = 0
     for p in prompts:
@@ -458,67 +507,71 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
             tasks[mode].append((pid, p["prompt"], input_ids, p.get("reference")))
     if too_long:
         logger.info("skipped %d prompt(s) longer than %d tokens", too_long, max_prompt_tokens)
-    total = sum(len(t) for t in tasks.values())
-    if total == 0:
-        logger.info("%s: all %d records already present", output_path, len(done))
-        return output_path
-    logger.info("%s: %d records present, %d to write (up to %d answer tokens)", output_path, len(done), total,
-                total * max_new_tokens)
+    return tasks
 
-    if answers == "reference":
-        with output_path.open("a", encoding="utf-8") as handle:
-            for pid, text, input_ids, reference in tasks["text"]:
-                output_ids, finished = _reference_ids(tokenizer, input_ids, reference, eos, max_new_tokens)
-                _write_record(handle, pid, "text", text, input_ids, output_ids, finished)
-            handle.flush()
-            os.fsync(handle.fileno())
-        return output_path
 
-    from tqdm.auto import tqdm
+def _sync(handle) -> None:
+    """Flush the records written to ``handle`` to disk: a killed run resumes after them."""
+    handle.flush()
+    os.fsync(handle.fileno())
 
+
+def _write_references(output_path: Path, tokenizer, tasks: list, eos: set[int], max_new_tokens: int) -> None:
+    """Append each task's reference answer as a ``"text"`` record."""
+    with output_path.open("a", encoding="utf-8") as handle:
+        for pid, text, input_ids, reference in tasks:
+            output_ids, finished = _reference_ids(tokenizer, input_ids, reference, eos, max_new_tokens)
+            _write_record(handle, pid, "text", text, input_ids, output_ids, finished)
+        _sync(handle)
+
+
+def _engine_answers(model, queue: list, pad_id: int, eos: set[int], engine: str, *, batch_size: int,
+                    max_new_tokens: int, temperature: float, top_p: float, seed: int):
+    """The base's answers to the ``(id, mode, text, input_ids)`` of ``queue`` through ``engine`` (``"auto"``: the
+    continuous one where the model's cache allows it), as lists of ``(task, output_ids, finished)`` as they finish."""
     if engine == "auto":
         engine = "continuous" if _plain_dynamic_cache(model) else "static"
+    sampling = dict(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    if engine == "continuous":
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+        yield from _continuous_generate(model, queue, pad_id, eos, generator=generator, **sampling)
+    elif engine == "transformers":
+        yield from _transformers_generate(model, queue, pad_id, eos, seed=seed, **sampling)
+    elif engine == "static":
+        yield from _static_generate(model, queue, pad_id, eos, seed=seed, **sampling)
+    else:
+        raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
+
+
+def _static_generate(model, queue: list, pad_id: int, eos: set[int], *, batch_size: int, max_new_tokens: int,
+                     temperature: float, top_p: float, seed: int):
+    """Static batches of one mode each through ``model.generate`` (the fallback engine); a sampled batch draws from a
+    seed of its own (``seed`` and its first prompt id)."""
+    for mode in MODES:
+        mode_queue = [t for t in queue if t[1] == mode]
+        for start in range(0, len(mode_queue), batch_size):
+            batch = mode_queue[start: start + batch_size]
+            if mode == "sample":
+                digest = hashlib.sha256(f"{seed}:{batch[0][0]}".encode()).digest()
+                torch.manual_seed(int.from_bytes(digest[:8], "little"))
+            outputs = _generate_batch(model, [t[3] for t in batch], pad_id, eos, max_new_tokens=max_new_tokens,
+                                      sample=mode == "sample", temperature=temperature, top_p=top_p)
+            yield [(t, out, fin) for t, (out, fin) in zip(batch, outputs)]
+
+
+def _append_answers(output_path: Path, answers, total: int, progress: bool) -> None:
+    """Append the ``answers`` (lists of ``(task, output_ids, finished)``) to ``output_path`` as they come, each list
+    synced to disk, with a progress bar of the ``total`` expected."""
+    from tqdm.auto import tqdm
+
     bar = tqdm(total=total, desc="distill", unit="answer", disable=not progress, dynamic_ncols=True)
     new_tokens, started = 0, time.perf_counter()
-    # Longest prompts first: the slowest work (and any memory trouble) comes early; similar lengths batch together.
-    queue = sorted(((pid, mode, text, ids) for mode in MODES for pid, text, ids, _ in tasks[mode]),
-                   key=lambda t: (-len(t[3]), t[1], t[0]))
     with output_path.open("a", encoding="utf-8") as handle:
-
-        def write(results):
-            nonlocal new_tokens
+        for results in answers:
             for (pid, mode, text, input_ids), output_ids, finished in results:
                 _write_record(handle, pid, mode, text, input_ids, output_ids, finished)
                 new_tokens += len(output_ids)
-            handle.flush()
-            os.fsync(handle.fileno())
+            _sync(handle)
             bar.update(len(results))
             bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - started, 1e-9):.1f}")
-
-        if engine == "continuous":
-            generator = torch.Generator(device=model.device).manual_seed(seed)
-            for results in _continuous_generate(model, queue, pad_id, eos, batch_size=batch_size,
-                                                max_new_tokens=max_new_tokens, temperature=temperature,
-                                                top_p=top_p, generator=generator):
-                write(results)
-        elif engine == "transformers":
-            for results in _transformers_generate(model, queue, pad_id, eos, batch_size=batch_size,
-                                                  max_new_tokens=max_new_tokens, temperature=temperature,
-                                                  top_p=top_p, seed=seed):
-                write(results)
-        elif engine == "static":
-            for mode in MODES:
-                mode_queue = [t for t in queue if t[1] == mode]
-                for start in range(0, len(mode_queue), batch_size):
-                    batch = mode_queue[start: start + batch_size]
-                    if mode == "sample":
-                        digest = hashlib.sha256(f"{seed}:{batch[0][0]}".encode()).digest()
-                        torch.manual_seed(int.from_bytes(digest[:8], "little"))
-                    outputs = _generate_batch(model, [t[3] for t in batch], pad_id, eos,
-                                              max_new_tokens=max_new_tokens, sample=mode == "sample",
-                                              temperature=temperature, top_p=top_p)
-                    write([(t, out, fin) for t, (out, fin) in zip(batch, outputs)])
-        else:
-            raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
     bar.close()
-    return output_path
