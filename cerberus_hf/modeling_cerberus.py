@@ -46,7 +46,7 @@ from .decoding.proposer import Proposer
 from .decoding.device_step import DeviceDecoding
 from .blocks.gate import EntropyGate
 from .blocks.lookup import DEFAULT_MAX_NGRAM
-from .decoding.paths import LoopDecoding, choose_path
+from .decoding.paths import DecodingPath, LoopDecoding, choose_path
 from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from .blocks.packed import PackedWeights, packed_views, packing_available
 from .blocks.profiling import StepProfiler, phase_timer
@@ -362,61 +362,76 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
 
-        Greedy search and multinomial sampling (with any logits processors) are supported; beam search
-        and assisted generation are refused. ``prompt_lookup_num_tokens`` (and
-        ``max_matching_ngram_size``), transformers' prompt-lookup settings, graft tokens copied from the
-        context into each draft of the heads (default: the config's). ``gate_threshold`` overrides the config's
-        entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never); ``draft_tree``
-        overrides the config's tree of head guesses to verify (Medusa-style list of paths; ``None``: the
-        chain of every head's top-1); ``dynamic_tree`` (``{"nodes", "depth", "top_k"}``, optionally with
-        Clover's per-node budget ``"top_p"`` and ``"min_ratio"``, or a `DynamicTree`;
-        ``None``: off) grows each step's tree from the drafter's confidence instead, and a call that names
-        only ``draft_tree`` drafts that static tree. ``rescoring`` (``{"nodes", "depth", "top_k",
-        "candidates", "weight", "lm_weight"}`` or a `Rescoring`; ``None``: off) grows the tree from the heads'
-        guesses rescored by the checkpoint's n-gram model (``weight``; ``model.ngram``, from
-        ``ngram.safetensors``) and its small LM (``lm_weight``; ``model.rescorer``, from ``rescorer/``; see
-        `blocks.rescoring`). Without overrides, the settings `cerberus-hf calibrate` stored in
-        the generation config for the closest device, dtype and processor are used (`decoding_settings`;
-        ``generation_stats.calibration`` names the entry), else the config's.
-        ``exit_confidence`` overrides the early exit of a drafter that drafts its own chain (Kangaroo: a
-        draft ends after a token drafted with a lower probability). ``typical_acceptance`` (True or a `TypicalAcceptance`) opts into Medusa's typical acceptance for
-        sampling, which is faster but NOT lossless. ``strict=True`` verifies so that every position's numbers
-        are bit-identical to a one-token forward's (`blocks.strict`): in bf16 and fp16, where batched
-        verification can flip a near tie, output then equals plain `generate()`'s token for token, at the cost
-        of one attention call per verified position; drafts are cut to the tallest batch this base's linear
-        layers compute row-invariantly here (``generation_stats.strict_rows``; 1 means plain decoding). Needs
-        sdpa attention and no sliding window. ``packed_weights`` (default: on where it can be, a CPU in float32 or
-        bfloat16, unless ``strict``) runs the base's and drafter's linear layers through weights packed once for oneDNN
-        (`blocks.packed`): on a CPU, a forward over a few drafted tokens then costs about what one token's does.
-        The packed copies are kept beside the model (about its weights' size again in memory); ``False`` leaves
-        them out. ``device_step`` runs each step as one function of device buffers with a single host read
-        (`decoding.device_step`), compiled into CUDA graphs on CUDA: the default on CUDA for greedy calls with a
-        static tree; ``False`` turns it off, ``True`` asks for it elsewhere (uncompiled off CUDA). ``profile=True``
-        records the wall time of each phase
-        of the decoding loop in ``generation_stats.phase_seconds`` (see `profiling`). Batches are decoded
-        row by row and re-padded as the base pads them.
+        Greedy search and multinomial sampling (with any logits processors) are supported; beam search and assisted
+        generation are refused. A batch's rows are decoded together where they can be, else one at a time and
+        re-padded as the base pads them. Without overrides, the settings `cerberus-hf calibrate` stored for the
+        closest device, dtype and processor are used (`decoding_settings`; ``generation_stats.calibration`` names the
+        entry), else the config's. The call's own:
+
+        - ``prompt_lookup_num_tokens``, ``max_matching_ngram_size`` (transformers' prompt-lookup settings): graft
+          tokens copied from the context into each draft (default: the config's).
+        - ``gate_threshold``: the entropy gate for this call (``None``/``inf``: always draft; ``0``/``-inf``: never).
+        - ``draft_tree``: the tree of guesses to verify (Medusa-style list of paths; ``None``: the chain of every
+          head's top-1); a call that names only ``draft_tree`` drafts that static tree.
+        - ``dynamic_tree`` (``{"nodes", "depth", "top_k"}``, optionally Clover's per-node budget ``"top_p"`` and
+          ``"min_ratio"``, or a `DynamicTree`; ``None``: off): each step's tree grown from the drafter's confidence.
+        - ``rescoring`` (``{"nodes", "depth", "top_k", "candidates", "weight", "lm_weight"}`` or a `Rescoring`;
+          ``None``: off): the tree grown from the guesses rescored by the n-gram model (``weight``, ``model.ngram``)
+          and the small LM (``lm_weight``, ``model.rescorer``), `blocks.rescoring`.
+        - ``exit_confidence``: the early exit of a drafter that drafts its own chain (Kangaroo).
+        - ``typical_acceptance`` (True or a `TypicalAcceptance`): Medusa's typical acceptance for sampling, faster
+          but NOT lossless.
+        - ``strict=True``: every position's numbers bit-identical to a one-token forward's (`blocks.strict`), so bf16
+          and fp16 output equals plain `generate()`'s token for token, at one attention call per verified position;
+          drafts are cut to what this base's linear layers compute row-invariantly (``generation_stats.strict_rows``;
+          1 means plain decoding). Needs sdpa attention and no sliding window.
+        - ``packed_weights`` (default: on where it can be, a CPU in float32 or bfloat16, unless ``strict``): linear
+          layers through weights packed once for oneDNN (`blocks.packed`), kept beside the model; ``False``: off.
+        - ``device_step``: each step as one function of device buffers with one host read (`decoding.device_step`),
+          in CUDA graphs on CUDA, where it is the default for greedy calls with a static tree; ``False``: off;
+          ``True``: asked for elsewhere too (uncompiled).
+        - ``profile=True``: each phase's wall time in ``generation_stats.phase_seconds`` (`blocks.profiling`).
         """
         started = time.perf_counter()
         # Read the call's effective settings without changing what is passed on: generate() treats an
         # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
-        model_kwargs = effective.update(**kwargs)
-        _refuse_unsupported(effective, model_kwargs)
-        check_int("max_matching_ngram_size", effective.max_matching_ngram_size, 1, optional=True)
+        _refuse_unsupported(effective, effective.update(**kwargs))
         decoding = self.decoding_view(strict, packed_weights)  # checked before anything runs
-        strict_rows = None
         if strict:
             check_strict_support(self.base)
-            strict_rows = row_invariant_rows(self.base)
-        # the call's settings, else the calibration for this device, dtype and processor, else the config's; each
-        # prompt-lookup setting on its own (the call's or its generation config's, else the heads')
+        strict_rows = row_invariant_rows(self.base) if strict else None
+        settings = self._call_settings(effective, strict_rows, gate_threshold=gate_threshold, draft_tree=draft_tree,
+                                       dynamic_tree=dynamic_tree, rescoring=rescoring, exit_confidence=exit_confidence,
+                                       typical=typical_acceptance)
+        stopping_criteria = _stopping_criteria(effective, stopping_criteria, kwargs)
+        input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+        rows = _call_rows(input_ids, kwargs.pop("attention_mask", None), effective, streamer)
+        # which way the call decodes, decided once (`decoding.paths`)
+        path = choose_path(self.base, decoding.heads, settings, effective, len(rows), device_step,
+                           _host_work(streamer, logits_processor, stopping_criteria, profile))
+        together = path.apart is None or path.device_step
+        if together and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
+            settings = shared_budget(settings, len(rows))  # the stored tree was sized for one row
+        stats = GenerationStats(calibration=settings.calibration, strict_rows=strict_rows)
+        profiler = StepProfiler(self.device) if profile else None
+        kwargs.update(logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                      custom_generate=self._decoder(decoding, path, settings, streamer, stats, profiler))
+        output = self._run_base(decoding, input_ids, rows, together, effective, generation_config, streamer, kwargs)
+        if profiler is not None:
+            stats.phase_seconds = profiler.close(time.perf_counter() - started)
+        self.generation_stats = stats
+        return output if isinstance(output, torch.Tensor) else CerberusGenerateOutput(**output, generation_stats=stats)
+
+    def _call_settings(self, effective: GenerationConfig, strict_rows: int | None, **overrides) -> DecodingSettings:
+        """A call's decoding settings: the call's ``overrides``, else the calibration for this device, dtype and
+        processor, else the config's; each prompt-lookup setting on its own (the call's or its generation config's,
+        else the heads'). Under strict verification that can verify no draft strictly, plain decoding."""
         settings = resolve_settings(
-            self.decoding_settings(strict=strict), self.config.num_heads, gate_threshold=gate_threshold,
-            draft_tree=draft_tree, dynamic_tree=dynamic_tree, rescoring=rescoring,
+            self.decoding_settings(strict=strict_rows is not None), self.config.num_heads, **overrides,
             lookup_tokens=effective.prompt_lookup_num_tokens,
             lookup_ngram=effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM,
-            exit_confidence=exit_confidence, typical=typical_acceptance, strict_rows=strict_rows,
-            has_rescorers=self.has_rescorers,
+            strict_rows=strict_rows, has_rescorers=self.has_rescorers,
         )
         self._check_rescorers(settings.rescoring)
         if strict_rows == 1:
@@ -426,87 +441,47 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 "and decoding is plain."
             )
             settings = replace(settings, gate=EntropyGate(0.0, settings.gate.signal), lookup_tokens=0)
-        for name in _LOOKUP_FIELDS:
-            kwargs.pop(name, None)
-        generation_config = _without_lookup(generation_config)
-        stopping_criteria = StoppingCriteriaList(stopping_criteria or [])
-        tokenizer = kwargs.pop("tokenizer", None)
-        if effective.stop_strings:
-            # generate() does not hand the tokenizer to a custom decoding method, so build the criterion here.
-            if tokenizer is None:
-                raise ValueError("stop_strings needs the tokenizer: call generate(..., tokenizer=tokenizer).")
-            stopping_criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=effective.stop_strings))
-            kwargs["stop_strings"] = None
+        return settings
 
-        input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
-        if input_ids is None or input_ids.dim() != 2:
-            raise ValueError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
-        rows = unpadded_rows(input_ids, kwargs.pop("attention_mask", None), effective)
-        copies = effective.num_return_sequences or 1
-        rows = [row for row in rows for _ in range(copies)]
-        # which way the call decodes, decided once (`decoding.paths`): the device step, or the loop with the rows
-        # together or one at a time, a static cache or the dynamic one
-        path = choose_path(self.base, decoding.heads, settings, effective, len(rows), device_step,
-                           _host_work(streamer, logits_processor, stopping_criteria, profile))
-        together = path.apart is None or path.device_step
-        if not together and any(row.shape[1] != input_ids.shape[1] for row in rows):
-            kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
-        if together and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
-            settings = shared_budget(settings, len(rows))  # the stored tree was sized for one row
-        kwargs["num_return_sequences"] = 1
-        if len(rows) > 1 and streamer is not None:
-            raise ValueError("A streamer takes one sequence: stream with batch size 1.")
-        if len(rows) > 1 and effective.return_dict_in_generate and (effective.output_scores or effective.output_logits):
-            raise ValueError(
-                "output_scores / output_logits with batch size > 1 are not supported yet (rows are decoded one "
-                "at a time); generate each row on its own to get its scores."
-            )
-
-        stats = GenerationStats(calibration=settings.calibration, strict_rows=strict_rows)
-        profiler = StepProfiler(self.device) if profile else None
+    def _decoder(self, decoding: "CerberusForCausalLM", path: DecodingPath, settings: DecodingSettings, streamer,
+                 stats: GenerationStats, profiler: StepProfiler | None) -> LoopDecoding | DeviceDecoding:
+        """The decoding method the base's generate() runs (its ``custom_generate``) on the path chosen: the loop, or
+        the whole step on the device."""
         decode = LoopDecoding(path, settings, streamer, profiler, self.base, functools.partial(
             decoding._proposer, settings=settings, stats=stats, profiler=profiler))
-        if path.device_step:
-            decode = DeviceDecoding(self, decoding.heads, settings.tree or TreeSpec.chain(self.config.num_heads), stats,
-                                    decode, "reduce-overhead" if self.device.type == "cuda" else None)
+        if not path.device_step:
+            return decode
+        return DeviceDecoding(self, decoding.heads, settings.tree or TreeSpec.chain(self.config.num_heads), stats,
+                              decode, "reduce-overhead" if self.device.type == "cuda" else None)
+
+    def _run_base(self, decoding: "CerberusForCausalLM", input_ids: torch.LongTensor, rows: list[torch.Tensor],
+                  together: bool, effective: GenerationConfig, generation_config: GenerationConfig | None, streamer,
+                  kwargs: dict):
+        """The base's generate() running our decoding method (in ``kwargs``) over the call's ``rows``: together, as
+        one left-padded batch, or one at a time, then padded back as the base pads a batch."""
+        for name in _LOOKUP_FIELDS:
+            kwargs.pop(name, None)
+        if not together and any(row.shape[1] != input_ids.shape[1] for row in rows):
+            kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
+        kwargs["num_return_sequences"] = 1
         # The base's generate() fills unset settings from this model's generation config (greedy by default), as
         # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
         # its generation config stay as they are for other threads (`module_views`).
         base = module_view(decoding.base, generation_config=_without_lookup(self.generation_config))
+        generation_config = _without_lookup(generation_config)
         if generation_config is not None:
             # the call's generation settings (and those set above) go into its config, as generate() would put them:
             # passing both is deprecated from transformers 5.24 on (one warning per call)
             generation_config = copy.deepcopy(generation_config)
             kwargs = generation_config.update(**kwargs)
+        padded = input_ids.repeat_interleave(len(rows) // input_ids.shape[0], dim=0)
         if together:
-            padded = input_ids.repeat_interleave(copies, dim=0)
             mask = torch.zeros_like(padded)
             for b, row in enumerate(rows):
                 mask[b, padded.shape[1] - row.shape[1]:] = 1
-            output = base.generate(padded, attention_mask=mask, generation_config=generation_config,
-                                   logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                                   custom_generate=decode, **kwargs)
-        else:
-            results = [
-                base.generate(
-                    row,
-                    generation_config=generation_config,
-                    logits_processor=logits_processor,
-                    stopping_criteria=stopping_criteria,
-                    streamer=streamer,
-                    custom_generate=decode,
-                    **kwargs,
-                )
-                for row in rows
-            ]
-            output = results[0] if len(results) == 1 else pad_batch(
-                input_ids.repeat_interleave(copies, dim=0), rows, results, effective)
-        if profiler is not None:
-            stats.phase_seconds = profiler.close(time.perf_counter() - started)
-        self.generation_stats = stats
-        if isinstance(output, torch.Tensor):
-            return output
-        return CerberusGenerateOutput(**output, generation_stats=stats)
+            return base.generate(padded, attention_mask=mask, generation_config=generation_config, **kwargs)
+        results = [base.generate(row, generation_config=generation_config, streamer=streamer, **kwargs) for row in rows]
+        return results[0] if len(results) == 1 else pad_batch(padded, rows, results, effective)
 
     @property
     def generation_stats(self) -> GenerationStats | None:
@@ -606,6 +581,38 @@ def _without_lookup(config: GenerationConfig | None) -> GenerationConfig | None:
     return config
 
 
+def _stopping_criteria(effective: GenerationConfig, criteria: StoppingCriteriaList | None,
+                       kwargs: dict) -> StoppingCriteriaList:
+    """The call's stopping criteria, its stop strings among them: generate() does not hand the tokenizer to a custom
+    decoding method, so the criterion is built here (the tokenizer and the stop strings leave ``kwargs``)."""
+    criteria = StoppingCriteriaList(criteria or [])
+    tokenizer = kwargs.pop("tokenizer", None)
+    if effective.stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: call generate(..., tokenizer=tokenizer).")
+        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=effective.stop_strings))
+        kwargs["stop_strings"] = None
+    return criteria
+
+
+def _call_rows(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, effective: GenerationConfig,
+               streamer) -> list[torch.Tensor]:
+    """Each sequence a call decodes without its left padding (``num_return_sequences`` copies of each prompt); what
+    a batch cannot do is refused."""
+    if input_ids is None or input_ids.dim() != 2:
+        raise ValueError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
+    copies = effective.num_return_sequences or 1
+    rows = [row for row in unpadded_rows(input_ids, attention_mask, effective) for _ in range(copies)]
+    if len(rows) > 1 and streamer is not None:
+        raise ValueError("A streamer takes one sequence: stream with batch size 1.")
+    if len(rows) > 1 and effective.return_dict_in_generate and (effective.output_scores or effective.output_logits):
+        raise ValueError(
+            "output_scores / output_logits with batch size > 1 are not supported yet (rows are decoded one "
+            "at a time); generate each row on its own to get its scores."
+        )
+    return rows
+
+
 def _host_work(streamer, processors, criteria, profile: bool) -> str | None:
     """What a call does on the host per token, which the device step cannot do (None: nothing)."""
     if profile:
@@ -616,6 +623,8 @@ def _host_work(streamer, processors, criteria, profile: bool) -> str | None:
 
 
 def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:
+    """Refuse, in one line, what a call asks for that drafting cannot do or that is malformed."""
+    check_int("max_matching_ngram_size", config.max_matching_ngram_size, 1, optional=True)
     if config.num_beams and config.num_beams > 1:
         raise ValueError("Beam search is not supported with draft heads; use greedy or sampling (num_beams=1).")
     if model_kwargs.get("assistant_model") is not None or config.assistant_early_exit is not None:
