@@ -4,9 +4,9 @@ Verifying n drafted tokens in one forward makes every matrix product n rows tall
 then depend on n: a kernel may split or order its sums differently for a taller matrix. In float32 the
 logits differ in their last bits (the output stays token-identical: no argmax has flipped in any test or
 bench run); in bf16 and fp16 the argmax flips at near ties, so drafted output departs from plain `generate()`
-(`cerberus-hf divergence`). Measured on SmolLM2-135M (`benchmarks/shape_invariance_cpu/shape_invariance.py`), the linear layers are
-not what differs in bf16: up to some height each row of a batched product is bit-for-bit the row computed
-alone. Attention is what differs, since n queries over the cache are one kernel call with a mask where
+(`cerberus-hf divergence`). Measured on SmolLM2-135M (`benchmarks/shape_invariance_cpu/shape_invariance.py`),
+the linear layers are not what differs in bf16: up to some height each row of a batched product is bit-for-bit
+the row computed alone. Attention is what differs, since n queries over the cache are one kernel call with a mask where
 plain decoding makes one mask-free call per token.
 
 Strict verification therefore keeps the batched forward for everything but attention, and computes attention
