@@ -138,38 +138,73 @@ def install_oracle(model: CerberusForCausalLM, references: Iterable[torch.Tensor
     heads = model.heads
     if heads.drafts_chains:
         return _install_chain_oracle(model, references, corrupt)
-    num_heads = heads.num_heads
-    states, targets, positions = [], [], []
-    for ref in references:
-        ref = ref.reshape(1, -1)
-        with torch.no_grad(), heads.capture(model.base) as captured:  # the state the heads read
-            model.base(ref)
-        length = ref.shape[1]
-        tokens = torch.full((length, num_heads), -1, dtype=torch.long)
-        for p in range(length):
-            for k in range(num_heads):
-                if p + k + 2 < length:
-                    tokens[p, k] = ref[0, p + k + 2]
-        states.append(captured["hidden"][0].float())
-        targets.append(tokens)
-        positions.append(torch.arange(length))
-    table, targets, positions = torch.cat(states), torch.cat(targets), torch.cat(positions)
-    counters = {"hits": 0, "misses": 0}
-    real_class = type(heads)
+    oracle = _Oracle(model, references, corrupt, tolerance)
+    heads.__class__ = _oracle_heads(type(heads), oracle)
+    return oracle.counters
 
-    contextualized = []  # (what the heads read, the base's state it was made from) of a windowed drafter
 
-    def base_state(h: torch.Tensor) -> torch.Tensor:
-        for read, state in reversed(contextualized):
+class _Oracle:
+    """What `install_oracle`'s heads know: the base's state at every position of the references (as the heads read
+    it), the token each depth must rank first there, and the counters of states found and not."""
+
+    def __init__(self, model: CerberusForCausalLM, references: Iterable[torch.Tensor],
+                 corrupt: Callable[[int, int], bool] | None, tolerance: float):
+        heads = model.heads
+        num_heads = heads.num_heads
+        states, targets, positions = [], [], []
+        for ref in references:
+            ref = ref.reshape(1, -1)
+            with torch.no_grad(), heads.capture(model.base) as captured:  # the state the heads read
+                model.base(ref)
+            length = ref.shape[1]
+            tokens = torch.full((length, num_heads), -1, dtype=torch.long)
+            for p in range(length):
+                for k in range(num_heads):
+                    if p + k + 2 < length:
+                        tokens[p, k] = ref[0, p + k + 2]
+            states.append(captured["hidden"][0].float())
+            targets.append(tokens)
+            positions.append(torch.arange(length))
+        self.table, self.targets, self.positions = torch.cat(states), torch.cat(targets), torch.cat(positions)
+        self.corrupt, self.tolerance = corrupt, tolerance
+        self.counters = {"hits": 0, "misses": 0}
+        self.contextualized = []  # (what the heads read, the base's state it was made from) of a windowed drafter
+
+    def base_state(self, h: torch.Tensor) -> torch.Tensor:
+        """The base's state that what the heads read, ``h``, was made from (``h`` itself if none was recorded)."""
+        for read, state in reversed(self.contextualized):
             match = (read == h).all(-1).nonzero()
             if len(match):
                 return state[int(match[0, 0])]
         return h
 
+    def ranked(self, k: int, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` ``[n, V]`` of depth ``k`` with the true token first wherever ``hidden`` is a known position."""
+        logits = logits.clone()
+        for i, h in enumerate(hidden.float()):
+            h = self.base_state(h)
+            distance = (self.table - h).norm(dim=-1)
+            row = int(distance.argmin())
+            if float(distance[row]) > self.tolerance * (float(h.norm()) + 1.0):
+                self.counters["misses"] += 1
+                continue
+            self.counters["hits"] += 1
+            p = int(self.positions[row])
+            target = int(self.targets[row, k])
+            if target < 0:
+                continue
+            _rank_first(logits[i], target, self.corrupt is not None and self.corrupt(p, k))
+        return logits
+
+
+def _oracle_heads(real_class: type, oracle: _Oracle) -> type:
+    """A subclass of the heads' class whose drafts ``oracle`` ranks, recording on every path the heads take (training
+    and calibration, decoding, the device step) what a windowed drafter read and the state it was made from."""
+
     class OracleHeads(real_class):
         def contextualize(self, hidden, next_tokens, valid):  # training's and calibration's path
             read = real_class.contextualize(self, hidden, next_tokens, valid)
-            contextualized.append((read.float(), hidden[:, -1].float()))
+            oracle.contextualized.append((read.float(), hidden[:, -1].float()))
             return read
 
         def start(self, model, cache):  # decoding's path
@@ -178,7 +213,7 @@ def install_oracle(model: CerberusForCausalLM, references: Iterable[torch.Tensor
 
             def recorded(input_ids, hidden):  # what the heads read may be made from the state (a window, a layer)
                 read = heads_input(input_ids, hidden)
-                contextualized.append((read.float(), hidden.float()))
+                oracle.contextualized.append((read.float(), hidden.float()))
                 return read
 
             state.heads_input = recorded
@@ -191,7 +226,7 @@ def install_oracle(model: CerberusForCausalLM, references: Iterable[torch.Tensor
 
                 def recorded(hidden):
                     out = read(hidden)
-                    contextualized.append((out.float(), hidden.float()))
+                    oracle.contextualized.append((out.float(), hidden.float()))
                     return out
 
                 rows.read = recorded
@@ -200,34 +235,15 @@ def install_oracle(model: CerberusForCausalLM, references: Iterable[torch.Tensor
         def teacher_forced(self, captured, ids, first):  # calibration's path
             hidden, logits, context = real_class.teacher_forced(self, captured, ids, first)
             if self.trains_on_sequences:  # (EAGLE-3) its logits come from unrolled steps, not from draft_level
-                contextualized.append((hidden.float(), captured["hidden"][0].float()))
-                logits = torch.stack([ranked(k, hidden, logits[:, k]) for k in range(logits.shape[1])], dim=1)
+                oracle.contextualized.append((hidden.float(), captured["hidden"][0].float()))
+                logits = torch.stack([oracle.ranked(k, hidden, logits[:, k]) for k in range(logits.shape[1])], dim=1)
             return hidden, logits, context
 
         def draft_level(self, k, hidden, tokens, previous, context=None):
             state, logits = real_class.draft_level(self, k, hidden, tokens, previous, context)
-            return state, ranked(k, hidden, logits)
+            return state, oracle.ranked(k, hidden, logits)
 
-    def ranked(k, hidden, logits):
-        """``logits`` ``[n, V]`` of depth ``k`` with the true token first wherever ``hidden`` is a known position."""
-        logits = logits.clone()
-        for i, h in enumerate(hidden.float()):
-            h = base_state(h)
-            distance = (table - h).norm(dim=-1)
-            row = int(distance.argmin())
-            if float(distance[row]) > tolerance * (float(h.norm()) + 1.0):
-                counters["misses"] += 1
-                continue
-            counters["hits"] += 1
-            p = int(positions[row])
-            target = int(targets[row, k])
-            if target < 0:
-                continue
-            _rank_first(logits[i], target, corrupt is not None and corrupt(p, k))
-        return logits
-
-    heads.__class__ = OracleHeads
-    return counters
+    return OracleHeads
 
 
 def _rank_first(scores: torch.Tensor, target: int, corrupted: bool) -> None:
