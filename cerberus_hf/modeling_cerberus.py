@@ -398,10 +398,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         _refuse_unsupported(effective, effective.update(**kwargs))
         decoding = self.decoding_view(strict, packed_weights)  # checked before anything runs
-        if strict:
-            check_strict_support(self.base)
-        strict_rows = row_invariant_rows(self.base) if strict else None
-        settings = self._call_settings(effective, strict_rows, gate_threshold=gate_threshold, draft_tree=draft_tree,
+        settings = self._call_settings(effective, strict, gate_threshold=gate_threshold, draft_tree=draft_tree,
                                        dynamic_tree=dynamic_tree, rescoring=rescoring, exit_confidence=exit_confidence,
                                        typical=typical_acceptance)
         stopping_criteria = _stopping_criteria(effective, stopping_criteria, kwargs)
@@ -413,7 +410,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         together = path.apart is None or path.device_step
         if together and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
             settings = shared_budget(settings, len(rows))  # the stored tree was sized for one row
-        stats = GenerationStats(calibration=settings.calibration, strict_rows=strict_rows)
+        stats = GenerationStats(calibration=settings.calibration, strict_rows=settings.strict_rows)
         profiler = StepProfiler(self.device) if profile else None
         kwargs.update(logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                       custom_generate=self._decoder(decoding, path, settings, streamer, stats, profiler))
@@ -423,12 +420,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.generation_stats = stats
         return output if isinstance(output, torch.Tensor) else CerberusGenerateOutput(**output, generation_stats=stats)
 
-    def _call_settings(self, effective: GenerationConfig, strict_rows: int | None, **overrides) -> DecodingSettings:
+    def _call_settings(self, effective: GenerationConfig, strict: bool, **overrides) -> DecodingSettings:
         """A call's decoding settings: the call's ``overrides``, else the calibration for this device, dtype and
         processor, else the config's; each prompt-lookup setting on its own (the call's or its generation config's,
         else the heads'). Under strict verification that can verify no draft strictly, plain decoding."""
+        if strict:
+            check_strict_support(self.base)
+        strict_rows = row_invariant_rows(self.base) if strict else None
         settings = resolve_settings(
-            self.decoding_settings(strict=strict_rows is not None), self.config.num_heads, **overrides,
+            self.decoding_settings(strict=strict), self.config.num_heads, **overrides,
             lookup_tokens=effective.prompt_lookup_num_tokens,
             lookup_ngram=effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM,
             strict_rows=strict_rows, has_rescorers=self.has_rescorers,

@@ -102,20 +102,15 @@ def batched_speculative_generate(
     mask = model_kwargs.get("attention_mask")
     pads = (width - mask.sum(-1)).tolist() if mask is not None else [0] * batch
     # each row's proposer counts its length limit without the row's padding (drafts never run past it)
-    proposers = [make_proposer(_with_max_length(generation_config, generation_config.max_length - pad))
-                  for pad in pads]
+    proposers = [make_proposer(_with_max_length(generation_config, generation_config.max_length - p)) for p in pads]
     cache = verification_for(model, compile_base or model, generation_config, model_kwargs,
                              no_static).cache  # a dynamic cache (rows are selected from it)
-    valid = mask.bool() if mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    verification = RowsVerification(cache, valid)
-    typical = settings.typical if settings is not None else None
-    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, None, proposers[0].gate,
-                            batch=batch)
-    pad = pad_token_id(generation_config)
-    pad = 0 if pad is None else pad
+    verification = RowsVerification(cache, mask.bool() if mask is not None else torch.ones_like(input_ids).bool())
+    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config,
+                            settings.typical if settings is not None else None, None, proposers[0].gate, batch=batch)
+    pad = pad_token_id(generation_config) or 0
     phase = phase_timer(profiler)
-    # stopping criteria and logits processors see a row with its padding, as in batched generate(); drafting sees it
-    # without (`pads`)
+    # stopping criteria and logits processors see a row with its padding, as in batched generate(); drafting without
     sequences = [input_ids[b: b + 1] for b in range(batch)]
     live = list(range(batch))  # the rows still decoding, in the cache's batch order
     drafts: list[Draft | None] = [None] * batch
@@ -130,39 +125,24 @@ def batched_speculative_generate(
         step_logits = outputs.logits[:, -1:]
         after_prefill = True
         while True:
-            kept, lasts, finished = [], [], []
             with phase("accept"):
                 walked = acceptance.walk_rows(step_logits, [drafts[row] for row in live], [sequences[row] for row in live],
                                               live)
                 for row, walk in zip(live, walked):
                     sequences[row] = walk.input_ids
                     proposers[row].record_step(len(walk.accepted))
-                    kept.append(walk.kept)
-                    lasts.append((walk.last, walk.last_token, walk.gate_decision()))
-                    finished.append(walk.finished)
             with phase("cache"):
                 if not after_prefill:
-                    verification.keep(kept)
-            if all(finished):
+                    verification.keep([walk.kept for walk in walked])
+            if all(walk.finished for walk in walked):
                 break
             with phase("draft"):
-                drafting = [i for i in range(len(live)) if not finished[i]]
-                for i in drafting:
-                    proposers[live[i]].observe(
-                        _row_view(step_captured, i, width - pads[live[i]]) if after_prefill else
-                        _row_view(step_captured, i), None if after_prefill else kept[i])
-                # every row's guesses at each depth in one call of the drafter
-                proposed = propose_together(
-                    [proposers[live[i]] for i in drafting], [sequences[live[i]][:, pads[live[i]]:] for i in drafting],
-                    [step_captured["hidden"][i: i + 1, lasts[i][0]] for i in drafting],
-                    [step_logits[i: i + 1, lasts[i][0]] for i in drafting], [lasts[i][1] for i in drafting],
-                    [lasts[i][2] for i in drafting])
-                for i, draft in zip(drafting, proposed):
-                    drafts[live[i]] = draft
+                prompts = [width - row_pad for row_pad in pads] if after_prefill else None
+                _draft_rows(proposers, drafts, sequences, pads, live, walked, step_captured, step_logits, prompts)
                 after_prefill = False
-            if any(finished):
+            if any(walk.finished for walk in walked):
                 with phase("cache"):
-                    staying = [i for i, done in enumerate(finished) if not done]
+                    staying = [i for i, walk in enumerate(walked) if not walk.finished]
                     verification.drop(staying)
                     live = [live[i] for i in staying]
             with phase("verify"):
@@ -178,3 +158,22 @@ def batched_speculative_generate(
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=out)
     return out
+
+
+def _draft_rows(proposers: list[Proposer], drafts: list[Draft | None], sequences: list[torch.LongTensor],
+                pads: list[int], live: list[int], walked: list, captured: dict, logits: torch.Tensor,
+                prompts: list[int] | None) -> None:
+    """The next draft of every live row that goes on (``drafts[row]``), each depth's guesses for all of them in one
+    call of the drafter: each row's proposer first observes what the last forward computed for it (``captured``,
+    ``logits``: the cache's batch order, ``live``); after the prefill, over its ``prompts[row]`` unpadded positions."""
+    drafting = [i for i, walk in enumerate(walked) if not walk.finished]
+    for i in drafting:
+        proposers[live[i]].observe(_row_view(captured, i, prompts[live[i]]) if prompts is not None else
+                                   _row_view(captured, i), None if prompts is not None else walked[i].kept)
+    proposed = propose_together(
+        [proposers[live[i]] for i in drafting], [sequences[live[i]][:, pads[live[i]]:] for i in drafting],
+        [captured["hidden"][i: i + 1, walked[i].last] for i in drafting],
+        [logits[i: i + 1, walked[i].last] for i in drafting], [walked[i].last_token for i in drafting],
+        [walked[i].gate_decision() for i in drafting])
+    for i, draft in zip(drafting, proposed):
+        drafts[live[i]] = draft

@@ -309,18 +309,16 @@ def speculative_generate(
 ) -> GenerateDecoderOnlyOutput | torch.LongTensor:
     """Greedy or sampled decoding of one sequence with drafts from a `Proposer`.
 
-    Signature and return value follow transformers' `_sample`; ``streamer`` and
-    ``make_proposer`` (called with the prepared generation config, whose ``max_length`` is
-    final only here) are bound by `CerberusForCausalLM.generate`, since generate() does not forward a
-    streamer to a custom decoding callable. Of the call's ``settings`` (`settings.DecodingSettings`), the loop
-    reads ``typical`` (Medusa's lossy typical acceptance, opt-in) and ``strict_rows`` (strict verification, see
-    `strict`: at most that many positions per forward, the root included, each position's attention computed as a
-    one-token forward computes it); the proposer reads the rest. ``profiler`` collects wall time per
-    phase of the loop. ``compile_base``: the base ``model`` is a per-call view of, whose compiled forward serves a static
-    cache (`static_cache`; default ``model``); ``no_static``: why a static cache the call asked for cannot serve
-    (`paths.static_refusal`; None: it can).
+    Signature and return value follow transformers' `_sample`; ``streamer`` and ``make_proposer`` (called with the
+    prepared generation config, whose ``max_length`` is final only here) are bound by `CerberusForCausalLM.generate`,
+    since generate() does not forward a streamer to a custom decoding callable. Of the call's ``settings``
+    (`settings.DecodingSettings`), the loop reads ``typical`` (Medusa's lossy typical acceptance, opt-in) and
+    ``strict_rows`` (strict verification, `strict`: at most that many positions per forward, the root included, each
+    position's attention computed as a one-token forward computes it); the proposer reads the rest. ``profiler``
+    collects wall time per phase. ``compile_base``: the base ``model`` is a per-call view of, whose compiled forward
+    serves a static cache (`static_cache`; default ``model``); ``no_static``: why a static cache the call asked for
+    cannot serve (`paths.static_refusal`; None: it can).
     """
-    typical = settings.typical if settings is not None else None
     strict_rows = settings.strict_rows if settings is not None else None
     if input_ids.shape[0] != 1:
         raise ValueError("This loop decodes one sequence; CerberusForCausalLM.generate batches rows (`batched`).")
@@ -328,9 +326,8 @@ def speculative_generate(
     proposer = make_proposer(generation_config)
     verification = verification_for(model, compile_base or model, generation_config, model_kwargs, no_static)
     cache = verification.cache
-    want_dict = generation_config.return_dict_in_generate
-    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config, typical, streamer,
-                            proposer.gate)
+    acceptance = Acceptance(logits_processor, stopping_criteria, generation_config,
+                            settings.typical if settings is not None else None, streamer, proposer.gate)
     phase = phase_timer(profiler)
     # drafts are verified through a view of the base that attends strictly (the base itself stays as it is)
     strict_model = strict_view(model) if strict_rows is not None else model
@@ -339,8 +336,7 @@ def speculative_generate(
         proposer.start(model, cache)
         with phase("prefill"):
             outputs = prefill(model, input_ids, generation_config, model_kwargs)
-        if hasattr(cache, "activate_past_recording"):
-            cache.activate_past_recording()  # sliding-window layers must be able to roll back
+        getattr(cache, "activate_past_recording", lambda: None)()  # sliding-window layers must be able to roll back
         step_logits = outputs.logits[:, -1:]
         step_hidden = captured["hidden"][:, -1:]
         draft: Draft | None = None
@@ -371,7 +367,7 @@ def speculative_generate(
 
     if streamer is not None:
         streamer.end()
-    if want_dict:
+    if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=input_ids, scores=acceptance.scores, logits=acceptance.raw_logits, **cache_argument(cache)
         )
