@@ -1,4 +1,5 @@
-"""The package's import graph: no cycle, no arrow up the layers below, and no private name imported across modules.
+"""The package's import graph: no cycle, no arrow up the layers below, and no private name imported across modules;
+no script borrows from tests/ or a private name, and no function is longer than a reader can hold (`LONGEST_FUNCTION`).
 
 Every ``import`` in the package counts, at module level or inside a function (read from the source, not from
 ``sys.modules``). A module may import modules of its own layer or of a layer below; a new module must be placed in
@@ -220,3 +221,33 @@ def test_the_script_check_sees_each_kind():
     assert sorted(problems) == sorted(expected)
     assert _script_problems("import sys\nsys.path.insert(0, 'src')\nimport cerberus_hf\nx = cerberus_hf.__all__\n",
                             _modules()) == []
+
+
+# A function a reader can hold: its signature, docstring and body together (issue 58).
+LONGEST_FUNCTION = 80
+
+
+def long_functions(root: Path, limit: int = LONGEST_FUNCTION) -> list[str]:
+    """``path:line name (lines)`` of every function under ``root`` longer than ``limit`` lines, from its ``def`` (or
+    first decorator) to its last line."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if node.end_lineno - first + 1 > limit:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} "
+                                 f"({node.end_lineno - first + 1})")
+    return found
+
+
+def test_no_function_is_longer_than_a_reader_can_hold():
+    assert long_functions(PACKAGE) == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    package = tmp_path / "package"
+    package.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_FUNCTION))
+    (package / "module.py").write_text(f"def short():\n    return 1\n\n\n@staticmethod\ndef long():\n{body}\n")
+    assert long_functions(package) == [f"package/module.py:6 long ({LONGEST_FUNCTION + 2})"]
