@@ -37,7 +37,7 @@ def write_calibration(folder: str, entry: dict) -> str:
     ([5, -1, 7], "outside"),
     ([5, 9, 5], "twice"),
 ])
-def test_a_draft_vocabulary_is_checked_on_load(base, tmp_path, base_loads, ids, problem):
+def test_a_draft_vocabulary_is_checked_on_load(base, tmp_path, base_loads, ids, problem):  # noqa: F811
     model = CerberusForCausalLM.from_base(base, num_heads=3)
     model.set_draft_vocab(torch.tensor([5, 9, 7]))
     model.save_pretrained(tmp_path)
@@ -48,7 +48,7 @@ def test_a_draft_vocabulary_is_checked_on_load(base, tmp_path, base_loads, ids, 
     assert base_loads == []
 
 
-def test_set_draft_vocab_refuses_repeats(base):
+def test_set_draft_vocab_refuses_repeats(base):  # noqa: F811
     model = CerberusForCausalLM.from_base(base, num_heads=2)
     with pytest.raises(ValueError, match="twice"):
         model.set_draft_vocab(torch.tensor([4, 4, 6]))
@@ -59,7 +59,7 @@ def test_set_draft_vocab_refuses_repeats(base):
     (lambda w: w.clone().fill_(float("nan")), "NaN"),
     (lambda w: w.clone().fill_(float("inf")), "NaN or infinite"),
 ])
-def test_weights_of_the_wrong_kind_are_refused(base, tmp_path, base_loads, tensor, problem):
+def test_weights_of_the_wrong_kind_are_refused(base, tmp_path, base_loads, tensor, problem):  # noqa: F811
     folder = save_heads(base, tmp_path)
     name = next(k for k in load_file(os.path.join(folder, HEADS_FILE)) if k.endswith("weight"))
     path = rewrite_heads(folder, **{name: tensor(load_file(os.path.join(folder, HEADS_FILE))[name])})
@@ -81,7 +81,7 @@ def test_weights_of_the_wrong_kind_are_refused(base, tmp_path, base_loads, tenso
     ({"strict": {"draft_tree": [[-1]]}}, r"\(strict\).*ranks >= 0"),
     ("fast", "must be a mapping"),
 ])
-def test_a_bad_calibration_entry_is_refused_on_load(base, tmp_path, base_loads, entry, problem):
+def test_a_bad_calibration_entry_is_refused_on_load(base, tmp_path, base_loads, entry, problem):  # noqa: F811
     folder = save_heads(base, tmp_path)
     path = write_calibration(folder, entry)
     with pytest.raises(ValueError, match=problem) as raised:
@@ -90,7 +90,7 @@ def test_a_bad_calibration_entry_is_refused_on_load(base, tmp_path, base_loads, 
     assert base_loads == []
 
 
-def test_a_good_calibration_entry_loads(base, tmp_path):
+def test_a_good_calibration_entry_loads(base, tmp_path):  # noqa: F811
     folder = save_heads(base, tmp_path)
     write_calibration(folder, {"draft_tree": [[0], [1], [0, 0]], "gate_threshold": 2.5, "tree_kind": "static",
                                "strict": {"draft_tree": [[0]], "gate_threshold": None}})
@@ -99,7 +99,7 @@ def test_a_good_calibration_entry_loads(base, tmp_path):
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00" * 40, b"not an n-gram file at all"])
-def test_an_unreadable_ngram_file_is_refused_before_the_base_loads(base, tmp_path, base_loads, content):
+def test_an_unreadable_ngram_file_is_refused_before_the_base_loads(base, tmp_path, base_loads, content):  # noqa: F811
     folder = save_heads(base, tmp_path)
     path = os.path.join(folder, "ngram.safetensors")
     open(path, "wb").write(content)
@@ -109,7 +109,7 @@ def test_an_unreadable_ngram_file_is_refused_before_the_base_loads(base, tmp_pat
     assert base_loads == []
 
 
-def test_a_broken_link_to_an_optional_file_is_refused_before_the_base_loads(base, tmp_path, base_loads):
+def test_a_broken_link_to_an_optional_file_is_refused_before_the_base_loads(base, tmp_path, base_loads):  # noqa: F811
     """A folder copied without what its n-gram link pointed to (the shipped Medusa folder links Cerberus's) must not
     load as a folder with no n-gram: its calibrated rescored tree would then silently fall back to a static one."""
     folder = save_heads(base, tmp_path / "heads")
