@@ -18,7 +18,9 @@ import torch
 
 from ..compat import tree_attention_ok
 from ..drafters.base import Drafter
-from .drafting import Levels, StepDrafts, chosen_tree, dynamic_draft, prime_roots, run_together, search_levels, static_levels
+from .drafting import (
+    Levels, StepDrafts, chosen_tree, dynamic_draft, prime_roots, run_together, search_levels, static_levels,
+)
 from ..blocks.lookup import context_continuation
 from ..blocks.ngram import NgramModel
 from ..blocks.profiling import phase_timer
@@ -66,8 +68,8 @@ def with_copied(draft: Draft | None, copied: list[int], device: torch.device) ->
 
 
 class Proposer:
-    """The drafter's state for one call, drafting each step: node ``(r0, ..., rd)`` of a static tree is depth ``d``'s rank-``rd`` guess
-    under node ``(r0, ..., r(d-1))``; a dynamic tree is grown anew each step.
+    """The drafter's state for one call, drafting each step: node ``(r0, ..., rd)`` of a static tree is depth
+    ``d``'s rank-``rd`` guess under node ``(r0, ..., r(d-1))``; a dynamic tree is grown anew each step.
 
     Args:
         drafter: the drafter (its family does not matter here).
@@ -232,15 +234,13 @@ class Proposer:
         return draft
 
     def _grown_draft(self, step: StepDrafts, input_ids: torch.LongTensor, room: int) -> Draft:
-        """A dynamic tree, rescored by whichever rescorers have a weight above 0 (none: the plain tree)."""
+        """The lattice's tree, rescored by whichever rescorers have a weight above 0 (none: the plain lattice)."""
         scorer = None
         # the scorer feeds the root and at most top_k nodes per further depth after the cached positions
         fed = 1 + self.dynamic.top_k * (min(self.dynamic.depth, room) - 1)
         if self.rescorer is not None and tree_attention_ok(self._model, input_ids.shape[1] + fed):
             scorer = self.rescorer.path_scorer(self.rescorer_state, input_ids)
-        rescore = None
-        if isinstance(self.dynamic, Rescoring):  # not a plain dynamic tree
-            rescore = lattice_rescore(self.dynamic, input_ids[0], self.ngram, scorer, self._draft_index)
+        rescore = lattice_rescore(self.dynamic, input_ids[0], self.ngram, scorer, self._draft_index)
         try:
             tree, tokens = dynamic_draft(step, self.dynamic, room, rescore and self._profiled(rescore))
         finally:
@@ -301,27 +301,27 @@ class _Plan:
 
 @torch.no_grad()
 def propose_together(
-    generators: list[Proposer], input_ids: list[torch.LongTensor], hidden: list[torch.Tensor],
+    proposers: list[Proposer], input_ids: list[torch.LongTensor], hidden: list[torch.Tensor],
     next_token_logits: list[torch.Tensor], last_tokens: list[int | None], gate_decisions: list[bool | None],
 ) -> list[Draft | None]:
-    """`Proposer.propose` for several sequences (one generator each, all of one drafter), with each
+    """`Proposer.propose` for several sequences (one proposer each, all of one drafter), with each
     depth's guesses for every sequence computed in one call of the drafter (`drafting.run_together`): the gate's
     depth 0 first, then the trees' searches level by level. Each sequence gets the draft it would get alone (up to
     the rounding of a batched call); one sequence is `propose` itself."""
-    plans = [g._plan(ids, h, last) for g, ids, h, last in zip(generators, input_ids, hidden, last_tokens)]
+    plans = [p._plan(ids, h, last) for p, ids, h, last in zip(proposers, input_ids, hidden, last_tokens)]
     prime_roots([plan.step for plan in plans if plan.step is not None])
-    for g, plan, h, last, logits, decision in zip(generators, plans, hidden, last_tokens, next_token_logits,
+    for p, plan, h, last, logits, decision in zip(proposers, plans, hidden, last_tokens, next_token_logits,
                                                   gate_decisions):
         first_logits = plan.step.root_logits()[None] if plan.step is not None else None
         if plan.can_draft and decision is None:
-            decision = g.gate.should_draft(logits, first_logits)
+            decision = p.gate.should_draft(logits, first_logits)
         plan.drafts = plan.can_draft and bool(decision)
-        if plan.drafts and plan.step is None and not g.drafter.drafts_chains:
-            plan.step = g._step_drafts(plan.input_ids, h, last)
+        if plan.drafts and plan.step is None and not p.drafter.drafts_chains:
+            plan.step = p._step_drafts(plan.input_ids, h, last)
         if plan.can_draft:  # no room left for a draft is not the gate's decision
-            g.stats.record_gate(plan.drafts)
-    searches = {i: g._search(plan) for i, (g, plan) in enumerate(zip(generators, plans)) if plan.drafts}
+            p.stats.record_gate(plan.drafts)
+    searches = {i: p._search(plan) for i, (p, plan) in enumerate(zip(proposers, plans)) if plan.drafts}
     together = [i for i, search in searches.items() if search is not None]
     results = dict(zip(together, run_together([plans[i].step for i in together], [searches[i] for i in together])))
-    return [g._with_lookup(g._draft(plan, results.get(i)) if plan.drafts else None, plan)
-            for i, (g, plan) in enumerate(zip(generators, plans))]
+    return [p._with_lookup(p._draft(plan, results.get(i)) if plan.drafts else None, plan)
+            for i, (p, plan) in enumerate(zip(proposers, plans))]
