@@ -1,14 +1,16 @@
-"""What a calibration is keyed by: the device type, the dtype and the processor, together.
+"""What a calibration is keyed by: the device type, the dtype, the instruction class and the processor, together.
 
 The trees and the gate are fitted to the cost of verifying n tokens in one forward, and that cost curve
-belongs to all three at once: a CPU that multiplies bf16 matrices in tiles verifies many bf16 tokens for about the
-cost of one and fp32 tokens at a higher cost; one with bf16 dot products only makes bf16 cheaper than fp32 but
-still rising with the tokens; on one with neither bf16 is no cheaper than fp32; a GPU's curve stays flat far
-further (the curves measured so far: docs/calibration.md, "What the cost curves look like"). So `calibrate`
-stores its settings under ``"<device>/<dtype>/<processor>"`` (the processor as `processor_name` gives it: the
-CPU model or the GPU's name) and `generate()` takes the closest stored entry
-(`select_calibration`), saying which when it is not an exact match. Folders calibrated before this keying
-hold a bare device type (``"cpu"``): it is read as that device with an unknown dtype and processor.
+belongs to all of them at once: a CPU that multiplies bf16 matrices in tiles (AMX) verifies many bf16 tokens for
+about the cost of one; one with bf16 dot products (AVX512-BF16) makes bf16 cheaper than fp32 but still rising with
+the tokens; an AVX2-only one pays more for every extra token than an AVX-512 one; a GPU's curve stays flat far further
+(the curves measured so far: docs/calibration.md, "What the cost curves look like"). The processor's name does not
+tell these apart (virtual machines show "AMD EPYC" over AVX2-only and AVX-512 parts alike): its flags and what torch's
+kernels use do. So `calibrate` stores its settings under ``"<device>/<dtype>/<class>/<processor>"`` (`HardwareKey`:
+the class as `instruction_class` names it, the processor as `processor_name` gives it) and `generate()` takes the
+closest stored entry of the same class (`select_calibration`); an entry of another class is never applied.
+Keys written before the class was part of them (``"cpu/float32/AMD EPYC"``, a bare ``"cpu"``) are read with the class
+their entry recorded (``bf16_matmul``), where it did.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,52 +27,99 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+# CPU instruction classes, from the one whose cost curve is flattest: AMX tiles, AVX-512 with bf16 dot products,
+# AVX-512, AVX2, Arm's SVE and NEON, and anything older. A GPU's class is its compute capability (``sm_90``).
+CPU_CLASSES = ("AMX", "AVX512-BF16", "AVX512", "AVX2", "SVE", "NEON", "baseline")
+_GPU_CLASS = re.compile(r"sm_\d+$")
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """The first processor of ``/proc/cpuinfo``: model name, vendor, family, model and flags (Arm: its features)."""
+
+    name: str
+    vendor: str | None = None
+    family: str | None = None
+    model: str | None = None
+    flags: frozenset[str] = frozenset()
+
 
 @functools.lru_cache(maxsize=1)
-def _cpuinfo() -> tuple[str, frozenset[str]]:
-    """(model name, flags) of the first processor in ``/proc/cpuinfo``; elsewhere what `platform` knows."""
-    name, flags = None, frozenset()
+def _cpuinfo() -> CpuInfo:
+    """This machine's `CpuInfo`; elsewhere than Linux, what `platform` knows."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         lines = []
+    fields: dict[str, str] = {}
     for line in lines:
         field, _, value = line.partition(":")
-        if field.strip() == "model name" and name is None:
-            name = value.strip()
-        elif field.strip() == "flags" and not flags:
-            flags = frozenset(value.split())
-    return name or platform.processor() or platform.machine(), flags
+        fields.setdefault(field.strip(), value.strip())
+    return CpuInfo(fields.get("model name") or platform.processor() or platform.machine(), fields.get("vendor_id"),
+                   fields.get("cpu family"), fields.get("model"),
+                   frozenset((fields.get("flags") or fields.get("Features") or "").split()))
+
+
+def bf16_kernels() -> bool:
+    """Whether oneDNN has bf16 kernels here (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or Arm's bf16): what packed bf16
+    weights need. It follows ``ONEDNN_MAX_CPU_ISA``, so a lower class can be forced for a test."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def instruction_class(device: torch.device | str) -> str | None:
+    """The instruction class that decides ``device``'s cost curve: one of `CPU_CLASSES` on a CPU, ``sm_<major><minor>``
+    on a CUDA GPU this machine has, None elsewhere. On a CPU the flags say what the processor has and torch says what
+    its kernels use (``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` lower it), the lower of the two counting."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"
+    if device.type != "cpu":
+        return None
+    flags = _cpuinfo().flags
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return "SVE" if "sve" in flags else "NEON"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512" and _AVX512 <= flags:
+        if "amx_tile" in flags and bf16_kernels():
+            return "AMX"
+        return "AVX512-BF16" if "avx512_bf16" in flags and bf16_kernels() else "AVX512"
+    return "AVX2" if capability in ("AVX2", "AVX512") and "avx2" in flags else "baseline"
 
 
 def processor_name(device: torch.device | str) -> str | None:
-    """The CPU model (``/proc/cpuinfo``) or the GPU's name: what a cost curve was measured on (None for a
-    CUDA device this machine does not have, or a device type without names)."""
+    """What a cost curve was measured on: the CPU's model name with its vendor, family and model (one name covers
+    several processors), or the GPU's name; None for a CUDA device this machine does not have, or other devices."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device) if torch.cuda.is_available() else None
-    return _cpuinfo()[0] if device.type == "cpu" else None
+    if device.type != "cpu":
+        return None
+    info = _cpuinfo()
+    if info.vendor is None:
+        return info.name
+    return f"{info.name} ({info.vendor} family {info.family} model {info.model})"
 
 
 def bf16_matmul(device: torch.device | str) -> str | None:
-    """The CPU's bf16 matrix instructions, which decide the shape of a bf16 cost curve more than its model
-    name does: ``"AMX"`` (tiles), ``"AVX512-BF16"`` (dot products, faster than fp32's matrix products;
-    docs/precision.md), or None (bf16 computed through fp32); None for other devices. Virtual machines may
-    show one model name over processors of either kind, so the flags decide, not the name."""
-    if torch.device(device).type != "cpu":
-        return None
-    flags = _cpuinfo()[1]
-    return "AMX" if "amx_tile" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
+    """The CPU's bf16 matrix instructions: ``"AMX"`` (tiles), ``"AVX512-BF16"`` (dot products, faster than fp32's
+    matrix products; docs/precision.md), or None (bf16 computed through fp32); None for other devices."""
+    isa = instruction_class(device) if torch.device(device).type == "cpu" else None
+    return isa if isa in ("AMX", "AVX512-BF16") else None
 
 
 def describe_device(device: torch.device | str) -> str:
-    """The processor in words for a record of a timing: CPU model, its bf16 instructions, cores and threads."""
+    """The processor in words for a record of a timing: model, instruction class, cores and threads."""
     device = torch.device(device)
     if device.type != "cpu":
-        return f"{device.type}: {processor_name(device)}"
-    bf16 = bf16_matmul(device)
-    instructions = "no AMX" if bf16 is None else "with AMX" if bf16 == "AMX" else f"no AMX, with {bf16}"
-    return (f"cpu: {processor_name(device)} ({instructions}), {os.cpu_count()} cores, "
+        return f"{device.type}: {processor_name(device)} ({instruction_class(device)})"
+    isa = instruction_class(device)
+    words = {"AMX": "with AMX", "AVX512-BF16": "AVX512-BF16, no AMX", "AVX512": "AVX-512, no AMX or AVX512-BF16",
+             "AVX2": "AVX2 only, no AVX-512"}.get(isa, isa)
+    return (f"cpu: {processor_name(device)} ({words}), {os.cpu_count()} cores, "
             f"{torch.get_num_threads()} torch threads")
 
 
@@ -90,60 +140,80 @@ def reduced_precision_note(device: torch.device | str, dtype: torch.dtype) -> st
             "grows with the tokens verified; float32 stays the default")
 
 
-def stored_bf16_matmul(settings: dict) -> str | None:
-    """The bf16 instructions a stored CPU entry was measured with; entries written before this was stored
-    say only whether the CPU had AMX (without AMX is read as neither kind)."""
-    if "bf16_matmul" in settings:
-        return settings["bf16_matmul"]
-    return "AMX" if settings.get("amx") else None
-
-
 @dataclass(frozen=True)
 class HardwareKey:
-    """Device type, dtype name and processor name; ``str()`` is the key in ``cerberus_calibration``."""
+    """Device type, dtype name, instruction class and processor name; ``str()`` is the key in
+    ``cerberus_calibration``."""
 
     device: str
     dtype: str | None = None
+    isa: str | None = None
     processor: str | None = None
 
     @classmethod
     def of(cls, device: torch.device | str, dtype: torch.dtype) -> "HardwareKey":
         """The key of a model on ``device`` computing in ``dtype``, on this machine."""
-        return cls(torch.device(device).type, str(dtype).removeprefix("torch."), processor_name(device))
+        return cls(torch.device(device).type, str(dtype).removeprefix("torch."), instruction_class(device),
+                   processor_name(device))
 
     @classmethod
     def parse(cls, key: str) -> "HardwareKey":
-        """A stored key; a bare device type (the keying before this one) has no dtype and processor."""
+        """A stored key; keys from before the class was keyed have none, a bare device type no dtype either."""
         device, _, rest = key.partition("/")
-        dtype, _, processor = rest.partition("/")
-        return cls(device, dtype or None, processor or None)
+        dtype, _, rest = rest.partition("/")
+        first, _, after = rest.partition("/")
+        if first in CPU_CLASSES or _GPU_CLASS.match(first):
+            return cls(device, dtype or None, first, after or None)
+        return cls(device, dtype or None, None, rest or None)
 
     def __str__(self) -> str:
-        return "/".join(part for part in (self.device, self.dtype, self.processor) if part)
+        return "/".join(part for part in (self.device, self.dtype, self.isa, self.processor) if part)
 
 
-def select_calibration(calibrated: dict | None, wanted: HardwareKey,
-                       bf16: str | None = None) -> tuple[str | None, dict]:
+def stored_class(key: str, settings: dict) -> str | None:
+    """The instruction class a stored entry was measured on: its key's; for a CPU key from before classes were keyed,
+    the bf16 instructions its entry recorded (``bf16_matmul``, or the older ``amx``), the only class such an entry
+    can be known to have; None where nothing tells."""
+    parsed = HardwareKey.parse(key)
+    if parsed.isa is not None or parsed.device != "cpu":
+        return parsed.isa
+    return settings.get("bf16_matmul", "AMX" if settings.get("amx") else None)
+
+
+def _serves(key: str, settings: dict, wanted: HardwareKey) -> bool:
+    """Whether a stored entry may serve ``wanted``: the same device type and instruction class (a GPU entry from
+    before classes were keyed: the same GPU by name)."""
+    stored = HardwareKey.parse(key)
+    if stored.device != wanted.device:
+        return False
+    isa = stored_class(key, settings)
+    if isa is None and stored.device != "cpu":
+        return stored.processor == wanted.processor
+    return isa == wanted.isa
+
+
+def select_calibration(calibrated: dict | None, wanted: HardwareKey) -> tuple[str | None, dict]:
     """(stored key, settings) of the entry of ``calibrated`` closest to ``wanted``, or ``(None, {})``.
 
-    Only entries of the same device type qualify. Closest means, in this order: the same dtype, the same
-    bf16 instructions (``bf16``, as `bf16_matmul` names them; stored in CPU entries, see
-    `stored_bf16_matmul`), the same processor, then float32 (the curve every device has). A choice other
-    than an exact match is logged once, with the key used, so that a user knows to calibrate on this machine.
+    Only entries of the same device type and instruction class qualify (`stored_class`): a curve fitted where an
+    extra token costs less would make trees that do not pay here. Closest means, in this order: the same dtype, the
+    same processor, float32 (the curve every device has), then a key that names its class. A choice other than an exact match, and finding none,
+    are logged once, so that a user knows to calibrate on this machine.
     """
-    candidates = [key for key in (calibrated or {}) if HardwareKey.parse(key).device == wanted.device]
+    candidates = [key for key, settings in (calibrated or {}).items() if _serves(key, settings, wanted)]
     if not candidates:
         if calibrated:
             logger.warning_once(
-                f"cerberus-hf: no calibration stored for {wanted.device} (stored: {', '.join(calibrated)}); "
-                f"using the config's settings. Run `cerberus-hf calibrate --device {wanted.device}` to fit one."
+                f"cerberus-hf: no calibration stored for {wanted.device} with {wanted.isa} (stored: "
+                f"{', '.join(calibrated)}); using the config's settings. Run `cerberus-hf calibrate --dtype "
+                f"{wanted.dtype}` on this machine to fit the trees and the gate to its cost curve."
             )
         return None, {}
 
     def closeness(key: str) -> tuple:
         stored = HardwareKey.parse(key)
-        return (stored.dtype == wanted.dtype, stored_bf16_matmul(calibrated[key]) == bf16,
-                stored.processor == wanted.processor, stored.dtype == "float32", key)
+        return (stored.dtype == wanted.dtype, stored.processor == wanted.processor, stored.dtype == "float32",
+                stored.isa is not None, key)
 
     key = max(candidates, key=closeness)
     if HardwareKey.parse(key) != wanted:

@@ -48,7 +48,7 @@ from .blocks.gate import EntropyGate
 from .blocks.lookup import DEFAULT_MAX_NGRAM
 from .decoding.paths import DecodingPath, LoopDecoding, choose_path
 from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
-from .blocks.packed import PackedWeights, packed_views, packing_available
+from .blocks.packed import PackedWeights, packed_views, packing_available, packing_unavailable_reason
 from .blocks.profiling import StepProfiler, phase_timer
 from .blocks.rescoring import Rescoring
 from .blocks.settings import (
@@ -62,7 +62,7 @@ from .blocks.strict import check_strict_support, row_invariant_rows
 from .blocks.tree import DynamicTree, TreeSpec
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import check_int
-from .hardware import HardwareKey, bf16_matmul, select_calibration
+from .hardware import HardwareKey, select_calibration
 from .loading import check_calibration, read_heads
 from .module_views import module_view
 from .remote_code import copied_code, custom_generate_code, write_loading_code
@@ -523,9 +523,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             raise ValueError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
                              "how this base's own linear layers compute each row.")
         available = packing_available(self.device, self.base.dtype)
+        unavailable = packing_unavailable_reason(self.device, self.base.dtype)
         if packed_weights and not available:
             raise ValueError(f"packed_weights=True needs a CPU, float32 or bfloat16 and oneDNN; this base is "
-                             f"{self.base.dtype} on {self.device}.")
+                             f"{self.base.dtype} on {self.device}" + (f", and {unavailable}." if unavailable else "."))
+        if unavailable and packed_weights is None and not strict:
+            logger.warning_once(f"cerberus-hf: linear layers run unpacked: {unavailable}.")
         if packed_weights or (packed_weights is None and available and not strict):
             base, heads = packed_views(self.packed_weights, self.base, self.heads)
             heads = module_view(heads, linear=self.packed_weights.linear)  # the draft vocabulary's rows too
@@ -542,8 +545,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         has them (``"calibration"`` then ends in ``" (strict)"``)."""
         device = torch.device(device) if device is not None else self.device
         wanted = HardwareKey.of(device, dtype or self.base.dtype)
-        key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted,
-                                         bf16=bf16_matmul(device))
+        key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted)
         if strict and "strict" in stored:
             key, stored = f"{key} (strict)", stored["strict"]
         return stored_settings(stored, self.config, key)

@@ -10,40 +10,75 @@ from transformers.utils import logging
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf import hardware
-from cerberus_hf.hardware import (HardwareKey, bf16_matmul, describe_device, processor_name,
-                                          select_calibration, stored_bf16_matmul)
+from cerberus_hf.hardware import (CPU_CLASSES, CpuInfo, HardwareKey, bf16_kernels, bf16_matmul, describe_device,
+                                  instruction_class, processor_name, select_calibration, stored_class)
 from helpers import NEW_TOKENS, fresh_model, get_prompt, reference
 from tiny_models import DEVICE, tiny_model
 
 
 def test_keys_round_trip_and_legacy_keys_parse():
-    key = HardwareKey("cpu", "bfloat16", "Intel(R) Xeon(R) Platinum 8488C")
-    assert str(key) == "cpu/bfloat16/Intel(R) Xeon(R) Platinum 8488C" and HardwareKey.parse(str(key)) == key
-    assert HardwareKey.parse("cpu") == HardwareKey("cpu", None, None) and str(HardwareKey.parse("cpu")) == "cpu"
-    # a processor name may itself hold a slash: only the first two separate fields
-    assert HardwareKey.parse("cuda/float16/A/B").processor == "A/B"
+    key = HardwareKey("cpu", "bfloat16", "AMX", "Intel(R) Xeon(R) Platinum 8488C (GenuineIntel family 6 model 143)")
+    assert str(key) == "cpu/bfloat16/AMX/Intel(R) Xeon(R) Platinum 8488C (GenuineIntel family 6 model 143)"
+    assert HardwareKey.parse(str(key)) == key
+    assert HardwareKey.parse("cpu") == HardwareKey("cpu") and str(HardwareKey.parse("cpu")) == "cpu"
+    # keys from before the class was keyed: the rest is the processor, a slash in it included
+    assert HardwareKey.parse("cpu/float32/AMD EPYC") == HardwareKey("cpu", "float32", None, "AMD EPYC")
+    assert HardwareKey.parse("cuda/float16/A/B") == HardwareKey("cuda", "float16", None, "A/B")
+    assert HardwareKey.parse("cuda/bfloat16/sm_90/NVIDIA H200") == HardwareKey("cuda", "bfloat16", "sm_90", "NVIDIA H200")
     here = HardwareKey.of("cpu", torch.float32)
     assert here.dtype == "float32" and here.processor == processor_name("cpu") and here.processor
+    assert here.isa == instruction_class("cpu") in CPU_CLASSES
 
 
-@pytest.mark.parametrize("flags, bf16, words", [
-    ({"avx2", "amx_tile", "amx_bf16", "avx512_bf16"}, "AMX", "Some CPU (with AMX)"),
-    ({"avx2", "avx512f", "avx512_bf16"}, "AVX512-BF16", "Some CPU (no AMX, with AVX512-BF16)"),
-    ({"avx2"}, None, "Some CPU (no AMX)"),
+def _cpu(flags, name="Some CPU"):
+    return lambda: CpuInfo(name, "AuthenticAMD", "25", "1", frozenset(flags))
+
+
+AVX512 = {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+
+@pytest.mark.parametrize("flags, capability, kernels, isa, words", [
+    (AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}, "AVX512", True, "AMX", "with AMX"),
+    (AVX512 | {"avx512_bf16"}, "AVX512", True, "AVX512-BF16", "AVX512-BF16, no AMX"),
+    (AVX512, "AVX512", True, "AVX512", "AVX-512, no AMX or AVX512-BF16"),
+    (AVX512 | {"avx512_bf16"}, "AVX512", False, "AVX512", "AVX-512, no AMX"),  # ONEDNN_MAX_CPU_ISA below bf16
+    (AVX512 | {"avx512_bf16"}, "AVX2", False, "AVX2", "AVX2 only"),  # ATEN_CPU_CAPABILITY=avx2
+    ({"avx", "avx2", "fma"}, "AVX2", False, "AVX2", "AVX2 only"),  # the AVX2-only EPYC
+    ({"sse4_2"}, "DEFAULT", False, "baseline", "baseline"),
 ])
-def test_a_cpu_is_described_with_its_bf16_instructions(monkeypatch, flags, bf16, words):
-    assert ("with AMX" if bf16_matmul("cpu") == "AMX" else "no AMX") in describe_device(torch.device("cpu"))
-    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset(flags)))
-    assert bf16_matmul("cpu") == bf16 and bf16_matmul("meta") is None and words in describe_device("cpu")
+def test_a_cpu_is_classed_by_its_flags_and_what_torch_uses(monkeypatch, flags, capability, kernels, isa, words):
+    assert instruction_class("cpu") in CPU_CLASSES and instruction_class("meta") is None
+    monkeypatch.setattr(hardware, "_cpuinfo", _cpu(flags))
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(hardware, "bf16_kernels", lambda: kernels)
+    assert instruction_class("cpu") == isa and words in describe_device("cpu")
+    assert bf16_matmul("cpu") == (isa if isa in ("AMX", "AVX512-BF16") else None) and bf16_matmul("meta") is None
+    assert processor_name("cpu") == "Some CPU (AuthenticAMD family 25 model 1)"
+
+
+@pytest.mark.parametrize("features, isa", [({"fp", "asimd", "sve"}, "SVE"), ({"fp", "asimd"}, "NEON")])
+def test_an_arm_cpu_is_classed_by_its_features(monkeypatch, features, isa):
+    monkeypatch.setattr(hardware, "_cpuinfo", _cpu(features))
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "aarch64")
+    assert instruction_class("cpu") == isa
+
+
+def test_the_class_here_agrees_with_onednn():
+    """On the processor at hand: a class with bf16 tiles or dot products is one where oneDNN has bf16 kernels."""
+    assert bf16_kernels() or instruction_class("cpu") not in ("AMX", "AVX512-BF16")
 
 
 @pytest.mark.parametrize("flags, words", [
-    ({"avx2", "amx_tile", "avx512_bf16"}, None),
-    ({"avx2", "avx512_bf16"}, "no AMX, only AVX512-BF16"),
+    (AVX512 | {"amx_tile", "avx512_bf16"}, None),
+    (AVX512 | {"avx512_bf16"}, "no AMX, only AVX512-BF16"),
     ({"avx2"}, "neither AMX nor AVX512-BF16"),
 ])
 def test_reduced_precision_on_a_cpu_without_amx_comes_with_a_note(monkeypatch, flags, words):
-    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset(flags)))
+    monkeypatch.setattr(hardware, "_cpuinfo", _cpu(flags))
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512" if "avx512f" in flags else "AVX2")
+    monkeypatch.setattr(hardware, "bf16_kernels", lambda: "avx512f" in flags)
     note = hardware.reduced_precision_note("cpu", torch.bfloat16)
     assert note is None if words is None else words in note and "float32" in note
     assert hardware.reduced_precision_note("cpu", torch.float32) is None
@@ -55,42 +90,58 @@ def _entry(tree, amx=None, bf16="unset"):
                                                                           {"bf16_matmul": bf16})
 
 
-def test_entries_from_before_bf16_matmul_say_only_amx():
-    assert stored_bf16_matmul(_entry([[0]], amx=True)) == "AMX"
-    assert stored_bf16_matmul(_entry([[0]], amx=False)) is None and stored_bf16_matmul(_entry([[0]])) is None
-    assert stored_bf16_matmul(_entry([[0]], amx=False, bf16="AVX512-BF16")) == "AVX512-BF16"
+def test_entries_from_before_classes_were_keyed_have_the_class_they_recorded():
+    assert stored_class("cpu/float32/Xeon", _entry([[0]], amx=True)) == "AMX"
+    assert stored_class("cpu/float32/EPYC", _entry([[0]], amx=False)) is None
+    assert stored_class("cpu", _entry([[0]])) is None
+    assert stored_class("cpu/float32/EPYC", _entry([[0]], amx=False, bf16="AVX512-BF16")) == "AVX512-BF16"
+    assert stored_class("cpu/float32/AVX2/EPYC", _entry([[0]], amx=False, bf16="AVX512-BF16")) == "AVX2"
+    assert stored_class("cuda/bfloat16/NVIDIA H200", {}) is None
+    assert stored_class("cuda/bfloat16/sm_90/NVIDIA H200", {}) == "sm_90"
 
 
-@pytest.mark.parametrize("wanted, bf16, expected", [
-    (HardwareKey("cpu", "bfloat16", "Xeon A"), "AMX", "cpu/bfloat16/Xeon A"),  # exact
-    (HardwareKey("cpu", "bfloat16", "Xeon B"), "AMX", "cpu/bfloat16/Xeon A"),  # same dtype, same AMX: beats the name
-    (HardwareKey("cpu", "bfloat16", "EPYC"), None, "cpu/bfloat16/EPYC 2"),  # same dtype, no fast bf16 like this one
-    # one model name over two kinds of processor: the bf16 instructions decide
-    (HardwareKey("cpu", "bfloat16", "EPYC"), "AVX512-BF16", "cpu/bfloat16/EPYC"),
-    (HardwareKey("cpu", "float16", "Xeon A"), "AMX", "cpu/bfloat16/Xeon A"),  # no float16: same AMX and name first
-    (HardwareKey("cpu", "float16", "Other"), None, "cpu/float32/EPYC"),  # nothing alike: float32, the general curve
-    (HardwareKey("cuda", "bfloat16", "H100"), None, None),  # only other devices stored
+CALIBRATED = {
+    "cpu/bfloat16/AMX/Xeon A": _entry([[0], [1]]),
+    "cpu/bfloat16/Xeon C": _entry([[0], [2]], amx=True),  # keyed before classes: its entry says AMX
+    "cpu/bfloat16/AVX2/EPYC 2": _entry([[0]]),
+    "cpu/bfloat16/EPYC": _entry([[0], [0, 0]], amx=False, bf16="AVX512-BF16"),
+    "cpu/float32/AVX512-BF16/EPYC": _entry([[1]]),
+    "cpu/float32/EPYC 3": _entry([[1], [2]], amx=False),  # keyed before classes, no class recorded: serves none
+    "cpu": _entry([[2]]),
+    "cuda/bfloat16/NVIDIA H200": _entry([[3]]),  # keyed before classes: serves the same GPU by name
+    "cuda/float32/sm_90/NVIDIA H100": _entry([[4]]),
+}
+
+
+@pytest.mark.parametrize("wanted, expected", [
+    (HardwareKey("cpu", "bfloat16", "AMX", "Xeon A"), "cpu/bfloat16/AMX/Xeon A"),  # exact
+    (HardwareKey("cpu", "bfloat16", "AMX", "Xeon C"), "cpu/bfloat16/Xeon C"),  # same class, same name
+    (HardwareKey("cpu", "bfloat16", "AMX", "Xeon B"), "cpu/bfloat16/AMX/Xeon A"),  # same class, a keyed one first
+    (HardwareKey("cpu", "bfloat16", "AVX2", "EPYC"), "cpu/bfloat16/AVX2/EPYC 2"),  # one name over two classes
+    (HardwareKey("cpu", "bfloat16", "AVX512-BF16", "EPYC"), "cpu/bfloat16/EPYC"),
+    (HardwareKey("cpu", "float16", "AVX512-BF16", "Other"), "cpu/float32/AVX512-BF16/EPYC"),  # float32: general
+    (HardwareKey("cpu", "float32", "AVX2", "EPYC"), "cpu/bfloat16/AVX2/EPYC 2"),  # its class, another dtype
+    (HardwareKey("cpu", "float32", "AVX512", "EPYC"), None),  # no entry of this class: never another class's
+    (HardwareKey("cpu", "float32", "AVX512", "EPYC 3"), None),  # an entry of unknown class serves no CPU
+    (HardwareKey("cuda", "bfloat16", "sm_90", "NVIDIA H200"), "cuda/bfloat16/NVIDIA H200"),
+    (HardwareKey("cuda", "bfloat16", "sm_90", "NVIDIA H100"), "cuda/float32/sm_90/NVIDIA H100"),
+    (HardwareKey("cuda", "bfloat16", "sm_80", "NVIDIA A100"), None),  # another compute capability
 ])
-def test_the_closest_entry_is_chosen(wanted, bf16, expected):
-    calibrated = {
-        "cpu/bfloat16/Xeon A": _entry([[0], [1]], amx=True),
-        "cpu/bfloat16/EPYC 2": _entry([[0]], amx=False),
-        "cpu/bfloat16/EPYC": _entry([[0], [0, 0]], amx=False, bf16="AVX512-BF16"),
-        "cpu/float32/EPYC": _entry([[1]], amx=False),
-        "cpu": _entry([[2]]),
-    }
-    key, settings = select_calibration(calibrated, wanted, bf16=bf16)
-    assert key == expected and settings == (calibrated[expected] if expected else {})
+def test_the_closest_entry_of_the_same_class_is_chosen(wanted, expected):
+    key, settings = select_calibration(CALIBRATED, wanted)
+    assert key == expected and settings == (CALIBRATED[expected] if expected else {})
 
 
-def test_a_legacy_entry_serves_when_it_is_the_only_one_and_the_choice_is_logged():
+def test_the_choice_is_logged_and_an_exact_match_says_nothing():
     logger = logging.get_logger("cerberus_hf.hardware")
     logging.set_verbosity_warning()
-    wanted = HardwareKey("cpu", "float32", "A CPU only this test has")
+    wanted = HardwareKey("cpu", "float32", "AVX2", "A CPU only this test has")
     with CaptureLogger(logger) as captured:
-        key, settings = select_calibration({"cpu": _entry([[3]])}, wanted)
-    assert key == "cpu" and settings["draft_tree"] == [[3]]
-    assert f"no calibration stored for {wanted}; using the one for cpu" in captured.out
+        assert select_calibration({"cpu/float32/AVX2/Another": _entry([[3]])}, wanted)[0] == "cpu/float32/AVX2/Another"
+    assert f"no calibration stored for {wanted}; using the one for cpu/float32/AVX2/Another" in captured.out
+    with CaptureLogger(logger) as captured:
+        assert select_calibration({"cpu/float32/AVX512-BF16/Another": _entry([[3]])}, wanted) == (None, {})
+    assert "no calibration stored for cpu with AVX2" in captured.out and "config's settings" in captured.out
     with CaptureLogger(logger) as captured:
         assert select_calibration({str(wanted): _entry([[4]])}, wanted)[0] == str(wanted)
     assert captured.out == ""  # an exact match says nothing

@@ -9,12 +9,19 @@ import copy
 import pytest
 import torch
 
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
+
 import cerberus_hf.blocks.packed as packed
+from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.blocks.packed import PackedWeights, packed_view, packing_available
+from cerberus_hf.hardware import bf16_kernels
 from helpers import fresh_model, get_base, get_prompt, reference
 from tiny_models import ARCHITECTURES, DEVICE, prompt_ids, tiny_model
 
 pytestmark = pytest.mark.skipif(not packing_available(DEVICE, torch.float32), reason="packing needs a CPU with oneDNN")
+needs_bf16_kernels = pytest.mark.skipif(not bf16_kernels(), reason="oneDNN has no bf16 kernels on this processor "
+                                        "(AVX2 only, or ONEDNN_MAX_CPU_ISA below AVX-512): bf16 is never packed here")
 
 
 def _logits(model, ids):
@@ -34,6 +41,7 @@ def test_packed_view_computes_as_the_base_and_leaves_it_untouched(arch):
     assert all("forward" not in module.__dict__ for module in base.modules())  # the base's modules are its own
 
 
+@needs_bf16_kernels
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_bfloat16_packed_products_are_bit_identical(arch):
     base = tiny_model(arch).to(torch.bfloat16)
@@ -53,6 +61,7 @@ def test_a_weight_changed_in_place_is_packed_again():
     torch.testing.assert_close(_logits(packed_view(base, weights), ids), expected, rtol=1e-5, atol=1e-5)
 
 
+@needs_bf16_kernels
 def test_a_base_converted_to_another_dtype_is_packed_again():
     base = copy.deepcopy(get_base("llama"))
     weights = PackedWeights()
@@ -80,6 +89,31 @@ def test_generate_packs_by_default_on_a_cpu_but_not_when_told_or_strict(monkeypa
     assert torch.equal(model.generate(prompt, max_new_tokens=24, do_sample=False, packed_weights=False), expected)
     assert torch.equal(model.generate(prompt, max_new_tokens=24, do_sample=False, strict=True), expected)
     assert not calls
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["without-bf16-kernels", "with-bf16-kernels"])
+def test_bfloat16_is_packed_only_where_onednn_has_bf16_kernels(monkeypatch, kernels):
+    """Each packing decision on the processor at hand: without oneDNN's bf16 kernels (forced where they exist, as on
+    an AVX2-only processor) a bf16 base decodes through `linear`, said once, with the same output as unpacked."""
+    if kernels and not bf16_kernels():
+        pytest.skip("oneDNN has no bf16 kernels on this processor: only the decision without them can run here")
+    monkeypatch.setattr(packed, "bf16_kernels", lambda: kernels)
+    calls = []
+    real = packed._packed_linear
+    monkeypatch.setattr(packed, "_packed_linear", lambda *args: calls.append(1) or real(*args))
+    model = CerberusForCausalLM.from_base(tiny_model("llama").to(torch.bfloat16), head_type="hydra", num_heads=3)
+    assert packing_available(DEVICE, torch.bfloat16) == kernels and packing_available(DEVICE, torch.float32)
+    prompt = get_prompt("llama")
+    logger = logging.get_logger("cerberus_hf.modeling_cerberus")
+    logging.set_verbosity_warning()
+    with CaptureLogger(logger) as captured:
+        out = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert bool(calls) == kernels
+    assert ("linear layers run unpacked: oneDNN has no bfloat16 kernels" in captured.out) == (not kernels)
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=24, do_sample=False, packed_weights=False))
+    if not kernels:
+        with pytest.raises(ValueError, match="oneDNN has no bfloat16 kernels on this processor"):
+            model.generate(prompt, max_new_tokens=4, packed_weights=True)
 
 
 def test_packed_weights_are_refused_where_they_cannot_apply():

@@ -31,16 +31,33 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..hardware import bf16_kernels
 from ..module_views import replace_modules, with_forward
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _ROWS_HINT = 8  # the row count oneDNN lays the weight out for; other row counts run as fast with it (docs/decoding.md)
 
 
+def _packable(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights of ``dtype`` on this processor: float32 anywhere, bfloat16 only with its bf16
+    kernels (`hardware.bf16_kernels`: an AVX2-only processor has none, and its reorder raises)."""
+    return dtype in PACKABLE_DTYPES and (dtype != torch.bfloat16 or bf16_kernels())
+
+
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `packed_view` computes anything here: a CPU, float32 or bfloat16, oneDNN built in."""
-    return (torch.device(device).type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """Whether `packed_view` computes anything here: a CPU, oneDNN built in, and a dtype it packs (`_packable`)."""
+    return (torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and _packable(dtype))
+
+
+def packing_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why a model that would be packed on another CPU is not packed here (None: it is, or no CPU packs it): said
+    once, so that a user comparing machines knows their linear layers run through `linear` here."""
+    if torch.device(device).type != "cpu" or dtype not in PACKABLE_DTYPES or packing_available(device, dtype):
+        return None
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return "this torch is built without oneDNN"
+    return "oneDNN has no bfloat16 kernels on this processor (they need AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
 
 
 @dataclass
@@ -77,7 +94,7 @@ class PackedWeights:
             for module in modules:
                 for linear in module.modules():
                     weight = getattr(linear, "weight", None)
-                    if not isinstance(linear, nn.Linear) or weight is None or weight.dtype not in PACKABLE_DTYPES:
+                    if not isinstance(linear, nn.Linear) or weight is None or not _packable(weight.dtype):
                         continue
                     entry = self._table.get(id(weight))
                     table[id(weight)] = entry if entry is not None and entry.fresh(weight) else _Packed.of(weight)
@@ -88,7 +105,7 @@ class PackedWeights:
         """``linear(x, weight, bias)`` through ``weight`` packed on first use, for a weight no module holds: a drafter's
         draft-vocabulary rows of the lm_head, which a drafter projects onto at every drafted token, so packing them
         shortens drafting (measured in docs/decoding.md). Kept while that tensor lives unchanged."""
-        if torch.is_grad_enabled() or x.dtype != weight.dtype or x.dim() < 2 or weight.dtype not in PACKABLE_DTYPES:
+        if torch.is_grad_enabled() or x.dtype != weight.dtype or x.dim() < 2 or not _packable(weight.dtype):
             return nn.functional.linear(x, weight, bias)
         with self._lock:
             entry = self._loose.get(id(weight))

@@ -315,8 +315,8 @@ def _chosen_gate(gate: dict) -> dict:
 
 
 def store_calibration(model, settings: dict, strict: bool = False) -> HardwareKey:
-    """Store ``settings`` in the model's generation config under this device, dtype and processor (with
-    a CPU's bf16 instructions), beside the entries for other hardware; returns the key. ``strict`` settings
+    """Store ``settings`` in the model's generation config under this device, dtype, instruction class and
+    processor (`hardware.HardwareKey`; a CPU's bf16 instructions recorded too, for older code), beside the entries for other hardware; returns the key. ``strict`` settings
     go under the entry's ``"strict"`` key, beside (not instead of) its own; either kind keeps the other."""
     key = HardwareKey.of(model.device, model.base.dtype)
     calibrated = dict(getattr(model.generation_config, "cerberus_calibration", None) or {})
