@@ -10,8 +10,8 @@ import torch
 
 from cerberus_hf.tools.bench import batch_inputs, markdown_profile, markdown_table, run_bench, save_plot
 from cerberus_hf.blocks.profiling import PHASES
-from helpers import fresh_model, get_base, get_prompt, tiny_ngram
-from tiny_models import DEVICE, prompt_ids
+from helpers import fresh_model, get_base, get_prompt, here, tiny_ngram
+from tiny_models import prompt_ids
 
 
 def test_batched_bench_counts_each_rows_tokens_against_plain_batched_generate():
@@ -51,7 +51,7 @@ def test_bench_runs_every_method_and_reports_exactness(tmp_path):
     base = get_base("llama")
     model = fresh_model("llama", "cerberus", randomize=True, num_heads=3)
     model.generation_config.cerberus_calibration = {
-        DEVICE.type: {"draft_tree": [[0], [1], [0, 0]], "gate_threshold": 3.0, "gate_signal": "base_entropy"}
+        here(): {"draft_tree": [[0], [1], [0, 0]], "gate_threshold": 3.0, "gate_signal": "base_entropy"}
     }
     prompts = [get_prompt("llama"), prompt_ids(7, length=6)]
     result = run_bench(base, {"cerberus tiny": model}, prompts, max_new_tokens=12, warmup=1, profile=True,
@@ -92,7 +92,7 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
 
     base = get_base("llama")
     calibrated = fresh_model("llama", "cerberus", num_heads=2)
-    calibrated.generation_config.cerberus_calibration = {DEVICE.type: {"draft_tree": [[0], [1]], "gate_threshold": 1.0}}
+    calibrated.generation_config.cerberus_calibration = {here(): {"draft_tree": [[0], [1]], "gate_threshold": 1.0}}
     plain_heads = fresh_model("llama", "medusa", num_heads=2)  # no tree, no gate: only the chain applies
     models = {"c": calibrated, "m": plain_heads}
 
@@ -126,7 +126,7 @@ def test_the_default_lookup_variant_drops_only_the_checkpoints_copied_prompt_tok
 
     base = get_base("llama")
     model = fresh_model("llama", "hydra", num_heads=2)
-    model.generation_config.cerberus_calibration = {DEVICE.type: {"draft_tree": [[0], [1]], "prompt_lookup_num_tokens": 3}}
+    model.generation_config.cerberus_calibration = {here(): {"draft_tree": [[0], [1]], "prompt_lookup_num_tokens": 3}}
     methods = build_methods(base, {"h": model}, 4, ["default", "default-lookup"], packed_peer=False)[2:]
     assert [m.name for m in methods] == ["h (calibrated default)", "h (calibrated default, no copied tokens)"]
     assert [m.name for m in build_methods(base, {"h": model}, 4, None, packed_peer=False)].count(
@@ -149,7 +149,7 @@ def test_rescored_rows_need_the_ngram_model_and_category_tau_adds_up():
     base = get_base("llama")
     model = fresh_model("llama", "medusa", randomize=True, num_heads=2)
     rescoring = {"nodes": 3, "depth": 2, "top_k": 2, "candidates": 3, "weight": 0.5}
-    model.generation_config.cerberus_calibration = {DEVICE.type: {"draft_tree": [[0], [1]], "rescoring": rescoring}}
+    model.generation_config.cerberus_calibration = {here(): {"draft_tree": [[0], [1]], "rescoring": rescoring}}
     names = [m.name for m in build_methods(base, {"m": model}, 4, ["tree", "ltree", "rtree"], packed_peer=False)][2:]
     assert names == ["m (tree, gate off)"]  # calibrated with an n-gram model the folder does not have
     model.ngram = tiny_ngram(model.config.vocab_size)

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.hardware import HardwareKey
 from test_errors import HEADS_FILE, base, base_loads, save_heads  # noqa: F401 - fixtures
 from tiny_models import VOCAB
 
@@ -27,7 +28,7 @@ def rewrite_heads(folder: str, **tensors: torch.Tensor) -> str:
 def write_calibration(folder: str, entry: dict) -> str:
     path = os.path.join(folder, "generation_config.json")
     config = json.load(open(path))
-    config["cerberus_calibration"] = {"cpu/float32": entry}
+    config["cerberus_calibration"] = {str(HardwareKey.of("cpu", torch.float32)): entry}
     json.dump(config, open(path, "w"))
     return path
 

@@ -7,13 +7,12 @@ from huggingface_hub import ModelCard
 
 from cerberus_hf.tools.bench import run_bench
 from cerberus_hf.tools.model_card import evaluation_from_bench, render_card
-from helpers import fresh_model, get_base, get_prompt
-from tiny_models import DEVICE
+from helpers import fresh_model, get_base, get_prompt, here
 
 
 def test_card_takes_its_decoding_table_from_the_bench_rows_of_its_checkpoint():
     model = fresh_model("llama", "cerberus", randomize=True, num_heads=2)
-    model.generation_config.cerberus_calibration = {DEVICE.type: {"draft_tree": [[0], [1], [0, 0]]}}
+    model.generation_config.cerberus_calibration = {here(): {"draft_tree": [[0], [1], [0, 0]]}}
     other = fresh_model("llama", "medusa", num_heads=2)
     result = run_bench(get_base("llama"), {"cerberus tiny": model, "medusa tiny": other}, [get_prompt("llama")],
                        max_new_tokens=8, variants=["chain", "tree"])

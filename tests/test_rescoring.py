@@ -16,7 +16,8 @@ from cerberus_hf.blocks.rescoring import Rescoring, ngram_rescore, repeats_a_tok
 from cerberus_hf.blocks.tree import DynamicTree
 from cerberus_hf.calibration import calibrate, format_report
 from cerberus_hf.tools.cli import main as cli_main
-from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, install_oracle, reference, tiny_ngram
+from helpers import (NEW_TOKENS, PROMPT_LEN, fresh_model, get_prompt, here, install_oracle, reference,
+                     tiny_ngram)
 from tiny_models import DEVICE
 
 
@@ -174,7 +175,7 @@ def test_generate_rescoring_switch_and_files(tmp_path):
     # 5 nodes a step, fewer only in the last steps, where the room left before max_length cuts the depth
     assert 5 * (stats.draft_steps - 3) <= stats.drafted_tokens <= 5 * stats.draft_steps
     # the calibrated default: tree_kind "rescored" turns it on; a call naming another tree or None turns it off
-    model.generation_config.cerberus_calibration = {DEVICE.type: {"tree_kind": "rescored", "rescoring": settings}}
+    model.generation_config.cerberus_calibration = {here(): {"tree_kind": "rescored", "rescoring": settings}}
     calls.clear()
     model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, gate_threshold=None)
     assert calls
