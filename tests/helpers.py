@@ -25,7 +25,6 @@ NEW_TOKENS = 24
 
 
 # ------------------------------------------------------------------------------------------------ bases
-@functools.lru_cache(maxsize=None)
 def here(dtype: torch.dtype = torch.float32) -> str:
     """The calibration key of the test device in ``dtype`` on this machine (its instruction class included): an
     entry stored under it serves the tiny models' calls."""
@@ -35,6 +34,7 @@ def here(dtype: torch.dtype = torch.float32) -> str:
     return str(HardwareKey.of(DEVICE, dtype))
 
 
+@functools.lru_cache(maxsize=None)
 def get_base(arch: str) -> torch.nn.Module:
     """The session's tiny base of ``arch`` (shared: do not modify it)."""
     return tiny_model(arch)
