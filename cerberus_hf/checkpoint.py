@@ -16,7 +16,9 @@ from safetensors.torch import load_file, save_file
 from transformers.utils import cached_file
 
 HEADS_WEIGHTS_NAME = "cerberus_heads.safetensors"
-PICKLE_WEIGHT_NAMES = ("cerberus_heads.bin", "pytorch_model.bin", "cerberus_heads.pt", "heads.pt", "medusa_lm_head.pt")
+PICKLE_WEIGHT_NAMES = ("cerberus_heads.bin", "pytorch_model.bin", "cerberus_heads.pt", "heads.pt", "medusa_lm_head.pt",
+                       "medusa_lm_head.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt")  # how a pickle is named
 
 
 def check_source(name_or_path: str, filename: str | None = None) -> None:
@@ -64,14 +66,24 @@ def resolve_heads_file(name_or_path: str, **hub_kwargs) -> str:
     path = resolve_file(name_or_path, HEADS_WEIGHTS_NAME, required=False, **hub_kwargs)
     if path is not None:
         return path
-    for name in PICKLE_WEIGHT_NAMES:
+    refuse_pickles(name_or_path, HEADS_WEIGHTS_NAME, **hub_kwargs)
+    raise OSError(f"{name_or_path} has no {HEADS_WEIGHTS_NAME}: it is not a cerberus-hf head checkpoint.")
+
+
+def refuse_pickles(name_or_path: str, expected: str, **hub_kwargs) -> None:
+    """Refuse, in one line that says how to convert it, a checkpoint that has pickle weights where ``expected`` (its
+    safetensors file) is missing: one of `PICKLE_WEIGHT_NAMES`, or in a local folder any file named as a pickle
+    (`PICKLE_SUFFIXES`). Nothing is unpickled, only names are looked at."""
+    names = list(PICKLE_WEIGHT_NAMES)
+    if os.path.isdir(name_or_path):
+        names += sorted(name for name in os.listdir(name_or_path) if name.lower().endswith(PICKLE_SUFFIXES))
+    for name in names:
         if resolve_file(name_or_path, name, required=False, **hub_kwargs) is not None:
             raise OSError(
-                f"{name_or_path} holds pickle weights ({name}) and no {HEADS_WEIGHTS_NAME}. cerberus-hf only "
-                "loads safetensors, because unpickling can execute arbitrary code. Convert the file where you "
-                "trust it (torch.load, then safetensors.torch.save_file) and load the result."
+                f"{name_or_path} holds pickle weights ({name}) and no {expected}. cerberus-hf only loads "
+                "safetensors, because unpickling can execute arbitrary code. Convert the file where you trust it "
+                f"(torch.load, then safetensors.torch.save_file to {expected}) and load the result."
             )
-    raise OSError(f"{name_or_path} has no {HEADS_WEIGHTS_NAME}: it is not a cerberus-hf head checkpoint.")
 
 
 def load_heads_state_dict(path: str) -> dict[str, torch.Tensor]:

@@ -87,6 +87,15 @@ class CerberusConfig(PreTrainedConfig):
             middle and high layer).
         adapter_kv_heads: EAGLE-3 only: key/value heads of its decoder layer's attention (grouped-query attention;
             ``None``: as many as ``adapter_heads``).
+        intermediate_size: EAGLE-3 only: the width of its decoder layer's SwiGLU MLP (``None``: LLaMA's ``8 d / 3``
+            rounded up to a multiple of 64). Drafters trained elsewhere set it (`importing`).
+        rms_norm_eps: EAGLE-3 only: the epsilon of its RMS norms (``None``: 1e-6).
+        rope_theta: EAGLE-3 only: the base of its rotary position embedding (``None``: 10000).
+        norm_before_residual: EAGLE-3 only: the attention's residual adds the normed fused state instead of the raw one
+            (speculators' ``norm_before_residual``).
+        With ``head_projection="own"``, EAGLE-3 has one projection of its own for every depth (EAGLE-3's trained
+        ``lm_head``), over its draft vocabulary when one is set, row ``i`` for token ``draft_vocab[i]`` (which
+        ``draft_vocab_trained`` then fixes).
         exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
             probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
             longest draft is ``num_heads`` tokens.
@@ -123,6 +132,10 @@ class CerberusConfig(PreTrainedConfig):
     exit_confidence: float = 0.6
     feature_layers: list | None = None
     adapter_kv_heads: int | None = None
+    intermediate_size: int | None = None
+    rms_norm_eps: float | None = None
+    rope_theta: float | None = None
+    norm_before_residual: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_type not in HEAD_TYPES:
@@ -131,7 +144,7 @@ class CerberusConfig(PreTrainedConfig):
             raise ValueError(
                 f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
             )
-        optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size", "adapter_kv_heads")
+        optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size", "adapter_kv_heads", "intermediate_size")
         for name in ("num_heads", "num_layers", "exit_layer", "adapter_heads", "adapter_head_dim", "context_window",
                      *optional):
             value = getattr(self, name)
@@ -168,8 +181,7 @@ class CerberusConfig(PreTrainedConfig):
         if self.adapter_kv_heads is not None and self.adapter_heads % self.adapter_kv_heads:
             raise ValueError(f"adapter_heads ({self.adapter_heads}) must be a multiple of adapter_kv_heads "
                              f"({self.adapter_kv_heads}).")
-        if self.head_type == "eagle3" and self.head_projection != "shared":
-            raise ValueError("EAGLE-3 drafts through the base's own lm_head: head_projection must be 'shared'.")
+        self._check_eagle3_layer()
         if self.gate_signal not in GATE_SIGNALS:
             raise ValueError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
         if self.draft_tree is not None:
@@ -186,6 +198,21 @@ class CerberusConfig(PreTrainedConfig):
             if math.isinf(self.gate_threshold) and self.gate_threshold > 0:
                 self.gate_threshold = None  # "always draft" has one spelling on disk, valid JSON included
         super().__post_init__(**kwargs)
+
+    def _check_eagle3_layer(self) -> None:
+        """Refuse EAGLE-3 layer settings out of range, and an own projection whose rows a new draft vocabulary
+        could reorder."""
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = check_number(name, getattr(self, name), optional=True)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}.")
+            setattr(self, name, value)
+        if not isinstance(self.norm_before_residual, bool):
+            raise ValueError(f"norm_before_residual must be true or false, got {self.norm_before_residual!r}.")
+        if (self.head_type == "eagle3" and self.head_projection == "own" and self.draft_vocab_size
+                and not self.draft_vocab_trained):
+            raise ValueError("EAGLE-3 heads with their own lm_head over a draft vocabulary hold that vocabulary's rows: "
+                             "set draft_vocab_trained.")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "CerberusConfig":

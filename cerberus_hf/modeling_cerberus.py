@@ -63,6 +63,7 @@ from .blocks.tree import DynamicTree, TreeSpec
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import check_int
 from .hardware import HardwareKey, select_calibration
+from .importing import foreign_config, import_drafter
 from .loading import check_calibration, read_heads
 from .module_views import module_view
 from .remote_code import copied_code, custom_generate_code, write_loading_code
@@ -160,9 +161,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         The heads file is read and checked against its config before the base is loaded, so a bad
         checkpoint fails fast and nothing is left half-loaded. Loading keywords such as ``dtype``,
         ``device_map`` and ``attn_implementation`` apply to the base.
+
+        A drafter saved in another project's layout (speculators' or EAGLE's EAGLE-3, Medusa's or vLLM's Medusa)
+        loads as the matching family (`importing`; ``num_heads=`` sets an EAGLE-3 drafter's depth).
         """
         path = str(pretrained_model_name_or_path)
         hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if kwargs.get(k) is not None}
+        foreign = foreign_config(path, hub_kwargs) if config is None else None
+        if foreign is not None:
+            return import_drafter(cls, path, foreign, base_model, hub_kwargs, kwargs)
         copied = copied_code(path)
         if copied:
             logger.warning_once(

@@ -28,8 +28,8 @@ LAYERS = [
     ["drafters", "drafters.*"],
     # the draft-verify loop, which knows drafters only through their interface
     ["decoding", "decoding.*"],
-    # reading a saved folder and the base it names
-    ["loading", "base_model", "real_models"],
+    # reading a saved folder (or one in another project's layout) and the base it names
+    ["loading", "base_model", "real_models", "importing"],
     # the model users load, and its entry points
     ["modeling_cerberus", "custom_generate", ""],
     # training, then calibration (which reads training data's held-out split)

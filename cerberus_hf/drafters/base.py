@@ -283,11 +283,7 @@ class Drafter(nn.Module):
         self.num_heads = config.num_heads
         self.state_source = config.state_source
         self.blocks = self.build_blocks(config)
-        self.lm_heads = (
-            nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads))
-            if config.head_projection == "own"
-            else None
-        )
+        self.lm_heads = self.build_projections(config)
         # Drafting may project onto a frequency-ranked subset of the vocabulary: the projection is the
         # costly part of a head on a CPU, and verification still uses the full vocabulary.
         self.register_buffer(
@@ -304,6 +300,14 @@ class Drafter(nn.Module):
             nn.ModuleList(self.make_block(k, layer) for layer in range(config.num_layers))
             for k in range(config.num_heads)
         )
+
+    def build_projections(self, config: CerberusConfig) -> nn.ModuleList | None:
+        """The projections of a drafter with its own (``head_projection="own"``, Medusa-1): one copy of the base
+        ``lm_head`` per head; None when the heads project through the frozen base ``lm_head``."""
+        if config.head_projection != "own":
+            return None
+        return nn.ModuleList(nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+                             for _ in range(config.num_heads))
 
     def make_block(self, k: int, layer: int) -> nn.Module:
         """Block ``layer`` of head ``k`` (a plain residual block unless the family needs more inputs)."""

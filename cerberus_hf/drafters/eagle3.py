@@ -29,7 +29,8 @@ reads. `unrolled_outputs` computes that; the loss is cross-entropy (optionally a
 distribution) at every step.
 
 Where this differs from EAGLE-3's public code: the projection is the frozen base ``lm_head`` restricted to the draft
-vocabulary (EAGLE-3 trains its own head over a reduced vocabulary; an export copies those rows), and a fresh drafter
+vocabulary (EAGLE-3 trains its own head over a reduced vocabulary; an export copies those rows; a drafter trained by
+EAGLE's code or by speculators loads with its own, ``head_projection="own"``, see `importing`), and a fresh drafter
 is not the identity (its layer starts from a fixed seed), so untrained drafts are wrong, as verification allows.
 """
 
@@ -115,11 +116,13 @@ class FeatureLayer(nn.Module):
     state, then a SwiGLU MLP with its own norm and residual. Split in two (`keys_values_queries`, `finish`) so that
     the attention between them may read keys from a cache, from draft paths or from unrolled training steps."""
 
-    def __init__(self, hidden_size: int, num_heads: int, kv_heads: int, head_dim: int, eps: float = 1e-6):
+    def __init__(self, hidden_size: int, num_heads: int, kv_heads: int, head_dim: int, eps: float = 1e-6,
+                 width: int | None = None, rope_theta: float = 10000.0, norm_before_residual: bool = False):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"adapter_head_dim must be even (rotary embeddings), got {head_dim}.")
         self.num_heads, self.kv_heads, self.head_dim = num_heads, kv_heads, head_dim
+        self.rope_theta, self.norm_before_residual = rope_theta, norm_before_residual
         self.embed_norm = nn.RMSNorm(hidden_size, eps=eps)
         self.hidden_norm = nn.RMSNorm(hidden_size, eps=eps)
         self.q_proj = nn.Linear(2 * hidden_size, num_heads * head_dim, bias=False)
@@ -127,7 +130,7 @@ class FeatureLayer(nn.Module):
         self.v_proj = nn.Linear(2 * hidden_size, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
         self.post_norm = nn.RMSNorm(hidden_size, eps=eps)
-        self.mlp = GatedMLP(hidden_size, llama_mlp_width(hidden_size))
+        self.mlp = GatedMLP(hidden_size, width or llama_mlp_width(hidden_size))
         init_from_fixed_seed(self.q_proj, self.k_proj, self.v_proj, self.o_proj)
 
     @property
@@ -142,7 +145,7 @@ class FeatureLayer(nn.Module):
         """(keys, values ``[B, KVH, N, D]``, queries ``[B, H, N, D]``) for inputs ``[B, N, hidden]`` at ``positions``
         ``[N]`` (or ``[B, N]``: each row's own)."""
         x = torch.cat([self.embed_norm(embeds), self.hidden_norm(states)], dim=-1)
-        rotation = rotary(positions, self.head_dim, x.dtype)
+        rotation = rotary(positions, self.head_dim, x.dtype, self.rope_theta)
         if positions.dim() == 2:  # [B, N, D] -> [B, 1, N, D]: the same rotation for every head
             rotation = tuple(part[:, None] for part in rotation)
         keys = rotate(self._heads(self.k_proj(x), self.kv_heads), rotation)
@@ -151,8 +154,10 @@ class FeatureLayer(nn.Module):
         return keys, values, queries
 
     def finish(self, states: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """The layer's output ``[B, N, hidden]`` from its input states and the attention's output ``[B, H, N, D]``."""
-        mixed = states + self.o_proj(attended.transpose(-3, -2).reshape(*states.shape[:-1], -1))
+        """The layer's output ``[B, N, hidden]`` from its input states and the attention's output ``[B, H, N, D]``: the
+        residual adds the raw states, or with ``norm_before_residual`` the normed ones."""
+        residual = self.hidden_norm(states) if self.norm_before_residual else states
+        mixed = residual + self.o_proj(attended.transpose(-3, -2).reshape(*states.shape[:-1], -1))
         return mixed + self.mlp(self.post_norm(mixed))
 
 
@@ -285,9 +290,11 @@ class Eagle3Drafter(Drafter):
         count = len(self.feature_layers) if self.feature_layers else 3  # EAGLE-3's low, middle and high layer
         self.fc = nn.Linear(count * hidden, hidden, bias=False)
         init_from_fixed_seed(self.fc)
+        eps = config.rms_norm_eps or 1e-6
         self.layer = FeatureLayer(hidden, config.adapter_heads, config.adapter_kv_heads or config.adapter_heads,
-                                  config.adapter_head_dim)
-        self.norm = nn.RMSNorm(hidden, eps=1e-6)
+                                  config.adapter_head_dim, eps, config.intermediate_size, config.rope_theta or 10000.0,
+                                  config.norm_before_residual)
+        self.norm = nn.RMSNorm(hidden, eps=eps)
 
     @classmethod
     def config_defaults(cls, base: nn.Module) -> dict:
@@ -301,6 +308,28 @@ class Eagle3Drafter(Drafter):
 
     def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
         return nn.ModuleList()  # no per-depth heads: one layer serves every depth
+
+    def build_projections(self, config: CerberusConfig) -> nn.ModuleList | None:
+        """EAGLE-3's own ``lm_head`` (``head_projection="own"``: a drafter trained elsewhere, `importing`): one for
+        every depth, over the draft vocabulary when one is set (row ``i`` for token ``draft_vocab[i]``)."""
+        if config.head_projection != "own":
+            return None
+        return nn.ModuleList([nn.Linear(config.hidden_size, config.draft_vocab_size or config.vocab_size, bias=False)])
+
+    def projection(self, k: int) -> nn.Module:
+        return super().projection(0)  # one projection serves every depth
+
+    def project(self, states: torch.Tensor, k: int) -> torch.Tensor:
+        """`Drafter.project`; an own ``lm_head`` over the draft vocabulary holds only its rows, in its order."""
+        if self.lm_heads is not None and self.lm_heads[0].out_features != self.vocab_size:
+            return self.lm_heads[0](states)
+        return super().project(states, k)
+
+    def init_projections_from(self, lm_head_weight: torch.Tensor) -> None:
+        """An own ``lm_head`` over the whole vocabulary starts as the base's; over a draft vocabulary it waits for its
+        weights (a drafter with one is loaded, never trained here)."""
+        if self.lm_heads is not None and self.lm_heads[0].weight.shape == lm_head_weight.shape:
+            super().init_projections_from(lm_head_weight)
 
     def attach(self, base: nn.Module) -> None:
         count = len(decoder_layers(base)[2])

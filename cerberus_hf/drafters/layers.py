@@ -11,19 +11,21 @@ from torch import nn
 
 
 @lru_cache(maxsize=64)
-def _inverse_frequencies(dim: int, device: torch.device) -> torch.Tensor:
-    """``[dim]``: each rotated pair's frequency (base 10000), the first half's repeated for the second, computed once
-    per head width and device (a drafting step calls `rotary` at every depth)."""
+def _inverse_frequencies(dim: int, device: torch.device, theta: float = 10000.0) -> torch.Tensor:
+    """``[dim]``: each rotated pair's frequency (base ``theta``), the first half's repeated for the second, computed once
+    per head width, base and device (a drafting step calls `rotary` at every depth)."""
     half = dim // 2
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=device, dtype=torch.float32) / half))
+    inv_freq = 1.0 / (theta ** (torch.arange(half, device=device, dtype=torch.float32) / half))
     return torch.cat([inv_freq, inv_freq])
 
 
-def rotary(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) ``[..., T, dim]`` of the rotary position embedding (base 10000) at ``positions`` ``[..., T]``, for heads
-    of ``dim`` (each half of the last axis the same): computed once per layer call and shared by its keys and queries (a
-    drafting step's dozens of small ops cost more than its matrix products on a CPU, and on a GPU each is a launch)."""
-    angles = positions.to(torch.float32)[..., None] * _inverse_frequencies(dim, positions.device)
+def rotary(positions: torch.Tensor, dim: int, dtype: torch.dtype, theta: float = 10000.0
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) ``[..., T, dim]`` of the rotary position embedding (base ``theta``) at ``positions`` ``[..., T]``, for
+    heads of ``dim`` (each half of the last axis the same): computed once per layer call and shared by its keys and
+    queries (a drafting step's dozens of small ops cost more than its matrix products on a CPU, and on a GPU each is a
+    launch)."""
+    angles = positions.to(torch.float32)[..., None] * _inverse_frequencies(dim, positions.device, float(theta))
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 

@@ -3,10 +3,11 @@
 * ``--format speculators`` (EAGLE-3 heads): the Eagle3 layout of the ``speculators`` library (0.9), which vLLM and
   SGLang serve. The drafter's layer maps one to one onto speculators' (``fc``, ``layers.0`` with ``input_layernorm``
   on the token embedding and ``hidden_norm`` on the fused state, q/k/v over ``[embedding; state]``, the residual onto
-  the raw fused state: ``norm_before_residual: false``, the final ``norm``), with rotary base 10000 and the norms'
-  epsilon written as this drafter uses them. The projection becomes the drafter's own ``lm_head``: the frozen base
-  ``lm_head``'s rows of the draft vocabulary, ordered by token id, with ``d2t`` (draft index to token id offsets) and
-  ``t2d`` (which token ids are drafted); the base's input embedding is copied as ``embed_tokens``. What the export
+  the raw fused state, or the normed one with ``norm_before_residual``, the final ``norm``), with the rotary base, MLP
+  width and norms' epsilon written as this drafter uses them. The projection becomes the drafter's own ``lm_head``:
+  the frozen base ``lm_head``'s rows of the draft vocabulary (or the drafter's own ``lm_head``'s, for one loaded from
+  another layout), ordered by token id, with ``d2t`` (draft index to token id offsets) and ``t2d`` (which token ids
+  are drafted); the base's input embedding is copied as ``embed_tokens``. What the export
   cannot keep: the calibrated trees, gate and prompt lookup (an engine drafts with its own settings; a chain of
   ``num_heads`` tokens is written as the proposal), and the positions: speculators numbers a drafting position from 1,
   this drafter from 0, which rotary attention does not see (it reads only differences of positions).
@@ -15,6 +16,8 @@
   rows with ``truncated_vocab_size`` and ``token_map``). vLLM drafts a chain of each head's top-1 guess; trees, gate
   and lookup stay behind. Heads whose guesses read the drafted tokens or each other (Cerberus, Hydra, Clover) fit no
   engine's format and are refused.
+
+The key maps are `importing`'s, which reads both layouts back (``from_pretrained`` on an export gives the same tensors).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from ..importing import eagle3_keys, medusa_keys, medusa_projection_key
 
 SPECULATORS_VERSION = "0.9.0"
 FORMATS = ("speculators", "vllm-medusa")
@@ -81,7 +86,7 @@ def speculators_config(model, verifier: str | None, dtype: torch.dtype) -> dict:
         "speculators_model_type": "eagle3",
         "speculators_version": SPECULATORS_VERSION,
         "draft_vocab_size": int(_draft_rows(model).numel()),
-        "norm_before_residual": False,
+        "norm_before_residual": layer.norm_before_residual,
         "norm_before_fc": False,
         "fc_norm": False,
         "norm_output": False,
@@ -96,7 +101,7 @@ def speculators_config(model, verifier: str | None, dtype: torch.dtype) -> dict:
             "num_attention_heads": layer.num_heads, "num_key_value_heads": layer.kv_heads, "head_dim": layer.head_dim,
             "hidden_act": "silu", "rms_norm_eps": heads.norm.eps, "attention_bias": False, "mlp_bias": False,
             "max_position_embeddings": getattr(base, "max_position_embeddings", 8192), "tie_word_embeddings": False,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rope_parameters": {"rope_type": "default", "rope_theta": float(layer.rope_theta)},
             "pad_token_id": base.pad_token_id,
         },
         "speculators_config": {
@@ -120,30 +125,27 @@ def speculators_tensors(model, dtype: torch.dtype = torch.float32) -> dict[str, 
         if norm.eps != heads.norm.eps:  # one rms_norm_eps in the layer config
             raise ValueError("the drafter's norms use different epsilons; the Llama layer config has one.")
     rows = _draft_rows(model)
-    lm_head = model.base.get_output_embeddings().weight.detach().cpu()
     t2d = torch.zeros(model.config.vocab_size, dtype=torch.bool)
     t2d[rows] = True
-    tensors = {
-        "embed_tokens.weight": model.base.get_input_embeddings().weight.detach().cpu(),
-        "fc.weight": heads.fc.weight,
-        "layers.0.input_layernorm.weight": layer.embed_norm.weight,
-        "layers.0.hidden_norm.weight": layer.hidden_norm.weight,
-        "layers.0.self_attn.q_proj.weight": layer.q_proj.weight,
-        "layers.0.self_attn.k_proj.weight": layer.k_proj.weight,
-        "layers.0.self_attn.v_proj.weight": layer.v_proj.weight,
-        "layers.0.self_attn.o_proj.weight": layer.o_proj.weight,
-        "layers.0.post_attention_layernorm.weight": layer.post_norm.weight,
-        "layers.0.mlp.gate_proj.weight": layer.mlp.gate_proj.weight,
-        "layers.0.mlp.up_proj.weight": layer.mlp.up_proj.weight,
-        "layers.0.mlp.down_proj.weight": layer.mlp.down_proj.weight,
-        "norm.weight": heads.norm.weight,
-        "lm_head.weight": lm_head[rows],
-    }
+    state = heads.state_dict()
+    tensors = {"embed_tokens.weight": model.base.get_input_embeddings().weight.detach().cpu(),
+               **{theirs: state[ours] for ours, theirs in eagle3_keys("speculators").items()},
+               "lm_head.weight": _lm_head_rows(model, rows)}
     out = {name: t.detach().cpu().to(dtype).contiguous() for name, t in tensors.items()}
     if rows.numel() != model.config.vocab_size:
         out["d2t"] = (rows - torch.arange(rows.numel())).to(torch.int64)
         out["t2d"] = t2d
     return out
+
+
+def _lm_head_rows(model, rows: torch.Tensor) -> torch.Tensor:
+    """The rows ``rows`` (token ids) of the projection EAGLE-3 drafts through: the base ``lm_head``'s, or the drafter's
+    own (whose rows over a draft vocabulary are that vocabulary's, in its order)."""
+    heads = model.heads
+    weight = heads.projection(0).weight.detach().cpu()
+    if weight.shape[0] != model.config.vocab_size:  # an own lm_head over the draft vocabulary
+        return weight[torch.argsort(heads.draft_vocab.cpu())]
+    return weight[rows]
 
 
 def export_speculators(model, output: Path, verifier: str | None = None, dtype: torch.dtype = torch.float32
@@ -163,13 +165,14 @@ def vllm_medusa_tensors(model, dtype: torch.dtype = torch.float32) -> tuple[dict
         raise ValueError(f"--format vllm-medusa writes Medusa heads (independent heads on the base's last state); "
                          f"these are {heads.drafter_type}, which no serving engine's Medusa runs.")
     rows = heads.draft_vocab.cpu() if heads.draft_vocab is not None else None
-    tensors: dict[str, torch.Tensor] = {}
+    state = heads.state_dict()
+    tensors = {theirs: state[ours] for ours, theirs in medusa_keys("vllm-medusa", config.num_heads,
+                                                                   config.num_layers).items()}
     for h in range(config.num_heads):
-        for i, block in enumerate(heads.blocks[h]):
-            tensors[f"blocks.{h}.layers.{i}.weight"] = block.linear.weight
-            tensors[f"blocks.{h}.layers.{i}.bias"] = block.linear.bias
         weight = heads.projection(h).weight.detach().cpu()
-        tensors[f"lm_heads.{h}.weight"] = weight[rows] if rows is not None else weight
+        # a copy each: heads that share the base lm_head would otherwise share one tensor, which safetensors refuses
+        tensors[medusa_projection_key("vllm-medusa", h, config.num_layers)] = weight[rows] if rows is not None else (
+            weight.clone())
     out = {name: t.detach().cpu().to(dtype).contiguous() for name, t in tensors.items()}
     vllm_config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": config.hidden_size,
                    "vocab_size": config.vocab_size, "num_heads": config.num_heads,

@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
+from ..checkpoint import PICKLE_SUFFIXES
+
 logger = logging.getLogger(__name__)
 
 METRICS_NAME = "training_metrics.json"  # a run's results, beside the heads it writes
@@ -39,9 +41,6 @@ RNG_TENSORS_NAME = "rng_state_{}.safetensors"  # per process: torch's CPU genera
 
 
 RNG_JSON_NAME = "rng_state_{}.json"  # per process: Python's and NumPy's generators
-
-
-PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt")
 
 
 def earlier_run(folder: str | os.PathLike | None) -> dict | None:

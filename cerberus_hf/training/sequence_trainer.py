@@ -269,6 +269,9 @@ def _checked_dtype(drafter, compute_dtype: torch.dtype | str) -> torch.dtype:
         raise ValueError(f"compute_dtype must be float32 or bfloat16, got {dtype}.")
     if not hasattr(drafter, "unrolled_outputs"):
         raise ValueError(f"{drafter.drafter_type} heads do not unroll over sequences; train them with train_heads.")
+    if drafter.own_projection:
+        raise ValueError("these EAGLE-3 heads project through an lm_head of their own (a drafter trained elsewhere); "
+                         "training here fits heads that project through the base's lm_head: start from fresh heads.")
     return dtype
 
 

@@ -68,7 +68,8 @@ WINDOW_SUMS = ("head_loss", "head_hits", "head_rows")  # per-head sums of a hist
 # What makes saved heads a valid start for a run: the same drafter over the same kind of base.
 INIT_FIELDS = ("base_model_type", "hidden_size", "vocab_size", "head_type", "num_heads", "num_layers",
                "head_projection", "adapter_heads", "adapter_head_dim", "context_window", "prefix_layer",
-               "exit_layer", "state_source", "adapter_kv_heads", "feature_layers")
+               "exit_layer", "state_source", "adapter_kv_heads", "feature_layers", "intermediate_size", "rms_norm_eps",
+               "rope_theta", "norm_before_residual")
 
 
 def load_initial_heads(model, folder: str | os.PathLike) -> None:

@@ -1,0 +1,417 @@
+"""Drafters saved in other projects' layouts load as this package's families (`cerberus_hf.importing`): an export loads
+back with the same tensors and drafts, EAGLE's and Medusa's own layouts draft what their published formulas (written
+out plainly here, from the papers and the public code's arithmetic) compute, greedy output stays plain `generate()`'s,
+and a bad file is refused in one line before the base loads."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import cerberus_hf.importing as importing
+from cerberus_hf import CerberusConfig, CerberusForCausalLM
+from cerberus_hf.tools.export import export_speculators, export_vllm_medusa
+from cerberus_hf.training.sequence_trainer import train_sequence_drafter
+from helpers import fresh_model, get_base, get_prompt, randomize_heads, reference
+from tiny_models import DEVICE, VOCAB, prompt_ids
+
+HIDDEN = 32
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def draft_logits(model: CerberusForCausalLM, sequence: torch.Tensor) -> torch.Tensor:
+    """Every depth's logits ``[n, depths, VOCAB]`` after each position of ``sequence`` with the true tokens above it
+    (as drafting computes them on the true path), over token ids (-inf off the draft vocabulary)."""
+    heads = model.heads
+    with torch.no_grad(), heads.capture(model.base) as captured:
+        model.base(sequence[None])
+        logits = heads.teacher_forced(captured, sequence[None], 0)[1].cpu()
+    full = torch.full((*logits.shape[:2], VOCAB), float("-inf"))
+    full[..., heads.token_ids(torch.arange(logits.shape[-1], device=DEVICE)).cpu()] = logits
+    return full
+
+
+def assert_same_state(mine: dict, theirs: dict) -> None:
+    assert sorted(mine) == sorted(theirs)
+    for name, tensor in mine.items():
+        if name == "draft_vocab":  # an export lists the draft vocabulary by token id
+            assert torch.equal(torch.sort(tensor).values, torch.sort(theirs[name]).values)
+        else:
+            assert torch.equal(tensor, theirs[name]), name
+
+
+def assert_same_export(first, second) -> None:
+    assert json.loads((first / "config.json").read_text()) == json.loads((second / "config.json").read_text())
+    mine, theirs = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def deep_base(layers: int = 8) -> torch.nn.Module:
+    """A tiny llama deep enough for EAGLE's own choice of layers (2, L // 2, L - 3) to be three distinct ones."""
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).to(DEVICE).eval()
+
+
+@pytest.fixture
+def base_loads(monkeypatch):
+    """Every base the importer loads by name."""
+    calls = []
+    monkeypatch.setattr(importing, "load_base_model", lambda config, **kwargs: calls.append(config) or None)
+    return calls
+
+
+# ------------------------------------------------------------------------------------------------ round trips
+@pytest.mark.parametrize("arch, options", [
+    ("llama", {}),
+    ("qwen2", dict(norm_before_residual=True, rope_theta=500.0, rms_norm_eps=1e-5, intermediate_size=48)),
+])
+def test_a_speculators_export_loads_back_with_the_same_tensors_and_drafts(tmp_path, arch, options):
+    model = fresh_model(arch, "eagle3", num_heads=3, **options)
+    randomize_heads(model, seed=2, std=0.2)
+    model.set_draft_vocab(torch.tensor([40, 3, 77, 12, 5, 60, 2, 90, 33, 18]))
+    export_speculators(model, tmp_path / "out")
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out", base_model=model.base)
+    assert loaded.config.head_projection == "shared" and loaded.config.num_heads == 3
+    assert loaded.config.feature_layers == model.config.feature_layers
+    for name, value in options.items():
+        assert getattr(loaded.config, name) == value
+    assert_same_state(model.heads.state_dict(), loaded.heads.state_dict())
+    export_speculators(loaded, tmp_path / "again")
+    assert_same_export(tmp_path / "out", tmp_path / "again")
+    sequence = reference(arch)[0]
+    torch.testing.assert_close(draft_logits(loaded, sequence), draft_logits(model, sequence))
+    assert torch.equal(loaded.generate(get_prompt(arch), max_new_tokens=24), reference(arch))
+
+
+@pytest.mark.parametrize("projection, vocab", [("shared", [7, 1, 50, 23, 64, 9]), ("own", None), ("own", [7, 1, 50])])
+def test_a_vllm_medusa_export_loads_back_with_the_same_tensors_and_drafts(tmp_path, projection, vocab):
+    model = fresh_model("llama", "medusa", num_heads=3, num_layers=2, head_projection=projection)
+    randomize_heads(model, seed=3, std=0.2)
+    if vocab is not None:
+        model.set_draft_vocab(torch.tensor(vocab))
+    export_vllm_medusa(model, tmp_path / "out")
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out", base_model=model.base)
+    assert (loaded.config.head_projection, loaded.config.num_layers) == (projection, 2)
+    assert loaded.config.draft_vocab_trained == (projection == "own" and vocab is not None)
+    if projection == "own" and vocab is not None:  # the rows outside the draft vocabulary are the base's now
+        for mine, theirs in zip(model.heads.lm_heads, loaded.heads.lm_heads):
+            assert torch.equal(mine.weight[vocab], theirs.weight[vocab])
+    else:
+        assert_same_state(model.heads.state_dict(), loaded.heads.state_dict())
+    export_vllm_medusa(loaded, tmp_path / "again")
+    assert_same_export(tmp_path / "out", tmp_path / "again")
+    sequence = reference("llama")[0]
+    torch.testing.assert_close(draft_logits(loaded, sequence), draft_logits(model, sequence))
+    assert torch.equal(loaded.generate(get_prompt("llama"), max_new_tokens=24), reference("llama"))
+
+
+# ------------------------------------------------------------------------------------------------ Medusa's layout
+def write_medusa(folder, heads: int, layers: int, said: int | None = None, seed: int = 0) -> dict:
+    """A folder in FasterDecoding/Medusa's layout, with random heads; returns its tensors."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for h in range(heads):
+        for i in range(layers):
+            tensors[f"{h}.{i}.linear.weight"] = torch.randn(HIDDEN, HIDDEN, generator=g) * 0.3
+            tensors[f"{h}.{i}.linear.bias"] = torch.randn(HIDDEN, generator=g) * 0.3
+        tensors[f"{h}.{layers}.weight"] = torch.randn(VOCAB, HIDDEN, generator=g)
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "medusa_lm_head.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as handle:
+        json.dump({"medusa_num_heads": said or heads, "medusa_num_layers": layers, "version": "2",
+                   "base_model_name_or_path": "lmsys/not-loaded-here"}, handle)
+    return tensors
+
+
+def test_medusas_own_layout_drafts_what_medusas_formula_computes(tmp_path, caplog):
+    """Medusa (Cai et al., 2024): head ``h`` is ``ResBlock`` ``x + SiLU(W x + b)`` applied ``medusa_num_layers``
+    times to the base's last hidden state, then its own ``lm_head``. The config names 2 heads and the file holds 3
+    (as published Medusa configs do): the three load, and the line says so."""
+    tensors = write_medusa(tmp_path, heads=3, layers=2, said=2)
+    base = get_base("llama")
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base)
+    assert (loaded.config.num_heads, loaded.config.num_layers, loaded.config.head_projection) == (3, 2, "own")
+    assert "Medusa's layout" in caplog.text and "names 2 heads and the file holds 3" in caplog.text
+    sequence = reference("llama")[0]
+    with torch.no_grad():
+        states = base(sequence[None], output_hidden_states=True).hidden_states[-1][0].cpu()
+    expected = []
+    for h in range(3):
+        x = states
+        for i in range(2):
+            x = x + F.silu(x @ tensors[f"{h}.{i}.linear.weight"].T + tensors[f"{h}.{i}.linear.bias"])
+        expected.append(x @ tensors[f"{h}.2.weight"].T)
+    torch.testing.assert_close(draft_logits(loaded, sequence), torch.stack(expected, dim=1), atol=1e-4, rtol=1e-4)
+    assert torch.equal(loaded.generate(get_prompt("llama"), max_new_tokens=24), reference("llama"))
+    assert CerberusForCausalLM.from_pretrained(tmp_path, base_model=base, num_heads=2).config.num_heads == 2
+
+
+# ------------------------------------------------------------------------------------------------ EAGLE-3 layouts
+EAGLE_SHAPE = dict(heads=4, kv_heads=2, head_dim=8, width=48, draft=40, eps=1e-5, theta=500.0)
+
+
+def eagle3_tensors(prefix: str, base: torch.nn.Module, seed: int = 0) -> dict:
+    """Random EAGLE-3 drafter tensors in EAGLE's names (``prefix``: ``midlayer.`` or speculators' ``layers.0.``), with
+    ``d2t``/``t2d`` for a random draft vocabulary and the base's embedding."""
+    g = torch.Generator().manual_seed(seed)
+    s = EAGLE_SHAPE
+    ids = torch.sort(torch.randperm(VOCAB, generator=g)[: s["draft"]]).values
+
+    def rand(*shape, scale=0.3):
+        return torch.randn(*shape, generator=g) * scale
+
+    tensors = {"fc.weight": rand(HIDDEN, 3 * HIDDEN), "norm.weight": 1 + rand(HIDDEN), "lm_head.weight": rand(
+        s["draft"], HIDDEN, scale=1.0), "d2t": ids - torch.arange(s["draft"]), "t2d": torch.isin(torch.arange(VOCAB), ids),
+        "embed_tokens.weight": base.get_input_embeddings().weight.detach().cpu().clone()}
+    layer = {"input_layernorm.weight": 1 + rand(HIDDEN), "hidden_norm.weight": 1 + rand(HIDDEN),
+             "self_attn.q_proj.weight": rand(s["heads"] * s["head_dim"], 2 * HIDDEN),
+             "self_attn.k_proj.weight": rand(s["kv_heads"] * s["head_dim"], 2 * HIDDEN),
+             "self_attn.v_proj.weight": rand(s["kv_heads"] * s["head_dim"], 2 * HIDDEN),
+             "self_attn.o_proj.weight": rand(HIDDEN, s["heads"] * s["head_dim"]),
+             "post_attention_layernorm.weight": 1 + rand(HIDDEN), "mlp.gate_proj.weight": rand(s["width"], HIDDEN),
+             "mlp.up_proj.weight": rand(s["width"], HIDDEN), "mlp.down_proj.weight": rand(HIDDEN, s["width"])}
+    return {**tensors, **{prefix + name: t for name, t in layer.items()}}
+
+
+def write_eagle3(folder, layout: str, tensors: dict, norm_before_residual: bool = False, **config) -> None:
+    """A folder in EAGLE's own EAGLE-3 layout (``"eagle"``) or speculators' (``"speculators"``)."""
+    s = EAGLE_SHAPE
+    layer = {"model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": s["width"], "num_hidden_layers": 1,
+             "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"], "rms_norm_eps": s["eps"],
+             "vocab_size": VOCAB, "hidden_act": "silu", "tie_word_embeddings": False}
+    if layout == "eagle":
+        raw = {"architectures": ["LlamaForCausalLMEagle3"], **layer, "rope_theta": s["theta"],
+               "draft_vocab_size": s["draft"]}
+    else:
+        raw = {"speculators_model_type": "eagle3", "architectures": ["Eagle3DraftModel"], "draft_vocab_size": s["draft"],
+               "norm_before_residual": norm_before_residual, "eagle_aux_hidden_state_layer_ids": None,
+               "transformer_layer_config": {**layer, "head_dim": s["head_dim"],
+                                            "rope_parameters": {"rope_type": "default", "rope_theta": s["theta"]}},
+               "speculators_config": {"algorithm": "eagle3", "proposal_methods": [{"speculative_tokens": 3}],
+                                      "verifier": {"name_or_path": "meta-llama/not-loaded-here"}}}
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as handle:
+        json.dump({**raw, **config}, handle)
+
+
+def eagle3_reference(t: dict, prefix: str, base: torch.nn.Module, sequence: torch.Tensor,
+                     norm_before_residual: bool = False) -> torch.Tensor:
+    """EAGLE-3's first drafting step after every position but the last, as EAGLE's ``cnets.py`` computes it (Li et
+    al., 2025), written out: the states entering layers 2, L // 2 and L - 3 fused by ``fc``; the token that followed
+    embedded; both RMS-normed and concatenated; rotary (base ``rope_theta``) grouped-query causal attention; the residual
+    onto the fused state (speculators' ``norm_before_residual``: the normed one); a SwiGLU MLP; the final norm and the
+    drafter's own ``lm_head`` over its draft vocabulary (row ``i`` is token ``i + d2t[i]``)."""
+    s, n, dim = EAGLE_SHAPE, sequence.shape[0] - 1, EAGLE_SHAPE["head_dim"]
+    layer = {name[len(prefix):]: value for name, value in t.items() if name.startswith(prefix)}
+
+    def rms(x, weight):
+        return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + s["eps"])
+
+    with torch.no_grad():
+        states = base(sequence[None], output_hidden_states=True).hidden_states
+    count = len(states) - 1
+    fused = torch.cat([states[i][0, :n] for i in (2, count // 2, count - 3)], -1).cpu() @ t["fc.weight"].T
+    embedded = t["embed_tokens.weight"][sequence[1:].cpu()]
+    x = torch.cat([rms(embedded, layer["input_layernorm.weight"]), rms(fused, layer["hidden_norm.weight"])], -1)
+    angles = torch.arange(n)[:, None] / s["theta"] ** (torch.arange(0, dim, 2) / dim)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+
+    def heads(name, count):
+        out = (x @ layer[f"self_attn.{name}_proj.weight"].T).view(n, count, dim).transpose(0, 1)
+        return out.repeat_interleave(s["heads"] // count, dim=0)
+
+    def rotated(y):
+        return y * cos + torch.cat([-y[..., dim // 2:], y[..., : dim // 2]], -1) * sin
+
+    q, k, v = rotated(heads("q", s["heads"])), rotated(heads("k", s["kv_heads"])), heads("v", s["kv_heads"])
+    scores = (q @ k.transpose(1, 2)) / math.sqrt(dim) + torch.full((n, n), float("-inf")).triu(1)
+    attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, -1) @ layer["self_attn.o_proj.weight"].T
+    h = (rms(fused, layer["hidden_norm.weight"]) if norm_before_residual else fused) + attended
+    normed = rms(h, layer["post_attention_layernorm.weight"])
+    h = h + (F.silu(normed @ layer["mlp.gate_proj.weight"].T) * (normed @ layer["mlp.up_proj.weight"].T)
+             ) @ layer["mlp.down_proj.weight"].T
+    return rms(h, t["norm.weight"]) @ t["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("layout, prefix, norm_before_residual", [
+    ("eagle", "midlayer.", False), ("speculators", "layers.0.", True),
+])
+def test_an_eagle3_drafter_trained_elsewhere_drafts_what_eagle3_computes(tmp_path, caplog, layout, prefix,
+                                                                         norm_before_residual):
+    base = deep_base()
+    tensors = eagle3_tensors(prefix, base)
+    write_eagle3(tmp_path / "in", layout, tensors, norm_before_residual)
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "in", base_model=base)
+    config = loaded.config
+    assert (config.head_projection, config.draft_vocab_size, config.draft_vocab_trained) == ("own", 40, True)
+    assert (config.feature_layers, config.intermediate_size, config.rms_norm_eps, config.rope_theta) == (
+        [2, 4, 5], 48, 1e-5, 500.0)
+    assert config.num_heads == (4 if layout == "eagle" else 3)
+    assert "as eagle3 heads" in caplog.text and ("pass num_heads=" in caplog.text) == (layout == "eagle")
+    sequence = prompt_ids(4, length=12)[0]
+    expected = eagle3_reference(tensors, prefix, base, sequence, norm_before_residual)
+    ids = torch.arange(40) + tensors["d2t"]
+    drafted = draft_logits(loaded, sequence)[:-1, 0]
+    torch.testing.assert_close(drafted[:, ids], expected, atol=1e-4, rtol=1e-4)
+    prompt = prompt_ids(5, length=8)
+    assert torch.equal(loaded.generate(prompt, max_new_tokens=16), base.generate(prompt, max_new_tokens=16,
+                                                                                 do_sample=False))
+    export_speculators(loaded, tmp_path / "out")  # its own lm_head goes out as it came in, and loads back the same
+    assert torch.equal(load_file(tmp_path / "out" / "model.safetensors")["lm_head.weight"], tensors["lm_head.weight"])
+    again = CerberusForCausalLM.from_pretrained(tmp_path / "out", base_model=base, num_heads=4)
+    assert_same_state(loaded.heads.state_dict(), again.heads.state_dict())
+
+
+# ------------------------------------------------------------------------------------------------ hostile files
+class _Payload:
+    """Unpickling this creates a folder: proof that a pickle was (or was not) loaded."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+@pytest.mark.parametrize("layout, weights, pickle_name", [
+    ("medusa", "medusa_lm_head.safetensors", "medusa_lm_head.pt"),
+    ("eagle", "model.safetensors", "pytorch_model.bin"),
+    ("eagle", "model.safetensors", "eagle3_drafter.pth"),
+])
+def test_a_pickled_weight_file_is_refused_unread_with_how_to_convert_it(tmp_path, base_loads, layout, weights,
+                                                                        pickle_name):
+    if layout == "medusa":
+        tensors = write_medusa(tmp_path, heads=2, layers=1)
+    else:
+        tensors = eagle3_tensors("midlayer.", deep_base())
+        write_eagle3(tmp_path, "eagle", tensors)
+    os.remove(tmp_path / weights)
+    marker = str(tmp_path / "unpickled")
+    torch.save({**tensors, "payload": _Payload(marker)}, tmp_path / pickle_name)
+    with pytest.raises(OSError, match=f"pickle weights \\({pickle_name}\\) and no {weights}") as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path)
+    assert "safetensors.torch.save_file" in str(raised.value) and "\n" not in str(raised.value)
+    assert not os.path.exists(marker), "the pickle was loaded"
+    assert base_loads == []
+
+
+def _speculators_export(folder) -> None:
+    model = fresh_model("llama", "eagle3", num_heads=2)
+    model.set_draft_vocab(torch.tensor([4, 8, 15, 16, 23, 42]))
+    export_speculators(model, folder, verifier="meta-llama/not-loaded-here")
+
+
+def _edit(folder, config: dict | None = None, drop: tuple = (), **tensors) -> None:
+    if config is not None:
+        raw = json.loads((folder / "config.json").read_text())
+        for key, value in config.items():
+            if isinstance(value, dict) and isinstance(raw.get(key), dict):
+                raw[key].update(value)
+            else:
+                raw[key] = value
+        (folder / "config.json").write_text(json.dumps(raw))
+    if drop or tensors:
+        state = {k: v for k, v in load_file(folder / "model.safetensors").items() if k not in drop}
+        state.update(tensors)
+        save_file(state, folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("edit, error, message", [
+    (dict(**{"fc.weight": torch.zeros(HIDDEN, 2 * HIDDEN)}), ValueError, r"fc\.weight has shape \(32, 64\), its config "
+                                                                         r"implies \(32, 96\)"),
+    (dict(drop=("layers.0.mlp.up_proj.weight",)), ValueError, r"missing layers\.0\.mlp\.up_proj\.weight"),
+    (dict(**{"layers.0.extra.weight": torch.zeros(2)}), ValueError, r"unexpected layers\.0\.extra\.weight"),
+    (dict(**{"norm.weight": torch.full((HIDDEN,), float("nan"))}), ValueError, r"norm\.weight holds NaN"),
+    (dict(d2t=torch.tensor([4, 8, 15, 16, 23, 99]) - torch.arange(6)), ValueError, r"d2t maps draft tokens to ids "
+                                                                                 r"outside \[0, 96\)"),
+    (dict(d2t=torch.tensor([4, 8, 15, 16, 23, 23]) - torch.arange(6)), ValueError, "an id another one has"),
+    (dict(t2d=torch.zeros(VOCAB, dtype=torch.bool)), ValueError, "t2d marks other token ids"),
+    (dict(d2t=torch.zeros(6)), ValueError, r"d2t is float32, its config implies int values"),
+    (dict(config={"transformer_layer_config": {"num_hidden_layers": 2}}), ValueError, "2 decoder layers"),
+    (dict(config={"transformer_layer_config": {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}}),
+     ValueError, "rotary scaling 'llama3'"),
+    (dict(config={"fc_norm": True}), ValueError, r"fc_norm: true, which cerberus-hf's EAGLE-3 cannot run"),
+    (dict(config={"target_hidden_size": 64}), ValueError, "target_hidden_size 64"),
+    (dict(config={"speculators_model_type": "independent"}), ValueError, "speculators 'independent' drafters"),
+    (dict(config={"transformer_layer_config": {"rms_norm_eps": -1.0}}), ValueError, "rms_norm_eps must be > 0"),
+    (dict(config={"transformer_layer_config": {"num_key_value_heads": 3}}), ValueError,
+     r"config\.json: adapter_heads \(4\) must be a multiple of adapter_kv_heads \(3\)"),
+])
+def test_a_bad_speculators_folder_is_refused_in_one_line_before_the_base_loads(tmp_path, base_loads, edit, error,
+                                                                                message):
+    _speculators_export(tmp_path)
+    _edit(tmp_path, **edit)
+    with pytest.raises(error, match=message) as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path)
+    assert "\n" not in str(raised.value)
+    assert base_loads == []
+
+
+def test_other_bad_folders_are_refused_in_one_line(tmp_path, base_loads):
+    base = deep_base()
+    tensors = eagle3_tensors("midlayer.", base)
+    write_eagle3(tmp_path / "eagle", "eagle", tensors)
+    with pytest.raises(ValueError, match="EAGLE's EAGLE-3 layout names no base model: pass base_model="):
+        CerberusForCausalLM.from_pretrained(tmp_path / "eagle")
+    write_eagle3(tmp_path / "other", "eagle", {**tensors, "embed_tokens.weight": tensors["embed_tokens.weight"] + 1})
+    with pytest.raises(ValueError, match="embed_tokens is not this base's input embedding"):
+        CerberusForCausalLM.from_pretrained(tmp_path / "other", base_model=base)
+    for name, config, what in (("llama", {"model_type": "llama", "hidden_size": 32}, r"model_type 'llama'"),
+                               ("eagle1", {"architectures": ["LlamaForCausalLMEagle"]}, "an EAGLE-1/EAGLE-2 drafter")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=rf"names no drafter layout cerberus-hf loads \({what}"):
+            CerberusForCausalLM.from_pretrained(tmp_path / name)
+    write_medusa(tmp_path / "medusa", heads=2, layers=1, said=3)
+    with pytest.raises(ValueError, match=r"does not match its config: missing 2\.0\.linear\.weight"):
+        CerberusForCausalLM.from_pretrained(tmp_path / "medusa")
+    write_medusa(tmp_path / "two", heads=2, layers=1)
+    with pytest.raises(ValueError, match=r"num_heads=3, but .* holds 2 Medusa heads"):
+        CerberusForCausalLM.from_pretrained(tmp_path / "two", num_heads=3)
+    model = fresh_model("llama", "medusa", num_heads=2)
+    export_vllm_medusa(model, tmp_path / "vllm")
+    _edit(tmp_path / "vllm", {"medusa_fc_bias": False})
+    with pytest.raises(ValueError, match="holds biases but .* says medusa_fc_bias: false"):
+        CerberusForCausalLM.from_pretrained(tmp_path / "vllm")
+    assert base_loads == []
+
+
+def test_eagles_layout_may_name_the_layers_it_reads(tmp_path):
+    base = deep_base()
+    write_eagle3(tmp_path, "eagle", eagle3_tensors("midlayer.", base),
+                 eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 6], "use_aux_hidden_state": True})
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=base, num_heads=2)
+    assert (loaded.config.feature_layers, loaded.heads.feature_layers, loaded.config.num_heads) == ([1, 3, 6], [1, 3, 6], 2)
+
+
+def test_an_imported_drafter_saves_and_loads_as_a_cerberus_folder(tmp_path):
+    base = deep_base()
+    write_eagle3(tmp_path / "in", "speculators", eagle3_tensors("layers.0.", base), norm_before_residual=True)
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "in", base_model=base)
+    loaded.save_pretrained(tmp_path / "saved")
+    again = CerberusForCausalLM.from_pretrained(tmp_path / "saved", base_model=base)
+    assert again.config.to_dict() == loaded.config.to_dict()
+    assert_same_state(loaded.heads.state_dict(), again.heads.state_dict())
+    with pytest.raises(ValueError, match="trained over their own 40-token draft vocabulary"):
+        again.set_draft_vocab(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="project through an lm_head of their own"):  # its trainer uses the base's
+        train_sequence_drafter(again, str(tmp_path / "no-data.jsonl"), tmp_path / "run")
+
+
+def test_the_eagle3_layer_settings_are_checked():
+    with pytest.raises(ValueError, match="rope_theta must be a number > 0"):
+        CerberusConfig(head_type="eagle3", rope_theta=0)
+    with pytest.raises(ValueError, match="set draft_vocab_trained"):
+        CerberusConfig(head_type="eagle3", head_projection="own", draft_vocab_size=10)
+    with pytest.raises(ValueError, match="intermediate_size must be an integer >= 1"):
+        CerberusConfig(head_type="eagle3", intermediate_size=0)
