@@ -60,6 +60,8 @@ from .blocks.settings import (
 from .blocks.stats import GenerationStats
 from .blocks.strict import check_strict_support, row_invariant_rows
 from .blocks.tree import DynamicTree, TreeSpec
+from .calibration.first_use import first_use_enabled, machine_entry
+from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import check_int
 from .hardware import HardwareKey, select_calibration
@@ -108,6 +110,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.rescorer: Drafter | None = None  # the lattice rescorer's small LM (a Kangaroo drafter), when it has one
         self.rescorer_config: CerberusConfig | None = None
         self.packed_weights = PackedWeights()  # the base's and drafter's linear weights packed for oneDNN (on a CPU)
+        # the checkpoint's half of a calibration (`calibration.statistics`): what first use fits this machine from
+        self.calibration_statistics: PositionStatistics | None = None
         self.post_init()
 
     # ----------------------------------------------------------------------------------------- building
@@ -193,12 +197,16 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             check_calibration(generation_config, config, generation_file)
         ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
         ngram = NgramModel.load(ngram_file, vocab_size=config.vocab_size) if ngram_file is not None else None
+        positions_file = resolve_file(path, POSITIONS_NAME, required=False, **hub_kwargs)
+        statistics = PositionStatistics.load(positions_file, config.num_heads, DRAFTER_CLASSES[
+            config.head_type].drafts_chains) if positions_file is not None else None
 
         model = cls(config, base_model=base_model, **kwargs)
         model.heads.load_state_dict(state_dict, strict=True)
         if generation_config is not None:
             model.generation_config = generation_config
         model.ngram = ngram
+        model.calibration_statistics = statistics
         rescorer_file = resolve_file(path, f"{RESCORER_FOLDER}/config.json", required=False, **hub_kwargs)
         if rescorer_file is not None:
             resolve_file(path, f"{RESCORER_FOLDER}/{HEADS_WEIGHTS_NAME}", **hub_kwargs)  # beside it (from the Hub too)
@@ -208,7 +216,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
         """Write the heads (safetensors), ``config.json`` with ``auto_map``, the loading code (`remote_code`: two stub
-        modules and ``custom_generate/``) and ``generation_config.json``. The base's weights are never written."""
+        modules and ``custom_generate/``), ``generation_config.json`` and the calibration positions where the model
+        holds them (`calibration.statistics`). The base's weights are never written."""
         if kwargs.get("push_to_hub"):
             raise ValueError("Use model.push_to_hub(repo_id) to upload; save_pretrained only writes a folder.")
         if not is_main_process:
@@ -221,6 +230,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         save_heads_state_dict(self.heads.state_dict(), save_directory)
         if self.ngram is not None:
             self.ngram.save(os.path.join(save_directory, NGRAM_WEIGHTS_NAME))
+        if self.calibration_statistics is not None:
+            self.calibration_statistics.save(save_directory)
         if self.rescorer is not None:
             folder = os.path.join(save_directory, RESCORER_FOLDER)
             os.makedirs(folder, exist_ok=True)
@@ -365,15 +376,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         strict: bool = False,
         packed_weights: bool | None = None,
         device_step: bool | None = None,
+        calibrate: bool | None = None,
         **kwargs,
     ):
         """`generate()` with drafting; same arguments and results as the base's `generate()`.
 
         Greedy search and multinomial sampling (with any logits processors) are supported; beam search and assisted
-        generation are refused. A batch's rows are decoded together where they can be, else one at a time and
-        re-padded as the base pads them. Without overrides, the settings `cerberus-hf calibrate` stored for the
-        closest device, dtype and processor are used (`decoding_settings`; ``generation_stats.calibration`` names the
-        entry), else the config's. The call's own:
+        generation are refused. A batch's rows are decoded together where they can be, else one at a time and re-padded
+        as the base pads them. Without overrides, the defaults `decoding_settings` decides (``generation_stats.
+        calibration`` names the entry: stored, or fitted to this machine on first use), else the config's. Per call:
 
         - ``prompt_lookup_num_tokens``, ``max_matching_ngram_size`` (transformers' prompt-lookup settings): graft
           tokens copied from the context into each draft (default: the config's).
@@ -398,16 +409,17 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
           in CUDA graphs on CUDA, where it is the default for greedy calls with a static tree; ``False``: off;
           ``True``: asked for elsewhere too (uncompiled).
         - ``profile=True``: each phase's wall time in ``generation_stats.phase_seconds`` (`blocks.profiling`).
+        - ``calibrate=False`` (or ``CERBERUS_HF_CALIBRATE=0``): no calibration on first use (`calibration.first_use`).
         """
         started = time.perf_counter()
         # Read the call's effective settings without changing what is passed on: generate() treats an
         # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         _refuse_unsupported(effective, effective.update(**kwargs))
-        decoding = self.decoding_view(strict, packed_weights)  # checked before anything runs
-        settings = self._call_settings(effective, strict, gate_threshold=gate_threshold, draft_tree=draft_tree,
-                                       dynamic_tree=dynamic_tree, rescoring=rescoring, exit_confidence=exit_confidence,
-                                       typical=typical_acceptance)
+        decoding = self.decoding_view(strict, packed_weights, calibrate)  # checked before anything runs
+        settings = self._call_settings(effective, strict, calibrate, gate_threshold=gate_threshold,
+                                       draft_tree=draft_tree, dynamic_tree=dynamic_tree, rescoring=rescoring,
+                                       exit_confidence=exit_confidence, typical=typical_acceptance)
         stopping_criteria = _stopping_criteria(effective, stopping_criteria, kwargs)
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         rows = _call_rows(input_ids, kwargs.pop("attention_mask", None), effective, streamer)
@@ -427,7 +439,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         self.generation_stats = stats
         return output if isinstance(output, torch.Tensor) else CerberusGenerateOutput(**output, generation_stats=stats)
 
-    def _call_settings(self, effective: GenerationConfig, strict: bool, **overrides) -> DecodingSettings:
+    def _call_settings(self, effective: GenerationConfig, strict: bool, calibrate: bool | None,
+                       **overrides) -> DecodingSettings:
         """A call's decoding settings: the call's ``overrides``, else the calibration for this device, dtype and
         processor, else the config's; each prompt-lookup setting on its own (the call's or its generation config's,
         else the heads'). Under strict verification that can verify no draft strictly, plain decoding."""
@@ -435,7 +448,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             check_strict_support(self.base)
         strict_rows = row_invariant_rows(self.base) if strict else None
         settings = resolve_settings(
-            self.decoding_settings(strict=strict), self.config.num_heads, **overrides,
+            self.decoding_settings(strict=strict, calibrate=calibrate), self.config.num_heads, **overrides,
             lookup_tokens=effective.prompt_lookup_num_tokens,
             lookup_ngram=effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM,
             strict_rows=strict_rows, has_rescorers=self.has_rescorers,
@@ -521,14 +534,18 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             raise ValueError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
                              "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
 
-    def decoding_view(self, strict: bool = False, packed_weights: bool | None = None) -> "CerberusForCausalLM":
+    def decoding_view(self, strict: bool = False, packed_weights: bool | None = None,
+                      calibrate: bool | None = None) -> "CerberusForCausalLM":
         """This model as `generate()` runs it with these arguments: a view (`module_views`) whose base and drafter
-        compute through packed weights (`blocks.packed`) where ``packed_weights`` asks for them or, when None,
-        where packing can apply and ``strict`` is off; else the model itself. Calibration measures this view, so its
+        compute through packed weights (`blocks.packed`) where ``packed_weights`` asks for them or, when None, where
+        packing can apply, ``strict`` is off and the calibration entry used (`decoding_settings`, ``calibrate`` as
+        there) did not find the unpacked layers faster; else the model itself. Calibration measures this view, so its
         costs are decoding's."""
         if packed_weights and strict:
             raise ValueError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
                              "how this base's own linear layers compute each row.")
+        if packed_weights is None and not strict:
+            packed_weights = self.decoding_settings(calibrate=calibrate)["packed_weights"]
         available = packing_available(self.device, self.base.dtype)
         unavailable = packing_unavailable_reason(self.device, self.base.dtype)
         if packed_weights and not available:
@@ -543,16 +560,26 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return self
 
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                          strict: bool = False) -> dict:
-        """Gate threshold, gate signal, draft tree (static, dynamic or rescored) and prompt lookup used by
-        default on a device and dtype (this model's when None): what calibration stored in
-        ``generation_config.cerberus_calibration`` for the closest device, dtype and processor
-        (`hardware.select_calibration`; ``"calibration"`` names the entry used), else the config's values.
+                          strict: bool = False, calibrate: bool | None = None) -> dict:
+        """Gate threshold, gate signal, draft tree (static, dynamic or rescored), prompt lookup and packing used by
+        default on a device and dtype (this model's when None), decided here for every caller: what calibration
+        stored in ``generation_config.cerberus_calibration`` for this device, dtype and processor; else the entry
+        fitted to this machine from the checkpoint's calibration positions (`calibration.first_use`: from the
+        user's cache, or measured now where no stored entry serves this machine and it is this model's device and
+        dtype; ``"calibration"`` then ends in ``" (measured here)"``) unless ``calibrate`` is False (None: as
+        ``CERBERUS_HF_CALIBRATE`` says, on by default); else the closest stored entry of the same instruction class
+        (`hardware.select_calibration`; ``"calibration"`` names the entry used); else the config's values.
         ``strict``: for ``generate(strict=True)``, the entry's strict settings (`calibrate --strict`) where it
         has them (``"calibration"`` then ends in ``" (strict)"``)."""
         device = torch.device(device) if device is not None else self.device
-        wanted = HardwareKey.of(device, dtype or self.base.dtype)
+        dtype = dtype or self.base.dtype
+        wanted = HardwareKey.of(device, dtype)
         key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted)
+        if key != str(wanted) and self.calibration_statistics is not None and first_use_enabled(calibrate):
+            measured = machine_entry(self, wanted, measure=key is None and device == self.device
+                                     and dtype == self.base.dtype)
+            if measured is not None:
+                key, stored = f"{wanted} (measured here)", measured
         if strict and "strict" in stored:
             key, stored = f"{key} (strict)", stored["strict"]
         return stored_settings(stored, self.config, key)

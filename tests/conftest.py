@@ -26,6 +26,18 @@ def pytest_report_header(config) -> str:
     return f"tiny models on {DEVICE}{name} (set CERBERUS_TEST_DEVICE=cuda to run them on the GPU)"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_hf_home(tmp_path_factory):
+    """Calibrations on first use (`cerberus_hf.calibration.first_use`) go to a Hugging Face home of the session's own,
+    never to the user's cache (the tiny models carry no calibration positions, so they calibrate nothing on first use
+    unless a test gives them some)."""
+    from huggingface_hub import constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(constants, "HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+        yield
+
+
 @pytest.fixture
 def tokenizer():
     """The tiny word-level tokenizer ('w5 w17 ...'), able to serve stop_strings."""

@@ -30,11 +30,11 @@ LAYERS = [
     ["decoding", "decoding.*"],
     # reading a saved folder (or one in another project's layout) and the base it names
     ["loading", "base_model", "real_models", "importing"],
-    # the model users load, and its entry points
-    ["modeling_cerberus", "custom_generate", ""],
     # training, then calibration (which reads training data's held-out split)
     ["training", "training.*"],
     ["calibration", "calibration.*"],
+    # the model users load, and its entry points (it calibrates a machine on first use)
+    ["modeling_cerberus", "custom_generate", ""],
     # the command line
     ["tools", "tools.*"],
     # tiny models and oracle drafts, to test a drafter (nothing in the package imports them)

@@ -22,23 +22,62 @@ from ..blocks.tree import DynamicTree, TreeSpec
 from .positions import rescorer_state
 
 
-@torch.no_grad()
 def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: int = 5,
-                       strict: bool = False) -> dict[int, float]:
+                       strict: bool = False, seconds: float | None = None) -> dict[int, float]:
     """Seconds of one cached forward with ``n`` new tokens for ``n = 1..max_tokens`` after a ``context``-token
-    prefix: the median time at ``n = 1`` times each size's cost relative to it.
+    prefix: the median time at ``n = 1`` times each size's cost relative to it (`measure_cost_curves`)."""
+    return measure_cost_curves([base], max_tokens, context, repeats, strict, seconds)[0]
+
+
+@torch.no_grad()
+def measure_cost_curves(bases: list, max_tokens: int = 64, context: int = 300, repeats: int = 5,
+                        strict: bool = False, seconds: float | None = None) -> list[dict[int, float]]:
+    """`measure_cost_curve` for each of ``bases`` (views of one base that compute differently, e.g. through packed
+    weights), measured interleaved so that their curves compare.
 
     A shared machine's speed drifts a lot within seconds (an example in docs/calibration.md), so times taken
     seconds apart do not compare. Each forward over ``n`` tokens therefore follows one over a single token, and the
     relative cost is the median of those back-to-back ratios; the ratios are then fitted by the closest
     non-decreasing curve (`non_decreasing`), since a forward over more tokens does not cost less, and a dip left in
-    would pick a tree whose cost was under-measured. ``strict``: the forwards verify as strict verification does
-    (`blocks.strict`), one attention call per position."""
-    device = base.device
-    vocab = base.get_output_embeddings().weight.shape[0]
-    limit = getattr(base.config.get_text_config(), "max_position_embeddings", None)
+    would pick a tree whose cost was under-measured. Each size is timed on every base in turn. ``strict``: the
+    forwards verify as strict verification does (`blocks.strict`), one attention call per position. ``seconds``:
+    about how long all of it may take: the sizes timed are thinned (`budget_sizes`; the others interpolated) and the
+    passes cut to what fits, at least one."""
+    deadline = time.perf_counter() + seconds if seconds is not None else None
+    limit = getattr(bases[0].config.get_text_config(), "max_position_embeddings", None)
     if limit:
         context = max(1, min(context, limit - max_tokens - 1))
+    forwards = [_forward_timer(base, context, strict) for base in bases]
+    singles: list[list[float]] = [[] for _ in bases]
+    sizes = range(2, max_tokens + 1)
+    if deadline is not None:  # what is left after the prefixes, for passes over sizes that fit it
+        singles = [[forward(1) for _ in range(3)] for forward in forwards]
+        single = sum(statistics.median(values) for values in singles)
+        left = deadline - time.perf_counter()
+        sizes = budget_sizes(max_tokens, single, left)
+        repeats = max(1, min(repeats, int(left // pass_seconds(sizes, single))))
+    ratios: list[dict[int, list[float]]] = [{n: [] for n in sizes} for _ in bases]
+    for done in tqdm(range(repeats), desc="cost curve", unit="pass"):
+        if done and deadline is not None and time.perf_counter() > deadline:
+            break
+        for n in sizes:
+            for forward, own_singles, own_ratios in zip(forwards, singles, ratios):
+                single = forward(1)
+                own_singles.append(single)
+                own_ratios[n].append(forward(n) / single)
+    curves = []
+    for own_singles, own_ratios in zip(singles, ratios):
+        measured = {1: 1.0, **{n: statistics.median(values) for n, values in own_ratios.items()}}
+        one = statistics.median(own_singles)
+        curves.append({n: one * r for n, r in enumerate(non_decreasing(interpolate(measured, max_tokens)), start=1)})
+    return curves
+
+
+def _forward_timer(base, context: int, strict: bool) -> Callable[[int], float]:
+    """Seconds of one forward of ``base`` over ``n`` new random tokens after a ``context``-token random prefix (its
+    cache filled once, and cut back after each forward); ``strict``: verifying as strict verification does."""
+    device = base.device
+    vocab = base.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
     cache = DynamicCache(config=base.config)
@@ -56,16 +95,40 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
         cache.crop(-n)
         return seconds
 
-    singles: list[float] = []
-    ratios: dict[int, list[float]] = {n: [] for n in range(2, max_tokens + 1)}
-    for _ in tqdm(range(repeats), desc="cost curve", unit="pass"):
-        for n in ratios:
-            single = forward(1)
-            singles.append(single)
-            ratios[n].append(forward(n) / single)
-    relative = non_decreasing([1.0] + [statistics.median(values) for values in ratios.values()])
-    one = statistics.median(singles)
-    return {n: one * ratio for n, ratio in enumerate(relative, start=1)}
+    return forward
+
+
+# The sizes a bounded cost curve times first (`budget_sizes`): dense where trees are usually sized, sparse beyond
+BUDGET_SIZES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+def pass_seconds(sizes: list[int], single: float) -> float:
+    """About how long one pass over ``sizes`` takes when one token's forward takes ``single`` seconds: a forward of n
+    tokens is taken to cost at most ``1 + n / 8`` of it (the steepest CPU curve measured, docs/calibration.md, costs
+    1.72x at 16 tokens), each after a one-token forward."""
+    return sum(single * (2 + n / 8) for n in sizes)
+
+
+def budget_sizes(max_tokens: int, single: float, seconds: float) -> list[int]:
+    """The sizes a cost curve bounded to ``seconds`` times, up to ``max_tokens`` (always timed): `BUDGET_SIZES`,
+    every other one dropped (the smallest and the largest kept) while a pass does not fit."""
+    sizes = [n for n in BUDGET_SIZES if n < max_tokens] + [max_tokens] if max_tokens > 1 else []
+    while len(sizes) > 2 and pass_seconds(sizes, single) > seconds:
+        sizes = sizes[:-1:2] + sizes[-1:]
+    return sizes
+
+
+def interpolate(measured: dict[int, float], max_tokens: int) -> list[float]:
+    """Values for ``1..max_tokens`` from those ``measured`` at some of them (1 among them): linear between the
+    neighbours measured."""
+    known = sorted(measured)
+    values = []
+    for n in range(1, max_tokens + 1):
+        below = max(k for k in known if k <= n)
+        above = min((k for k in known if k >= n), default=below)
+        share = (n - below) / (above - below) if above != below else 0.0
+        values.append(measured[below] + share * (measured[above] - measured[below]))
+    return values
 
 
 def non_decreasing(values: list[float]) -> list[float]:

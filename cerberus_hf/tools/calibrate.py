@@ -16,7 +16,10 @@ from ..calibration.pipeline import (
     calibrate_chain,
     load_sequences,
 )
+from ..calibration.first_use import calibrate_machine
+from ..calibration.machine import MeasurePlan
 from ..calibration.report import format_chain_report, format_report
+from ..calibration.statistics import POSITIONS_NAME
 from ..configuration_cerberus import CerberusConfig
 from ..blocks.tree import DynamicTree
 from ..errors import UserError
@@ -27,7 +30,8 @@ from . import arguments
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device")
     parser.add_argument("--heads", required=True, type=arguments.heads_source, help="head checkpoint folder")
-    parser.add_argument("--data", required=True, help="self-distillation JSONL; its held-out split is used")
+    parser.add_argument("--data", default=None, help="self-distillation JSONL; its held-out split is used (needed "
+                                                      "unless --machine)")
     parser.add_argument("--held-out-fraction", type=arguments.fraction, default=0.05,
                         help="training's --eval-fraction, to select the held-out records (0: use every record)")
     parser.add_argument("--limit", type=arguments.positive_int, default=200, help="sequences to use")
@@ -59,7 +63,12 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the dtype the base and heads compute in: each dtype has its own cost curve and entry")
     parser.add_argument("--report", default=None, type=arguments.output_file, help="write the full report (JSON) here")
-    parser.add_argument("--write", action="store_true", help="store the settings in the folder's generation config")
+    parser.add_argument("--write", action="store_true",
+                        help=f"store the settings in the folder's generation config and the positions they were fitted "
+                             f"to in {POSITIONS_NAME}")
+    parser.add_argument("--machine", action="store_true",
+                        help=f"only this machine's half, from the folder's {POSITIONS_NAME}: measure the costs, fit, "
+                             "and store the entry in the user's cache as generate() would on first use (no --data)")
     parser.add_argument("--strict", action="store_true",
                         help="fit the settings generate(strict=True) uses: strict verification's cost curve and trees "
                              "no larger than it can verify on this machine (stored beside the entry's own)")
@@ -70,6 +79,11 @@ def add_cli(subparsers) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if args.machine:
+        return _run_machine(args)
+    if args.data is None:
+        raise UserError("--data is needed: the positions calibration fits to are measured on it (only --machine, "
+                        f"which fits to the folder's {POSITIONS_NAME}, does without)")
     if args.draft_vocab:
         config = CerberusConfig.from_pretrained(args.heads)  # before the model: a refusal needs no weights
         if config.draft_vocab_trained:
@@ -109,7 +123,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
 def _write_calibration(args: argparse.Namespace, model, records: list[Record]) -> None:
     """Store ``model``'s calibration in the ``--heads`` folder. A calibration alone rewrites only
-    ``generation_config.json``: the folder's other files stay as they are (an n-gram file may be a link
+    ``generation_config.json`` and the positions (none after ``--strict``, which keeps the folder's): the folder's
+    other files stay as they are (an n-gram file may be a link
     shared with another folder). ``--draft-vocab``, ``--ngram`` or ``--rescorer`` change the checkpoint, which
     is then written whole, from a fresh copy of the folder so that its weights keep the precision they were
     stored in, not the dtype calibration ran in."""
@@ -117,10 +132,31 @@ def _write_calibration(args: argparse.Namespace, model, records: list[Record]) -
         stored_config = GenerationConfig.from_pretrained(args.heads)
         stored_config.cerberus_calibration = model.generation_config.cerberus_calibration
         stored_config.save_pretrained(args.heads)
+        if model.calibration_statistics is not None:
+            model.calibration_statistics.save(args.heads)
         return
     stored = _load_for_calibration(args, records, cast=False)
     stored.generation_config.cerberus_calibration = model.generation_config.cerberus_calibration
+    stored.calibration_statistics = model.calibration_statistics
     stored.save_pretrained(args.heads)
+
+
+def _run_machine(args: argparse.Namespace) -> int:
+    """``--machine``: this machine's half of a calibration from the folder's positions, into the user's cache."""
+    given = [option for option in ("data", "write", "strict", "draft_vocab", "report") if getattr(args, option)]
+    if given:
+        raise UserError(f"{', '.join('--' + n.replace('_', '-') for n in given)} do(es) not apply to --machine, which "
+                        f"fits this machine to the folder's {POSITIONS_NAME} and stores the entry in the user's cache")
+    model = _load_for_calibration(args, [])
+    if model.calibration_statistics is None:
+        raise UserError(f"{args.heads} has no {POSITIONS_NAME}: run `cerberus-hf calibrate --heads {args.heads} "
+                        "--data DATA --write` once (on any machine) to measure them")
+    fitted, path, seconds = calibrate_machine(model, MeasurePlan(repeats=args.repeats))
+    settings = fitted.settings
+    print(f"{model.device.type} in {args.dtype}: {settings['tree_kind']} tree, gate {settings['gate_signal']} < "
+          f"{settings['gate_threshold']}, {fitted.tokens_per_s:.1f} tokens/s modelled against plain's "
+          f"{fitted.plain_tokens_per_s:.1f}; measured in {seconds:.1f} s, stored in {path}")
+    return 0
 
 
 def _load_for_calibration(args: argparse.Namespace, records: list[Record], cast: bool = True):

@@ -1,0 +1,322 @@
+"""Calibration split in two: the positions travel with a checkpoint (`calibration.statistics`), the machine's costs are
+measured where it decodes, on first use where no stored entry serves it (`calibration.first_use`), bounded in time,
+kept in the user's cache and never slower than plain decoding by default (`calibration.machine`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import pytest
+import torch
+from huggingface_hub import constants
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
+
+from cerberus_hf import CerberusForCausalLM, hardware
+from cerberus_hf.blocks.packed import packing_available
+from cerberus_hf.calibration import calibrate, calibrate_chain, first_use, measure
+from cerberus_hf.calibration.first_use import ENVIRONMENT_SWITCH, FIRST_USE_SECONDS, CalibrationCache, checkpoint_hash
+from cerberus_hf.calibration.statistics import POSITIONS_NAME, PositionStatistics
+from cerberus_hf.errors import UserError
+from helpers import NEW_TOKENS, PROMPT_LEN, fresh_model, get_base, get_prompt, install_oracle, reference
+from tiny_models import DEVICE, tiny_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEASURED = " (measured here)"
+
+
+@pytest.fixture
+def hf_home(tmp_path, monkeypatch):
+    """A Hugging Face home of the test's own, and first use as the environment leaves it by default."""
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.delenv(ENVIRONMENT_SWITCH, raising=False)
+    return tmp_path / "hf_home"
+
+
+@pytest.fixture
+def measurements(monkeypatch):
+    """How many times first use measured the machine."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return measure_and_fit(*args, **kwargs)
+
+    measure_and_fit = first_use.measure_and_fit
+    monkeypatch.setattr(first_use, "measure_and_fit", counted)
+    return calls
+
+
+def sequences(arch: str = "llama") -> list[tuple[list[int], int]]:
+    return [(reference(arch)[0].tolist(), PROMPT_LEN - 1)]
+
+
+def with_positions(model: CerberusForCausalLM, **options) -> CerberusForCausalLM:
+    """``model`` after a quick calibration, its positions kept and its stored entries dropped: what a folder that
+    carries positions but no entry for this machine loads as."""
+    options = {"max_nodes": 6, "dynamic_max_nodes": 6, "repeats": 1, "dynamic_budgets": ((0.9, 0.2),), **options}
+    (calibrate_chain(model, sequences(), repeats=1) if model.heads.drafts_chains
+     else calibrate(model, sequences(), **options))
+    assert model.calibration_statistics is not None
+    model.generation_config.cerberus_calibration = None
+    return model
+
+
+def oracle_model(base=None, **options) -> CerberusForCausalLM:
+    """Medusa heads that know the reference continuation (drafting pays), with positions."""
+    model = (CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=3) if base is not None
+             else fresh_model("llama", "medusa", num_heads=3))
+    install_oracle(model, [reference("llama")])
+    return with_positions(model, **options)
+
+
+# ------------------------------------------------------------------------------------------------ the positions
+@pytest.mark.parametrize("head_type", ["cerberus", "kangaroo"])
+def test_positions_round_trip_through_the_folder(tmp_path, hf_home, head_type):
+    model = fresh_model("llama", head_type, randomize=True, num_heads=3)
+    if head_type == "cerberus":
+        from helpers import tiny_ngram
+
+        model.ngram = tiny_ngram(model.config.vocab_size, sequences=[reference("llama")[0].tolist()])
+    statistics = with_positions(model, rescoring_weights=(0.0, 0.5)).calibration_statistics
+    model.save_pretrained(tmp_path)
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=get_base("llama")).calibration_statistics
+    assert loaded == statistics and loaded.chains == (head_type == "kangaroo")
+    if head_type == "cerberus":
+        assert len(loaded.rescorings) == 2 and loaded.budgets == ((0.9, 0.2),)
+        assert all(len(record.rescored_order) == 2 and record.budgeted for record in loaded.records)
+    assert loaded.to_bytes() == statistics.to_bytes()  # the same bytes: what the checkpoint's hash reads
+    assert (tmp_path / POSITIONS_NAME).read_bytes()[:8] != b"\x80\x04\x95"  # safetensors, not a pickle
+
+
+def test_a_malformed_positions_file_is_refused_in_one_line(tmp_path, hf_home):
+    model = with_positions(fresh_model("llama", "medusa", randomize=True, num_heads=3))
+    model.save_pretrained(tmp_path / "three")
+    fresh_model("llama", "medusa", num_heads=2).save_pretrained(tmp_path / "two")
+    os.replace(tmp_path / "three" / POSITIONS_NAME, tmp_path / "two" / POSITIONS_NAME)  # 3 heads' positions
+    (tmp_path / "three" / POSITIONS_NAME).write_bytes(b"not a safetensors file")
+    for folder, reason in (("three", "not calibration positions"), ("two", "of 2 heads")):
+        with pytest.raises(ValueError, match=reason) as error:
+            CerberusForCausalLM.from_pretrained(tmp_path / folder, base_model=get_base("llama"))
+        assert POSITIONS_NAME in str(error.value) and "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------------------------------------ first use
+def test_first_use_calibrates_once_and_every_later_call_and_model_reuses_it(tmp_path, hf_home, measurements):
+    model = oracle_model()
+    logger = logging.get_logger("cerberus_hf.calibration.first_use")
+    with CaptureLogger(logger) as captured:
+        out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, reference("llama"))  # greedy output stays plain generate()'s
+    key = hardware.HardwareKey.of(DEVICE, torch.float32)
+    assert model.generation_stats.calibration == f"{key}{MEASURED}" and model.generation_stats.draft_steps > 0
+    cache = CalibrationCache(checkpoint_hash(model))
+    assert cache.path.parent == hf_home / "cerberus_hf" / "calibration" and len(measurements) == 1
+    assert captured.out.count("cerberus-hf: calibrated this machine") == 1 and str(cache.path) in captured.out
+    entry = json.loads(cache.path.read_text())["entries"][CalibrationCache.label(key)]
+    assert entry["seconds"] > 0 and entry["settings"]["tree_kind"] in ("static", "dynamic")
+    assert [p.name for p in cache.path.parent.iterdir() if not p.name.endswith(".lock")] == [cache.path.name]
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    model.save_pretrained(tmp_path / "heads")  # another instance of the same heads and positions
+    again = CerberusForCausalLM.from_pretrained(tmp_path / "heads", base_model=get_base("llama"))
+    CalibrationCache._remembered.clear()  # as a new process would start: it reads the file
+    assert again.decoding_settings()["calibration"] == f"{key}{MEASURED}"
+    assert again.decoding_settings()["draft_tree"] == entry["settings"]["draft_tree"] and len(measurements) == 1
+
+
+def test_threads_calling_at_once_measure_once(hf_home, measurements):
+    model = oracle_model()
+    start, outputs = threading.Barrier(3), []
+
+    def decode():
+        start.wait()
+        outputs.append(model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS))
+
+    threads = [threading.Thread(target=decode) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(measurements) == 1 and len(outputs) == 3
+    assert all(torch.equal(out, reference("llama")) for out in outputs)
+
+
+@pytest.mark.slow  # the file lock's path runs in every first use (the threads' test); this adds a second process
+def test_processes_starting_at_once_measure_once(tmp_path, hf_home):
+    base = get_base("llama")
+    base.save_pretrained(tmp_path / "base")
+    model = fresh_model("llama", "hydra", randomize=True, num_heads=3, base_model_name_or_path=str(tmp_path / "base"))
+    with_positions(model).save_pretrained(tmp_path / "heads")
+    script = ("import sys, torch; from cerberus_hf import CerberusForCausalLM\n"
+              "model = CerberusForCausalLM.from_pretrained(sys.argv[1]); torch.set_num_threads(1)\n"
+              f"out = model.generate(torch.tensor([{get_prompt('llama')[0].tolist()}]), max_new_tokens=8)\n"
+              "print(model.generation_stats.calibration, out.tolist())\n")
+    env = {**os.environ, "HF_HOME": str(hf_home), "PYTHONPATH": ROOT, "TRANSFORMERS_VERBOSITY": "warning"}
+    env.pop(ENVIRONMENT_SWITCH, None)
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "heads")], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    results = [run.communicate(timeout=300) for run in runs]
+    assert all(run.returncode == 0 for run in runs), results
+    assert sum(err.count("cerberus-hf: calibrated this machine") for _, err in results) == 1
+    assert len({out for out, _ in results}) == 1 and MEASURED in results[0][0]
+    files = list((hf_home / "cerberus_hf" / "calibration").glob("*.json"))
+    assert len(files) == 1 and len(json.loads(files[0].read_text())["entries"]) == 1
+
+
+def test_calibrate_false_and_the_environment_keep_the_configs_settings(hf_home, measurements, monkeypatch):
+    model = oracle_model()
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, calibrate=False)
+    assert model.generation_stats.calibration is None and not measurements and not hf_home.exists()
+    monkeypatch.setenv(ENVIRONMENT_SWITCH, "0")
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert model.generation_stats.calibration is None and not measurements and torch.equal(out, reference("llama"))
+    assert model.decoding_settings()["calibration"] is None
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, calibrate=True)  # the call's word wins
+    assert model.generation_stats.calibration.endswith(MEASURED) and len(measurements) == 1
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, calibrate=False)  # nor is the cache read
+    assert model.generation_stats.calibration is None
+
+
+def test_without_positions_or_with_an_entry_for_this_machine_nothing_is_measured(hf_home, measurements):
+    model = fresh_model("llama", "medusa", num_heads=3)
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert model.generation_stats.calibration is None and not hf_home.exists()
+    model = oracle_model()
+    key = str(hardware.HardwareKey.of(DEVICE, torch.float32))
+    model.generation_config.cerberus_calibration = {key: {"draft_tree": [[0]]}}
+    model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert model.generation_stats.calibration == key and not measurements
+
+
+def test_entries_are_keyed_by_hardware_checkpoint_and_torch_version(hf_home, measurements, monkeypatch):
+    model = oracle_model()
+    model.decoding_settings()
+    first = checkpoint_hash(model)
+    monkeypatch.setattr(hardware, "processor_name", lambda device: "Another processor of the same class")
+    assert model.decoding_settings()["calibration"].endswith(MEASURED) and len(measurements) == 2
+    monkeypatch.setattr(torch, "__version__", "99.0")
+    model.decoding_settings()
+    assert len(measurements) == 3 and checkpoint_hash(model) == first
+    entries = json.loads(CalibrationCache(first).path.read_text())["entries"]
+    assert len(entries) == 3 and sum(label.endswith("| torch 99.0") for label in entries) == 1
+    with torch.no_grad():
+        next(model.heads.parameters()).add_(1.0)  # other heads: another checkpoint
+    assert checkpoint_hash(model) != first
+    model.decoding_settings()
+    assert len(measurements) == 4 and len(list(CalibrationCache(first).path.parent.glob("*.json"))) == 2
+
+
+# ------------------------------------------------------------------------------------------------ bounds and choices
+@contextmanager
+def fake_clock(base, seconds) -> Iterator[list[int]]:
+    """Inside, every forward of ``base`` (or of a view of it) takes ``seconds(module, n)`` on the clock measurements
+    read, and nothing else takes any time; yields the token counts forwarded."""
+    clock, sizes = [0.0], []
+
+    def advance(module, args, kwargs):
+        n = kwargs["input_ids"].shape[1]
+        clock[0] += seconds(module, n)
+        sizes.append(n)
+
+    handle = base.register_forward_pre_hook(advance, with_kwargs=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(measure.time, "perf_counter", lambda: clock[0])  # the time module: every reader's clock
+        try:
+            yield sizes
+        finally:
+            handle.remove()
+
+
+def test_first_use_stays_within_its_bound_on_a_slow_machine(hf_home):
+    """Each forward of n tokens takes 0.2 (1 + n / 10) s: the full plan's cost curve up to 64 tokens alone would take
+    about 6 minutes a way of running the linear layers; first use measures fewer sizes and passes and stays within
+    `FIRST_USE_SECONDS`."""
+    base = tiny_model("llama")
+    model = oracle_model(base, max_nodes=63, dynamic_max_nodes=32)
+    with fake_clock(base, lambda module, n: 0.2 * (1 + n / 10)) as sizes:
+        model.generate(get_prompt("llama"), max_new_tokens=4)
+    entry = json.loads(CalibrationCache(checkpoint_hash(model)).path.read_text())["entries"]
+    (seconds,) = [value["seconds"] for value in entry.values()]
+    assert 5 < seconds <= FIRST_USE_SECONDS
+    assert 64 in sizes and len(set(sizes)) <= 7  # the prefix, one token and at most 5 of the 63 sizes
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first use", "calibrate"])
+def test_where_no_tree_pays_the_default_is_plain_decoding(hf_home, first):
+    """A forward of n > 1 tokens costs 1.5 n times one token's, and the heads are right at half the positions: no tree
+    is expected to beat a plain step, so the entry (first use's and the full calibration's) decodes plain."""
+    base = tiny_model("llama")
+    model = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=3)
+    install_oracle(model, [reference("llama")], corrupt=lambda p, k: (p + k) % 2 == 0)
+    logger = logging.get_logger("cerberus_hf.calibration.machine")
+    with fake_clock(base, lambda module, n: 0.01 * (1 if n == 1 else 1.5 * n)), CaptureLogger(logger) as captured:
+        report = calibrate(model, sequences(), max_nodes=6, dynamic_max_nodes=6, repeats=1, dynamic_budgets=())
+        if first:
+            model.generation_config.cerberus_calibration = None
+        settings = model.decoding_settings()
+    assert report["plain"] and report["settings"]["gate_threshold"] == 0.0
+    assert captured.out.count("no draft is expected to beat a plain step") == 1 + first
+    assert settings["gate_threshold"] == 0.0 and settings["prompt_lookup_num_tokens"] == 0
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, reference("llama")) and model.generation_stats.draft_steps == 0
+    assert model.generation_stats.calibration.endswith(MEASURED) == first
+
+
+@pytest.mark.skipif(not packing_available(DEVICE, torch.float32), reason="this CPU and torch pack no float32 weights")
+@pytest.mark.parametrize("packed_cost, expected", [(2.0, False), (0.5, None)])
+def test_packing_is_kept_only_where_it_pays(hf_home, packed_cost, expected):
+    """Where forwards through packed weights (a view of the base) cost twice what the base's own cost, the entry
+    keeps the unpacked layers, and decoding honours it; where packing is the faster, the entry says nothing."""
+    base = tiny_model("llama")
+    model = oracle_model(base)
+    with fake_clock(base, lambda module, n: 0.01 * (1 + n / 10) * (1.0 if module is base else packed_cost)):
+        settings = model.decoding_settings()
+    assert settings["packed_weights"] is expected
+    assert (model.decoding_view() is model) == (expected is False)
+    assert torch.equal(model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS), reference("llama"))
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def test_calibrate_writes_the_positions_and_machine_fits_this_machine_to_them(tmp_path, hf_home, capsys):
+    import argparse
+
+    from cerberus_hf.tools import calibrate as calibrate_tool
+
+    base = get_base("llama")
+    base.save_pretrained(tmp_path / "base")
+    fresh_model("llama", "hydra", randomize=True, num_heads=3, base_model_name_or_path=str(tmp_path / "base")
+                ).save_pretrained(tmp_path / "heads")
+    sequence = reference("llama")[0].tolist()
+    (tmp_path / "data.jsonl").write_text(json.dumps({
+        "id": "a", "mode": "greedy", "prompt": "p", "input_ids": sequence[:PROMPT_LEN],
+        "output_ids": sequence[PROMPT_LEN:], "finished": True}) + "\n")
+    parser = argparse.ArgumentParser()
+    calibrate_tool.add_cli(parser.add_subparsers(dest="command"))
+
+    def run(*options):
+        args = parser.parse_args(["calibrate", "--heads", str(tmp_path / "heads"), "--repeats", "1", *options])
+        return args.func(args)
+
+    with pytest.raises(UserError, match=f"no {POSITIONS_NAME}"):
+        run("--machine")
+    with pytest.raises(UserError, match="--data is needed"):
+        run("--write")
+    assert run("--data", str(tmp_path / "data.jsonl"), "--held-out-fraction", "0", "--max-nodes", "6",
+               "--dynamic-max-nodes", "6", "--dynamic-budgets", "--write") == 0
+    statistics = PositionStatistics.load(tmp_path / "heads" / POSITIONS_NAME, num_heads=3, chains=False)
+    assert len(statistics.records) == len(sequence) - PROMPT_LEN - 3
+    with pytest.raises(UserError, match="do.es. not apply to --machine"):
+        run("--machine", "--data", str(tmp_path / "data.jsonl"))
+    capsys.readouterr()
+    assert run("--machine") == 0
+    assert "stored in " + str(hf_home) in capsys.readouterr().out
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "heads")
+    assert loaded.decoding_settings()["calibration"] == str(hardware.HardwareKey.of("cpu", torch.float32))
+    loaded.generation_config.cerberus_calibration = None  # the entry --write stored aside: the cache's is used
+    assert loaded.decoding_settings()["calibration"].endswith(MEASURED)
