@@ -130,6 +130,17 @@ def test_first_use_calibrates_once_and_every_later_call_and_model_reuses_it(tmp_
     assert again.decoding_settings()["draft_tree"] == entry["settings"]["draft_tree"] and len(measurements) == 1
 
 
+def test_a_chain_drafter_calibrates_on_first_use_too(hf_home, measurements):
+    model = fresh_model("llama", "kangaroo", num_heads=3)
+    install_oracle(model, [reference("llama")])
+    with_positions(model)
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, reference("llama")) and len(measurements) == 1
+    settings = model.decoding_settings()
+    assert settings["calibration"].endswith(MEASURED) and settings["exit_confidence"] is not None
+    assert all(set(path) == {0} for path in settings["draft_tree"])  # a chain
+
+
 def test_threads_calling_at_once_measure_once(hf_home, measurements):
     model = oracle_model()
     start, outputs = threading.Barrier(3), []

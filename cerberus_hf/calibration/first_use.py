@@ -198,8 +198,9 @@ def calibrate_machine(model, plan: MeasurePlan, cache: CalibrationCache | None =
                                           "tokens_per_s": fitted.tokens_per_s,
                                           "plain_tokens_per_s": fitted.plain_tokens_per_s,
                                           "measured": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    threshold = fitted.settings["gate_threshold"]
     logger.warning(f"cerberus-hf: calibrated this machine ({wanted}) for these heads in {seconds:.1f} s: "
                    f"{fitted.settings['tree_kind']} tree, gate {fitted.settings['gate_signal']} < "
-                   f"{fitted.settings['gate_threshold']}; stored in {cache.path} for later calls (generate(calibrate="
+                   f"{threshold if threshold is None else round(threshold, 3)}; stored in {cache.path} for later calls (generate(calibrate="
                    f"False) or {ENVIRONMENT_SWITCH}=0 keeps the config's settings).")
     return fitted, cache.path, seconds
