@@ -20,7 +20,7 @@ from transformers.utils import logging
 
 from cerberus_hf import CerberusForCausalLM, hardware
 from cerberus_hf.blocks.packed import packing_available
-from cerberus_hf.calibration import calibrate, calibrate_chain, first_use, measure
+from cerberus_hf.calibration import calibrate, calibrate_chain, first_use, format_report, measure
 from cerberus_hf.calibration.first_use import ENVIRONMENT_SWITCH, FIRST_USE_SECONDS, CalibrationCache, checkpoint_hash
 from cerberus_hf.calibration.statistics import POSITIONS_NAME, PositionStatistics
 from cerberus_hf.errors import UserError
@@ -271,7 +271,7 @@ def test_where_no_tree_pays_the_default_is_plain_decoding(hf_home, first):
         if first:
             model.generation_config.cerberus_calibration = None
         settings = model.decoding_settings()
-    assert report["plain"] and report["settings"]["gate_threshold"] == 0.0
+    assert report["plain"] and report["settings"]["gate_threshold"] == 0.0 and "decodes plain" in format_report(report)
     assert captured.out.count("no draft is expected to beat a plain step") == 1 + first
     assert settings["gate_threshold"] == 0.0 and settings["prompt_lookup_num_tokens"] == 0
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)

@@ -43,10 +43,16 @@ def _format_budgets(report: dict) -> list[str]:
 def _format_cost(report: dict) -> list[str]:
     rel = report["relative_cost"]
     sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n in rel]
-    return ["cost of one forward with n new tokens, relative to n = 1:",
+    packing = report.get("packing")
+    return ["cost of one forward with n new tokens, relative to n = 1"
+            + (" (packed weights):" if report.get("packed_weights") else ":"),
             "| n | " + " | ".join(str(n) for n in sizes) + " |",
             "|---|" + "---|" * len(sizes),
-            "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |"]
+            "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |",
+            *([f"linear layers: packed {packing['packed']:.1f} tokens/s (model), unpacked {packing['unpacked']:.1f}; "
+               f"kept: {'packed' if report['packed_weights'] else 'unpacked'}"] if packing else []),
+            *(["no draft is expected to beat a plain step here: the default decodes plain (gate_threshold 0)"]
+              if report.get("plain") else [])]
 
 
 def _format_gate(report: dict) -> list[str]:
