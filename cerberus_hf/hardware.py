@@ -197,17 +197,12 @@ def select_calibration(calibrated: dict | None, wanted: HardwareKey) -> tuple[st
 
     Only entries of the same device type and instruction class qualify (`stored_class`): a curve fitted where an
     extra token costs less would make trees that do not pay here. Closest means, in this order: the same dtype, the
-    same processor, float32 (the curve every device has), then a key that names its class. A choice other than an exact match, and finding none,
-    are logged once, so that a user knows to calibrate on this machine.
+    same processor, float32 (the curve every device has), then a key that names its class. A choice other than an
+    exact match is logged once, so that a user knows to calibrate on this machine; finding none is said by the caller
+    (`note_no_entry`) once it knows the config's settings decode (calibration on first use may measure instead).
     """
     candidates = [key for key, settings in (calibrated or {}).items() if _serves(key, settings, wanted)]
     if not candidates:
-        if calibrated:
-            logger.warning_once(
-                f"cerberus-hf: no calibration stored for {wanted.device} with {wanted.isa} (stored: "
-                f"{', '.join(calibrated)}); using the config's settings. Run `cerberus-hf calibrate --dtype "
-                f"{wanted.dtype}` on this machine to fit the trees and the gate to its cost curve."
-            )
         return None, {}
 
     def closeness(key: str) -> tuple:
@@ -222,3 +217,13 @@ def select_calibration(calibrated: dict | None, wanted: HardwareKey) -> tuple[st
             f"calibrate --dtype {wanted.dtype}` on this machine to fit the trees and the gate to its cost curve."
         )
     return key, calibrated[key]
+
+
+def note_no_entry(calibrated: dict | None, wanted: HardwareKey) -> None:
+    """Say once that no stored entry serves ``wanted`` and the config's settings decode (nothing where none is stored)."""
+    if calibrated:
+        logger.warning_once(
+            f"cerberus-hf: no calibration stored for {wanted.device} with {wanted.isa} (stored: {', '.join(calibrated)}"
+            f"); using the config's settings. Run `cerberus-hf calibrate --dtype {wanted.dtype}` on this machine to fit "
+            "the trees and the gate to its cost curve."
+        )

@@ -64,7 +64,7 @@ from .calibration.first_use import first_use_enabled, machine_entry
 from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import check_int
-from .hardware import HardwareKey, select_calibration
+from .hardware import HardwareKey, note_no_entry, select_calibration
 from .importing import foreign_config, import_drafter
 from .loading import check_calibration, read_heads
 from .module_views import module_view
@@ -574,12 +574,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         device = torch.device(device) if device is not None else self.device
         dtype = dtype or self.base.dtype
         wanted = HardwareKey.of(device, dtype)
-        key, stored = select_calibration(getattr(self.generation_config, "cerberus_calibration", None), wanted)
+        calibrated = getattr(self.generation_config, "cerberus_calibration", None)
+        key, stored = select_calibration(calibrated, wanted)
         if key != str(wanted) and self.calibration_statistics is not None and first_use_enabled(calibrate):
             measured = machine_entry(self, wanted, measure=key is None and device == self.device
                                      and dtype == self.base.dtype)
             if measured is not None:
                 key, stored = f"{wanted} (measured here)", measured
+        if key is None:
+            note_no_entry(calibrated, wanted)
         if strict and "strict" in stored:
             key, stored = f"{key} (strict)", stored["strict"]
         return stored_settings(stored, self.config, key)

@@ -126,6 +126,20 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
         cerberus-hf calibrate --heads "$OUT/$type-smollm2-135m-instruct" --data "$DATA" --limit 24 --device cuda \
           --dtype bfloat16 --report "$OUT/$type-smollm2-135m-instruct/calibration_cuda_bfloat16_h200.json" --write
       done ;;
+    positions)  # not part of the defaults: the positions each folder carries for calibration on first use
+      # (calibration_positions.safetensors: the acceptance statistics, machine-free). `calibrate --write` on a temporary
+      # copy measures them; only that file comes back, so the folders' stored entries stay as they were fitted.
+      # POSITIONS_LIMIT held-out ShareGPT sequences each (2026-11-28: 8, on the AVX512-BF16 EPYC).
+      for type in $TYPES; do
+        copy=$(mktemp -d)/$type
+        cp -rL "$OUT/$type-smollm2-135m-instruct" "$copy"
+        case $type in
+          medusa|cerberus) trees="--rescoring-weights 0 0.5 1" ;;
+          *) trees="" ;;
+        esac
+        cerberus-hf calibrate --heads "$copy" --data "$SHAREGPT" --limit "${POSITIONS_LIMIT:-8}" $trees --write
+        cp "$copy/calibration_positions.safetensors" "$OUT/$type-smollm2-135m-instruct/"
+      done ;;
     bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles
       cerberus-hf bench $(for type in $TYPES; do if [ "$type" != kangaroo ]; then echo --heads "$OUT/$type-smollm2-135m-instruct"; fi; done) \
         --prompts "$PROMPTS_EVAL" --every 2 --max-new-tokens 128 --profile \

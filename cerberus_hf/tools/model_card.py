@@ -370,7 +370,7 @@ def run_cli(args: argparse.Namespace) -> int:
         model = CerberusForCausalLM.from_pretrained(folder, base_model=base)
         evaluation = evaluate_tau(model, tokenizer, prompts, args.max_new_tokens)
         evaluation.update(prompts_file=Path(args.prompts).name, device=str(model.device), date=time.strftime("%Y-%m-%d"),
-                          settings=model.decoding_settings(), command=_command())
+                          settings=model.decoding_settings(calibrate=False), command=_command())
     (folder / EVALUATION).write_text(json.dumps(evaluation, indent=1))
     training_file = folder / TRAINING_METRICS
     training = _read_json(training_file) if training_file.is_file() else None
