@@ -129,7 +129,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
     positions)  # not part of the defaults: the positions each folder carries for calibration on first use
       # (calibration_positions.safetensors: the acceptance statistics, machine-free). `calibrate --write` on a temporary
       # copy measures them; only that file comes back, so the folders' stored entries stay as they were fitted.
-      # POSITIONS_LIMIT held-out ShareGPT sequences each (2026-11-28: 8, on the AVX512-BF16 EPYC).
+      # POSITIONS_LIMIT held-out ShareGPT sequences each (2026-11-28: 40, on the AVX512-BF16 EPYC).
       for type in $TYPES; do
         copy=$(mktemp -d)/$type
         cp -rL "$OUT/$type-smollm2-135m-instruct" "$copy"
@@ -137,7 +137,7 @@ c.prompt_lookup_num_tokens = 5; c.save_pretrained(sys.argv[1])' "$folder" ;;
           medusa|cerberus) trees="--rescoring-weights 0 0.5 1" ;;
           *) trees="" ;;
         esac
-        cerberus-hf calibrate --heads "$copy" --data "$SHAREGPT" --limit "${POSITIONS_LIMIT:-8}" $trees --write
+        cerberus-hf calibrate --heads "$copy" --data "$SHAREGPT" --limit "${POSITIONS_LIMIT:-40}" $trees --write
         cp "$copy/calibration_positions.safetensors" "$OUT/$type-smollm2-135m-instruct/"
       done ;;
     bench)    # MT-Bench (evaluation only; never trained on), interleaved, with step profiles
