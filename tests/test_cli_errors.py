@@ -5,6 +5,7 @@ its traceback. Each case fails before any model is loaded (models are refused ou
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -122,6 +123,13 @@ def test_prompt_that_is_not_a_string_in_distill(capsys, tmp_path):
     prompts = write(tmp_path / "prompts.jsonl", '{"prompt": "a"}\n{"prompt": 5}\n')
     line = one_line_error(capsys, "distill", "--prompts", prompts, "--output", str(tmp_path / "o.jsonl"))
     assert line.endswith(f"{prompts} line 2: 'prompt' must be a string or a list, got int")
+
+
+def test_distill_engine_vllm_where_vllm_does_not_import(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as where it is not installed (test_distill_vllm.py: where it is)
+    line = one_line_error(capsys, "distill", "--engine", "vllm", "--output", str(tmp_path / "o.jsonl"))
+    assert "engine 'vllm' needs vLLM, which does not import here" in line and "make engines-venv" in line
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_prompt_in_card(capsys, tmp_path, heads):

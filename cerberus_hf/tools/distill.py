@@ -17,7 +17,7 @@ from ..training.data import (
     load_prompts,
     read_records,
 )
-from ..training.distill import ANSWERS, ENGINES, MODES, generate_distillation_data
+from ..training.distill import ANSWERS, ENGINES, MODES, generate_distillation_data, vllm_classes
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ def _add_arguments(parser):
     parser.add_argument("--engine", default="auto", choices=ENGINES,
                         help="continuous: this module's continuous batching (auto when the model keeps a plain "
                              "DynamicCache); transformers: transformers' generate_batch machinery (paged cache); "
-                             "static: generate() on fixed batches")
+                             "static: generate() on fixed batches; vllm: vLLM's offline batch generation (where "
+                             "vLLM is installed; docs/data.md)")
     parser.add_argument("--threads", type=arguments.positive_int, default=None,
                         help="torch CPU threads (default: torch's choice). On a CPU shared with other jobs, 1 is "
                              "often much faster than oversubscribing the cores")
@@ -81,6 +82,8 @@ def run_cli(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.engine == "vllm" and args.answers == "base":
+        vllm_classes()  # before the model loads: one line where vLLM is not installed
     report = {}
     prompts = load_prompts(args.prompts, prompt_field=args.prompt_field, split=args.split,
                            limit=args.limit and args.first + args.limit, turns=args.turns,

@@ -52,6 +52,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterable
@@ -60,6 +61,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..compat import cache_argument, output_cache
+from ..errors import UserError
 from .data import read_records
 
 logger = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ MODES = ("greedy", "sample", "text")
 ANSWERS = ("base", "reference")
 
 
-ENGINES = ("auto", "continuous", "transformers", "static")
+ENGINES = ("auto", "continuous", "transformers", "static", "vllm")
 
 
 def sampled_ids(ids: Iterable[str], fraction: float, seed: int) -> set[str]:
@@ -539,6 +541,8 @@ def _engine_answers(model, queue: list, pad_id: int, eos: set[int], engine: str,
         yield from _transformers_generate(model, queue, pad_id, eos, seed=seed, **sampling)
     elif engine == "static":
         yield from _static_generate(model, queue, pad_id, eos, seed=seed, **sampling)
+    elif engine == "vllm":
+        yield from _vllm_generate(model, queue, eos, seed=seed, **sampling)
     else:
         raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
 
@@ -552,11 +556,65 @@ def _static_generate(model, queue: list, pad_id: int, eos: set[int], *, batch_si
         for start in range(0, len(mode_queue), batch_size):
             batch = mode_queue[start: start + batch_size]
             if mode == "sample":
-                digest = hashlib.sha256(f"{seed}:{batch[0][0]}".encode()).digest()
-                torch.manual_seed(int.from_bytes(digest[:8], "little"))
+                torch.manual_seed(_prompt_seed(seed, batch[0][0]))
             outputs = _generate_batch(model, [t[3] for t in batch], pad_id, eos, max_new_tokens=max_new_tokens,
                                       sample=mode == "sample", temperature=temperature, top_p=top_p)
             yield [(t, out, fin) for t, (out, fin) in zip(batch, outputs)]
+
+
+def _prompt_seed(seed: int, pid: str) -> int:
+    """A seed of the prompt ``pid``'s own under ``seed`` (64 bits)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{pid}".encode()).digest()[:8], "little")
+
+
+def vllm_classes() -> tuple[type, type]:
+    """vLLM's ``LLM`` and ``SamplingParams``; a one-line `UserError` where vLLM does not import (the ``vllm`` engine
+    checks this before a model is loaded)."""
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError as error:
+        raise UserError(f"engine 'vllm' needs vLLM, which does not import here ({error}); install it in an "
+                        "environment of its own (`make engines-venv`: vLLM's CPU build; docs/data.md)") from None
+    return LLM, SamplingParams
+
+
+def _vllm_generate(model, queue: list, eos: set[int], *, batch_size: int, max_new_tokens: int, temperature: float,
+                   top_p: float, seed: int):
+    """vLLM's offline batch generation (``vllm.LLM``, its own continuous batching and paged cache, up to
+    ``batch_size`` answers together) of the same prompt ids on ``model``'s weights (its folder, or a copy saved for
+    vLLM) in its dtype: greedy, or sampled with a seed per prompt (`_prompt_seed`, in the signed 64 bits vLLM takes).
+    The queue goes to vLLM in parts of ``VLLM_PART * batch_size`` prompts, each part's answers synced to the file
+    before the next (so a killed run resumes)."""
+    LLM, SamplingParams = vllm_classes()
+    with tempfile.TemporaryDirectory(prefix="cerberus-vllm-") as tmp:
+        llm = LLM(model=_vllm_folder(model, Path(tmp)), skip_tokenizer_init=True,
+                  dtype=str(model.dtype).removeprefix("torch."), seed=seed, max_num_seqs=batch_size,
+                  max_model_len=max(len(t[3]) for t in queue) + max_new_tokens,
+                  enforce_eager=model.device.type == "cpu")  # a CPU build's graph compilation outlasts short runs
+        common = dict(max_tokens=max_new_tokens, stop_token_ids=sorted(eos), detokenize=False)
+        try:
+            for start in range(0, len(queue), VLLM_PART * batch_size):
+                part = queue[start: start + VLLM_PART * batch_size]
+                params = [SamplingParams(**common, temperature=temperature, top_p=top_p,
+                                         seed=_prompt_seed(seed, t[0]) >> 1) if t[1] == "sample" else
+                          SamplingParams(**common, temperature=0.0) for t in part]
+                outputs = llm.generate([{"prompt_token_ids": t[3]} for t in part], params, use_tqdm=False)
+                yield [(t, *trim_at_eos(list(out.outputs[0].token_ids), eos)) for t, out in zip(part, outputs)]
+        finally:
+            llm.llm_engine.engine_core.shutdown()  # vLLM's engine process and its KV cache go now, not at exit
+
+
+VLLM_PART = 8  # batches of prompts per vLLM generate() call (see _vllm_generate)
+
+
+def _vllm_folder(model, tmp: Path) -> str:
+    """A folder vLLM loads ``model``'s weights from: the one it was loaded from where that holds safetensors, else
+    ``model`` saved in ``tmp``."""
+    source = Path(str(model.name_or_path))
+    if source.is_dir() and (source / "config.json").is_file() and any(source.glob("*.safetensors")):
+        return str(source)
+    model.save_pretrained(tmp)
+    return str(tmp)
 
 
 def _append_answers(output_path: Path, answers, total: int, progress: bool) -> None:
