@@ -43,7 +43,8 @@ preallocated buffer per layer that each step appends a column to in place (a con
 copy is a large share of a step; docs/data.md). It needs plain full-attention layers (e.g. Llama); other
 models fall back to static batches through ``model.generate``. Greedy answers equal one-at-a-time greedy
 decoding up to floating-point rounding; sampled answers depend on ``seed`` and on how the batches were formed
-(a resumed run samples anew).
+(a resumed run samples anew). ``engine="vllm"`` hands the same prompt ids to vLLM's offline batch generation where vLLM
+is installed (docs/data.md).
 """
 
 from __future__ import annotations
@@ -578,6 +579,9 @@ def vllm_classes() -> tuple[type, type]:
     return LLM, SamplingParams
 
 
+VLLM_PART = 8  # batches of prompts per vLLM generate() call (see _vllm_generate)
+
+
 def _vllm_generate(model, queue: list, eos: set[int], *, batch_size: int, max_new_tokens: int, temperature: float,
                    top_p: float, seed: int):
     """vLLM's offline batch generation (``vllm.LLM``, its own continuous batching and paged cache, up to
@@ -602,9 +606,6 @@ def _vllm_generate(model, queue: list, eos: set[int], *, batch_size: int, max_ne
                 yield [(t, *trim_at_eos(list(out.outputs[0].token_ids), eos)) for t, out in zip(part, outputs)]
         finally:
             llm.llm_engine.engine_core.shutdown()  # vLLM's engine process and its KV cache go now, not at exit
-
-
-VLLM_PART = 8  # batches of prompts per vLLM generate() call (see _vllm_generate)
 
 
 def _vllm_folder(model, tmp: Path) -> str:
