@@ -118,7 +118,7 @@ def tiny_mtp_model(arch: str, folder: str, seed: int = 0) -> torch.nn.Module:
     for key, value in layers.layers.state_dict().items():
         index, name = key.split(".", 1)
         if value.dim() > 1:  # matrices drawn at random, norms left at one
-            value = torch.randn(value.shape, generator=generator) * 0.05
+            value = torch.randn(value.shape, generator=generator) * 0.3
         if name == "eh_proj.weight":  # near the identity on the state it reads: it guesses the base's own next
             value[:, config.hidden_size:] += torch.eye(config.hidden_size)  # token often, as fresh heads do
             value[:, :config.hidden_size] *= 4.0
