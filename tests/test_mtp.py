@@ -23,7 +23,9 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import MTPCandidateGenerator
 
 from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.blocks.settings import resolve_settings
 from cerberus_hf.checkpoint import HEADS_WEIGHTS_NAME
+from cerberus_hf.decoding import paths
 from cerberus_hf.errors import UserError
 from cerberus_hf.testing import MTP_ARCHITECTURES, prompt_ids, tiny_model, tiny_mtp_model
 
@@ -131,6 +133,17 @@ def test_greedy_equals_plain_generate(base, path):
         assert torch.equal(out, plain), f"seed {seed}"
         stats = model.generation_stats
         assert stats.new_tokens == NEW and (stats.drafted_tokens > 0 or path == "gate")
+
+
+def test_paths_taken(base):
+    """The batch is verified together and the static cache serves; the device step, which keeps drafter state in
+    fixed-shape buffers, refuses the MTP layers' caches in one phrase (the loop decodes instead, exactly as above)."""
+    model = CerberusForCausalLM.from_base(base, head_type="mtp")
+    settings = resolve_settings(model.decoding_settings(), model.config.num_heads)
+    assert paths.batch_refusal(model.base, model.heads, settings) is None
+    assert paths.static_refusal(model.base, model.heads, settings, 1) is None
+    assert paths.device_step_refusal(model.base, model.heads, settings, GenerationConfig()) == (
+        "mtp keeps a cache per sequence outside the device step's buffers")
 
 
 def test_batch_decoded_together_equals_plain_generate(base):
