@@ -181,3 +181,15 @@ def test_more_depths_than_mtp_layers_are_refused_in_one_line(base):
         CerberusForCausalLM.from_base(base, head_type="mtp", num_heads=3)
     assert "\n" not in str(error.value)
     assert CerberusForCausalLM.from_base(base, head_type="mtp", num_heads=1).heads.num_heads == 1
+
+
+def test_bench_runs_transformers_use_mtp_beside_this_librarys_generate(base):
+    """The bench row of transformers' own ``generate(use_mtp=True)`` sits beside the mtp rows, with the same layers."""
+    from cerberus_hf.tools.bench import run_bench
+
+    model = CerberusForCausalLM.from_base(base, head_type="mtp", draft_tree=STATIC_TREE)
+    prompts = [prompt_ids(seed, 8) for seed in _seeds(base)]
+    result = run_bench(base, {"mtp": model}, prompts, max_new_tokens=12, warmup=0, variants=["chain", "tree"],
+                       prompt_lookup=False, packed_peer=False)
+    assert [row["method"] for row in result["methods"]][:2] == ["plain generate()", "transformers generate(use_mtp=True)"]
+    assert len(result["methods"]) == 4 and all(row["identical"] == 1.0 for row in result["methods"])
