@@ -193,3 +193,37 @@ def test_bench_runs_transformers_use_mtp_beside_this_librarys_generate(base):
                        prompt_lookup=False, packed_peer=False)
     assert [row["method"] for row in result["methods"]][:2] == ["plain generate()", "transformers generate(use_mtp=True)"]
     assert len(result["methods"]) == 4 and all(row["identical"] == 1.0 for row in result["methods"])
+
+
+def test_teacher_forced_logits_equal_drafting_on_the_true_path(base):
+    """What calibration measures at every position equals what decoding drafts there when every draft above was right,
+    and a tree drafted from calibration's context equals one drafted by decoding's state."""
+    drafter = CerberusForCausalLM.from_base(base, head_type="mtp").heads
+    ids = _plain(base, _seeds(base)[0], 8, NEW)
+    with torch.no_grad(), drafter.capture(base) as captured:
+        base(ids)
+        hidden, logits, context = drafter.teacher_forced(captured, ids, 7)
+    for t in (7, 12, ids.shape[1] - 4):
+        state = drafter.start(base, None)
+        with torch.no_grad():
+            state.observe({"normed": states(base, ids[:, :t + 1])}, None)
+            torch.testing.assert_close(state.heads_input(ids[:, :t + 2], None), hidden[t: t + 1], rtol=1e-4, atol=1e-5)
+            for source in (state, context(t)):
+                previous, path = None, ids[:, t + 1: t + 2]
+                for k in range(drafter.num_heads):
+                    previous, level = drafter.draft_level(k, hidden[t: t + 1], path, previous, source)
+                    torch.testing.assert_close(level[0], logits[t, k], rtol=1e-4, atol=1e-4)
+                    path = ids[:, t + 1: t + k + 3]  # the true tokens above the next depth
+
+
+def test_calibration_fits_and_stores_settings_generate_uses(base):
+    """`calibrate` collects positions through `teacher_forced` and times a step from a copied state (`MtpState`)."""
+    from cerberus_hf.calibration.pipeline import calibrate
+
+    model = CerberusForCausalLM.from_base(base, head_type="mtp")
+    seed = _seeds(base)[0]
+    sequences = [(_plain(base, s, 8, NEW)[0].tolist(), 7) for s in _seeds(base)]  # random layers: top-32 ranks hit
+    report = calibrate(model, sequences, top_k=32, max_nodes=6, repeats=1, dynamic_budgets=())
+    assert report["positions"] > 0 and report["settings"]["dynamic_tree"]["depth"] == 2
+    assert model.decoding_settings()["calibration"] == report["key"]
+    assert torch.equal(model.generate(prompt_ids(seed, 8), max_new_tokens=NEW), _plain(base, seed, 8, NEW))

@@ -159,12 +159,39 @@ class MtpState(SequenceState):
     def context(self) -> "MtpState":
         return self
 
+    def __copy__(self) -> "MtpState":
+        """A state that goes on from here on its own: the same tensors, each layer's cache and the lists its own (a
+        step extends them in place; calibration times one step from the same state again and again)."""
+        copied = MtpState(self.drafter)
+        copied.cached, copied.pending, copied.newest = list(self.cached), list(self.pending), list(self.newest)
+        if self.cache is not None:
+            copied.cache = DynamicCache(config=self.drafter.mtp_layers.config)
+            for j, layer in enumerate(self.cache.layers):
+                if layer.get_seq_length():
+                    copied.cache.update(layer.keys, layer.values, j)
+        return copied
+
+    @classmethod
+    def at(cls, drafter: "MtpDrafter", cache: DynamicCache, outputs: list[torch.Tensor], t: int) -> "MtpState":
+        """The state drafting after slot ``t`` reads, from each layer's keys and values over a whole sequence
+        (``cache``) and its outputs there (``outputs[j]`` ``[n, hidden]``): layer ``j``'s slots ``0 .. t - j``."""
+        state = cls(drafter)
+        state.cache = DynamicCache(config=drafter.mtp_layers.config)
+        for j, layer in enumerate(cache.layers[: drafter.num_heads]):
+            kept = max(t - j + 1, 0)
+            if kept:
+                state.cache.update(layer.keys[:, :, :kept], layer.values[:, :, :kept], j)
+                state.newest[j] = outputs[j][kept - 1][None]
+            state.cached[j] = kept
+        return state
+
 
 class MtpDrafter(Drafter):
     """Drafts with the base's own MTP layers (see the module docstring); holds no weights of its own."""
 
     drafter_type = "mtp"
     reads_tokens = True
+    trains_on_sequences = True  # its state at a position depends on the positions before it (each layer's cache)
     needs_base_layers = True  # the base's MTP layers
     steps_on_device = False  # each sequence's layers keep a transformers cache (`MtpState`)
 
@@ -258,8 +285,17 @@ class MtpDrafter(Drafter):
         return state, self.project(out[:, -1], k)
 
     def teacher_forced(self, captured: dict, ids: torch.LongTensor, first: int):
-        raise NotImplementedError("MTP layers are the base's own: nothing to calibrate positions for yet; set the tree "
-                                  "and gate by hand (generate(draft_tree=..., gate_threshold=...)).")
+        """`Drafter.teacher_forced`: every layer over the whole sequence with the true tokens (layer ``j``'s slot ``t``
+        reads the token at ``t + j + 1``), which is what drafting after ``t`` computes on the true path; drafting after
+        ``t`` attends to each layer's keys over its verified slots ``0 .. t - j`` (`MtpState.at`)."""
+        count = ids.shape[1]
+        tokens = torch.cat([ids, ids[:, -1:].expand(1, self.num_heads + 1)], dim=1)  # past the end: never a target
+        cache, states, outputs = DynamicCache(config=self.mtp_layers.config), captured["normed"], []
+        for j in range(self.num_heads):
+            states = self.run_layer(j, states, tokens[:, j + 1: j + 1 + count], j + 1, cache)
+            outputs.append(states[0])
+        logits = torch.stack([self.project(out, j) for j, out in enumerate(outputs)], dim=1)
+        return outputs[0], logits, lambda t: MtpState.at(self, cache, outputs, t)
 
     def forced_states(self, hidden: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
         raise NotImplementedError("MTP layers are the base's own and trained with it: there is nothing to train here.")
