@@ -27,7 +27,7 @@ from cerberus_hf.blocks.settings import resolve_settings
 from cerberus_hf.checkpoint import HEADS_WEIGHTS_NAME
 from cerberus_hf.decoding import paths
 from cerberus_hf.errors import UserError
-from cerberus_hf.testing import MTP_ARCHITECTURES, prompt_ids, tiny_model, tiny_mtp_model
+from cerberus_hf.testing import DEVICE, MTP_ARCHITECTURES, prompt_ids, tiny_model, tiny_mtp_model
 
 NEW = 24
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]][:5]  # two depths: the tiny bases ship two MTP layers
@@ -74,16 +74,16 @@ def test_drafts_equal_transformers_mtp_candidate_generator(base):
         for step in range(12):
             if fed is not None:
                 state.observe({"normed": fed}, list(range(accepted + 1)))
-            positions = torch.arange(ids.shape[1])[None]
+            positions = torch.arange(ids.shape[1], device=DEVICE)[None]
             outputs = SimpleNamespace(hidden_states=(fed if fed is not None else states(base, ids[:, :-1]),))
             candidates, ref_logits = reference.get_candidates(ids, {"position_ids": positions}, outputs, False, accepted)
             drafted, logits = chain(drafter, state, ids)
             assert drafted == candidates[0, ids.shape[1]:].tolist(), f"step {step}"
             torch.testing.assert_close(torch.stack(logits), ref_logits[0], rtol=1e-4, atol=1e-4)
             accepted = step % (layers + 1)
-            bonus = torch.randint(3, 96, (1, 1), generator=generator)
+            bonus = torch.randint(3, 96, (1, 1), generator=generator).to(DEVICE)
             verified = ids.shape[1] - 1
-            ids = torch.cat([ids, torch.tensor([drafted[:accepted]], dtype=torch.long), bonus], dim=1)
+            ids = torch.cat([ids, torch.tensor([drafted[:accepted]], dtype=torch.long, device=DEVICE), bonus], dim=1)
             fed = states(base, ids)[:, verified: verified + accepted + 1]  # the newest token's state, the kept drafts'
 
 
@@ -151,7 +151,7 @@ def test_batch_decoded_together_equals_plain_generate(base):
     model = CerberusForCausalLM.from_base(base, head_type="mtp")
     rows = [prompt_ids(seed, length)[0] for seed, length in ((0, 8), (1, 5), (2, 7))]
     width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=DEVICE)
     mask = torch.zeros_like(ids)
     for b, row in enumerate(rows):
         ids[b, width - len(row):], mask[b, width - len(row):] = row, 1
