@@ -227,3 +227,21 @@ def test_calibration_fits_and_stores_settings_generate_uses(base):
     assert report["positions"] > 0 and report["settings"]["dynamic_tree"]["depth"] == 2
     assert model.decoding_settings()["calibration"] == report["key"]
     assert torch.equal(model.generate(prompt_ids(seed, 8), max_new_tokens=NEW), _plain(base, seed, 8, NEW))
+
+
+def test_a_base_without_its_mtp_weights_is_refused_in_one_line(tmp_path):
+    """Built from a config (no checkpoint to read), or loaded from a checkpoint that lacks the layers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from cerberus_hf.testing import MTP_CONFIGS
+
+    options = dict(MTP_CONFIGS["glm4_moe"])
+    config = AutoConfig.for_model(options.pop("model_type"), **options)
+    base = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(UserError, match="was not loaded from a folder or Hub id") as error:
+        CerberusForCausalLM.from_base(base, head_type="mtp")
+    assert "\n" not in str(error.value)
+    base.save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="could not be read from its checkpoint .*weights are missing") as error:
+        CerberusForCausalLM.from_base(AutoModelForCausalLM.from_pretrained(tmp_path), head_type="mtp")
+    assert "\n" not in str(error.value) and len(str(error.value)) < 400

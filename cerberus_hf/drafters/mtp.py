@@ -64,11 +64,15 @@ def load_mtp_layers(base: nn.Module, num_heads: int) -> nn.Module:
     if kinds:
         raise UserError(f"{type(base).__name__}'s MTP layers are {', '.join(sorted(kinds))} layers; head_type='mtp' "
                         "runs full-attention MTP layers only.")
+    if not base.config.name_or_path:
+        raise UserError(f"{type(base).__name__} was not loaded from a folder or Hub id: head_type='mtp' reads the "
+                        "base's MTP layers from the checkpoint it was loaded from (from_pretrained).")
     device = base.get_output_embeddings().weight.device
     try:
         layers = MtpModel.from_pretrained(base, device_map={"": device})
     except (OSError, ValueError, RuntimeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first if len(first) <= 240 else first[:240] + "..."
         raise UserError(f"the MTP layers of {type(base).__name__} could not be read from its checkpoint "
                         f"({base.config.name_or_path or 'no folder'}): {first}") from error
     for module in own_modules(layers):
