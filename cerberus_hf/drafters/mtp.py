@@ -169,10 +169,7 @@ class MtpState(SequenceState):
         copied = MtpState(self.drafter)
         copied.cached, copied.pending, copied.newest = list(self.cached), list(self.pending), list(self.newest)
         if self.cache is not None:
-            copied.cache = DynamicCache(config=self.drafter.mtp_layers.config)
-            for j, layer in enumerate(self.cache.layers):
-                if layer.get_seq_length():
-                    copied.cache.update(layer.keys, layer.values, j)
+            copied.cache = self.drafter.cache_of(self.cache, self.cached)
         return copied
 
     @classmethod
@@ -180,13 +177,9 @@ class MtpState(SequenceState):
         """The state drafting after slot ``t`` reads, from each layer's keys and values over a whole sequence
         (``cache``) and its outputs there (``outputs[j]`` ``[n, hidden]``): layer ``j``'s slots ``0 .. t - j``."""
         state = cls(drafter)
-        state.cache = DynamicCache(config=drafter.mtp_layers.config)
-        for j, layer in enumerate(cache.layers[: drafter.num_heads]):
-            kept = max(t - j + 1, 0)
-            if kept:
-                state.cache.update(layer.keys[:, :, :kept], layer.values[:, :, :kept], j)
-                state.newest[j] = outputs[j][kept - 1][None]
-            state.cached[j] = kept
+        state.cached = [max(t - j + 1, 0) for j in range(drafter.num_heads)]
+        state.newest = [outputs[j][kept - 1][None] if kept else None for j, kept in enumerate(state.cached)]
+        state.cache = drafter.cache_of(cache, state.cached)
         return state
 
 
@@ -242,6 +235,15 @@ class MtpDrafter(Drafter):
 
     def start(self, model: nn.Module, cache) -> MtpState:
         return MtpState(self)
+
+    def cache_of(self, cache: DynamicCache, lengths: list[int]) -> DynamicCache:
+        """A cache of its own holding the first ``lengths[j]`` slots of each layer ``j`` of ``cache``."""
+        kept = DynamicCache(config=self.mtp_layers.config)
+        for j, length in enumerate(lengths):
+            if length:
+                layer = cache.layers[j]
+                kept.update(layer.keys[:, :, :length], layer.values[:, :, :length], j)
+        return kept
 
     def run_layer(self, j: int, states: torch.Tensor, tokens: torch.LongTensor, position: int, cache: DynamicCache,
                   nodes: int = 0) -> torch.Tensor:
