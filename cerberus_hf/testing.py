@@ -93,8 +93,7 @@ MTP_CONFIGS = {
 MTP_ARCHITECTURES = tuple(MTP_CONFIGS)
 
 
-def tiny_mtp_model(arch: str, folder: str, seed: int = 0, num_hidden_layers: int | None = None,
-                   num_mtp_layers: int | None = None) -> torch.nn.Module:
+def tiny_mtp_model(arch: str, folder: str, seed: int = 0, **config_overrides) -> torch.nn.Module:
     """A tiny random base of ``arch`` (a key of `MTP_CONFIGS`) with random MTP layers, saved to ``folder`` (the MTP
     layers in its checkpoint as the base's layers ``num_hidden_layers + j``, where transformers' `MtpModel` finds them)
     and loaded from there, like `tiny_model` otherwise. The same ``seed`` gives the same weights.
@@ -102,12 +101,11 @@ def tiny_mtp_model(arch: str, folder: str, seed: int = 0, num_hidden_layers: int
     DeepSeek-V3 and GLM-4.5 name the MTP layers of their published checkpoints (layer 61; 46 or 92) in the pattern
     transformers' MTP loader searches; the tiny base names its own (layer 2 on) on the loaded model. A folder that any
     loader reads as it is (``cerberus-hf bench --base FOLDER --mtp``) takes the published depths: ``num_hidden_layers``
-    61 (DeepSeek-V3) or 46 (GLM-4.5-Air), ``num_mtp_layers`` 1."""
+    61 (DeepSeek-V3) or 46 (GLM-4.5-Air), ``num_mtp_layers`` 1 (``config_overrides`` replace `MTP_CONFIGS` fields)."""
     from safetensors.torch import load_file, save_file
     from transformers.modeling_layers import MtpModel
 
-    depths = {"num_hidden_layers": num_hidden_layers, "num_mtp_layers": num_mtp_layers}
-    kwargs = dict(MTP_CONFIGS[arch], **{name: value for name, value in depths.items() if value})
+    kwargs = {**MTP_CONFIGS[arch], **config_overrides}
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
