@@ -21,7 +21,7 @@ depth's top-k the same way, each node over its own path, in one forward of the l
 
 The weights are the base's: they load from the base's own checkpoint (transformers' `MtpModel.from_pretrained`, which
 the base's loading skips) when the drafter is attached, and are held outside the drafter's module tree, so a saved
-folder holds none of them (its ``heads.safetensors`` is empty) and loading it reads them from the base again. The
+folder holds none of them (its heads file is empty) and loading it reads them from the base again. The
 embedding, ``lm_head`` and rotary embedding are the base's own modules. There is nothing to train.
 """
 
