@@ -128,7 +128,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     ) -> "CerberusForCausalLM":
         """Fresh (untrained, identity) heads on a loaded base. ``config_kwargs`` go to `CerberusConfig`
         (e.g. ``base_model_name_or_path`` when the base was loaded from somewhere its config does not say).
-        ``num_heads``: 4 unless the family derives it from the base (``head_type="mtp"``: one per MTP layer it ships)."""
+        ``num_heads``: 4 unless the family derives it from the base (``head_type="mtp"``: one per MTP layer)."""
         model_type, hidden_size, vocab_size = base_shape(base_model)
         from .real_models import (
             describe_source,  # the packaged-base loader, off the package's import path

@@ -60,8 +60,8 @@ def chain(drafter, state, ids: torch.Tensor) -> tuple[list[int], list[torch.Tens
 
 
 def test_drafts_equal_transformers_mtp_candidate_generator(base):
-    """At every step of a schedule that accepts 0, 1, ... L drafts in turn (each time the drafts the reference made, then
-    a token of its own choosing), both draft the same chain, with the same logits."""
+    """At every step of a schedule that accepts 0, 1, ... L drafts in turn (each time the drafts the reference made,
+    then a token of its own choosing), both draft the same chain, with the same logits."""
     model = CerberusForCausalLM.from_base(base, head_type="mtp")
     drafter, layers = model.heads, base.config.num_mtp_layers
     reference = MTPCandidateGenerator(base, GenerationConfig(do_sample=False), {})
@@ -76,7 +76,8 @@ def test_drafts_equal_transformers_mtp_candidate_generator(base):
                 state.observe({"normed": fed}, list(range(accepted + 1)))
             positions = torch.arange(ids.shape[1], device=DEVICE)[None]
             outputs = SimpleNamespace(hidden_states=(fed if fed is not None else states(base, ids[:, :-1]),))
-            candidates, ref_logits = reference.get_candidates(ids, {"position_ids": positions}, outputs, False, accepted)
+            candidates, ref_logits = reference.get_candidates(ids, {"position_ids": positions}, outputs, False,
+                                                              accepted)
             drafted, logits = chain(drafter, state, ids)
             assert drafted == candidates[0, ids.shape[1]:].tolist(), f"step {step}"
             torch.testing.assert_close(torch.stack(logits), ref_logits[0], rtol=1e-4, atol=1e-4)
@@ -191,7 +192,8 @@ def test_bench_runs_transformers_use_mtp_beside_this_librarys_generate(base):
     prompts = [prompt_ids(seed, 8) for seed in _seeds(base)]
     result = run_bench(base, {"mtp": model}, prompts, max_new_tokens=12, warmup=0, variants=["chain", "tree"],
                        prompt_lookup=False, packed_peer=False)
-    assert [row["method"] for row in result["methods"]][:2] == ["plain generate()", "transformers generate(use_mtp=True)"]
+    names = [row["method"] for row in result["methods"]]
+    assert names[:2] == ["plain generate()", "transformers generate(use_mtp=True)"]
     assert len(result["methods"]) == 4 and all(row["identical"] == 1.0 for row in result["methods"])
 
 

@@ -14,10 +14,10 @@ keeping each layer's cache over the slots the verifier confirmed and recomputing
 How it drafts here (`MtpState`, `MtpDrafter.draft_level`). Each layer ``j < num_heads`` keeps a KV cache over its
 verified slots ``0 .. t - j`` and its output at the newest of them, extended once per step over what was verified since
 (`MtpState.heads_input`). Depth 0 is layer 0's output at ``t``. A node at depth ``k >= 1`` runs layer ``k`` over its
-draft slots ``t - k + 1 .. t`` with the path's drafted tokens and its parent's outputs of layer ``k - 1`` there, attending
-to layer ``k``'s cache and to its own earlier slots; its state is layer ``k``'s outputs at slots ``t - k .. t`` (the
-first from the cache), which its children read. A chain drafts what transformers' generator drafts; a tree drafts each
-depth's top-k the same way, each node over its own path, in one forward of the layer per depth.
+draft slots ``t - k + 1 .. t`` with the path's drafted tokens and its parent's outputs of layer ``k - 1`` there,
+attending to layer ``k``'s cache and to its own earlier slots; its state is layer ``k``'s outputs at slots
+``t - k .. t`` (the first from the cache), which its children read. A chain drafts what transformers' generator drafts; a tree
+drafts each depth's top-k the same way, each node over its own path, in one forward of the layer per depth.
 
 The weights are the base's: they load from the base's own checkpoint (transformers' `MtpModel.from_pretrained`, which
 the base's loading skips) when the drafter is attached, and are held outside the drafter's module tree, so a saved
@@ -117,8 +117,8 @@ def own_slots_mask(cached: int, nodes: int, slots: int, dtype: torch.dtype, devi
 
 class MtpState(SequenceState):
     """Each MTP layer's KV cache over one sequence's verified slots, its output at the newest of them, and the inputs
-    of the slots it has not run yet (for layer 0 the base's states; for layer ``j`` layer ``j - 1``'s outputs), which wait
-    for the token ``j + 1`` places after them."""
+    of the slots it has not run yet (for layer 0 the base's states; for layer ``j`` layer ``j - 1``'s outputs), which
+    wait for the token ``j + 1`` places after them."""
 
     def __init__(self, drafter: "MtpDrafter"):
         self.drafter = drafter
@@ -249,8 +249,8 @@ class MtpDrafter(Drafter):
                   nodes: int = 0) -> torch.Tensor:
         """MTP layer ``j``'s outputs ``[1, n * m, hidden]`` over ``states`` and ``tokens`` ``[1, n * m, ...]``: with
         ``nodes`` 0, ``m`` new verified slots (from rotary ``position`` on), which stay in the layer's cache; else
-        ``nodes`` runs of ``m`` draft slots each (every run from ``position`` on), each attending to the cache and causally
-        to itself, whose keys leave the cache again."""
+        ``nodes`` runs of ``m`` draft slots each (every run from ``position`` on), each attending to the cache and
+        causally to itself, whose keys leave the cache again."""
         layers = self.mtp_layers
         runs = max(nodes, 1)
         slots = tokens.shape[1] // runs

@@ -619,8 +619,8 @@ def run_cli(args: argparse.Namespace) -> int:
                        profile=args.profile, prompt_lookup=not args.no_prompt_lookup and args.batch_size == 1,
                        checkpoint=checkpoint, resume=args.resume,
                        run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
-                                     "heads": args.heads, "mtp": args.mtp, "batch_size": args.batch_size, "cache": args.cache,
-                                     "compile": args.compile},
+                                     "heads": args.heads, "mtp": args.mtp, "batch_size": args.batch_size,
+                                     "cache": args.cache, "compile": args.compile},
                        caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer,
                        transformers_mtp=args.batch_size == 1)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
