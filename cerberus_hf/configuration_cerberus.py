@@ -15,7 +15,7 @@ from .errors import UserError, check_number
 from .remote_code import AUTO_MAP, write_loading_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
-HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover", "eagle3")
+HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover", "eagle3", "mtp")
 HEAD_PROJECTIONS = ("shared", "own")
 # Which of the base's last states a drafter reads: the lm_head's input (after the final norm) or the last
 # decoder layer's output (before it, as Clover-2 reads it); see `drafters.base.capture_states`.

@@ -120,14 +120,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         cls,
         base_model: nn.Module,
         head_type: str = "cerberus",
-        num_heads: int = 4,
+        num_heads: int | None = None,
         num_layers: int = 1,
         head_projection: str = "shared",
         gate_threshold: float | None = None,
         **config_kwargs,
     ) -> "CerberusForCausalLM":
         """Fresh (untrained, identity) heads on a loaded base. ``config_kwargs`` go to `CerberusConfig`
-        (e.g. ``base_model_name_or_path`` when the base was loaded from somewhere its config does not say)."""
+        (e.g. ``base_model_name_or_path`` when the base was loaded from somewhere its config does not say).
+        ``num_heads``: 4 unless the family derives it from the base (``head_type="mtp"``: one per MTP layer)."""
         model_type, hidden_size, vocab_size = base_shape(base_model)
         from .real_models import (
             describe_source,  # the packaged-base loader, off the package's import path
@@ -138,6 +139,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         if head_type in DRAFTER_CLASSES:  # (an unknown one is refused by the config, naming the choices)
             for key, value in DRAFTER_CLASSES[head_type].config_defaults(base_model).items():
                 config_kwargs.setdefault(key, value)
+        derived = config_kwargs.pop("num_heads", 4)
+        num_heads = num_heads if num_heads is not None else derived
         config = CerberusConfig(
             base_model_type=model_type,
             hidden_size=hidden_size,

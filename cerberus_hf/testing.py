@@ -17,7 +17,8 @@ Nothing here is needed to decode; it imports only the package and what the packa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
     from .modeling_cerberus import CerberusForCausalLM
 
 __all__ = [
-    "ARCHITECTURES", "CONFIGS", "DEVICE", "EOS", "PAD", "VOCAB", "install_oracle", "prompt_ids", "randomize_heads",
-    "tiny_model", "tiny_tokenizer",
+    "ARCHITECTURES", "CONFIGS", "DEVICE", "EOS", "MTP_ARCHITECTURES", "MTP_CONFIGS", "PAD", "VOCAB", "install_oracle",
+    "prompt_ids", "randomize_heads", "tiny_model", "tiny_mtp_model", "tiny_tokenizer",
 ]
 
 # ------------------------------------------------------------------------------------------------ tiny models
@@ -77,6 +78,71 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
         model.get_output_embeddings().weight.mul_(8.0)
     model.generation_config.do_sample = False
     return model.to(DEVICE).eval()
+
+
+# Tiny bases that ship multi-token-prediction layers (`drafters.mtp`), in the layout transformers' ``use_mtp`` reads:
+# DeepSeek-V3 (multi-head latent attention) and GLM-4.5 (grouped-query attention), dense (their MoE layers start
+# after ``first_k_dense_replace``), with two MTP layers each.
+MTP_CONFIGS = {
+    "deepseek_v3": dict(model_type="deepseek_v3", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, first_k_dense_replace=8,
+                        num_mtp_layers=2, **_COMMON),
+    "glm4_moe": dict(model_type="glm4_moe", num_key_value_heads=2, head_dim=8, first_k_dense_replace=8,
+                     num_mtp_layers=2, **_COMMON),
+}
+MTP_ARCHITECTURES = tuple(MTP_CONFIGS)
+
+
+def tiny_mtp_model(arch: str, folder: str, seed: int = 0, **config_overrides) -> torch.nn.Module:
+    """A tiny random base of ``arch`` (a key of `MTP_CONFIGS`) with random MTP layers, saved to ``folder`` (the MTP
+    layers in its checkpoint as the base's layers ``num_hidden_layers + j``, where transformers' `MtpModel` finds them)
+    and loaded from there, like `tiny_model` otherwise. The same ``seed`` gives the same weights.
+
+    DeepSeek-V3 and GLM-4.5 name the MTP layers of their published checkpoints (layer 61; 46 or 92) in the pattern
+    transformers' MTP loader searches; the tiny base names its own (layer 2 on) on the loaded model. A folder that any
+    loader reads as it is (``cerberus-hf bench --base FOLDER --mtp``) takes the published depths: ``num_hidden_layers``
+    61 (DeepSeek-V3) or 46 (GLM-4.5-Air), ``num_mtp_layers`` 1 (``config_overrides`` replace `MTP_CONFIGS` fields)."""
+    from safetensors.torch import load_file, save_file
+    from transformers.modeling_layers import MtpModel
+
+    kwargs = {**MTP_CONFIGS[arch], **config_overrides}
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    model.generation_config.do_sample = False
+    model.save_pretrained(folder)
+    layers = MtpModel(model, config.num_mtp_layers)
+    generator = torch.Generator().manual_seed(seed + 1)
+    first = config.num_hidden_layers
+    weights = load_file(os.path.join(folder, "model.safetensors"))
+    for key, value in layers.layers.state_dict().items():
+        index, name = key.split(".", 1)
+        if value.dim() > 1:  # matrices drawn at random, norms left at one
+            value = torch.randn(value.shape, generator=generator) * 0.3
+        if name == "eh_proj.weight":  # near the identity on the state it reads: it guesses the base's own next
+            value[:, config.hidden_size:] += torch.eye(config.hidden_size)  # token often, as fresh heads do
+            value[:, :config.hidden_size] *= 4.0
+        weights[f"model.layers.{first + int(index)}.{name.removeprefix('mtp_block.')}"] = value.contiguous()
+    save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with _quiet_loading():  # the base's own loading skips the MTP layers (and would list them all)
+        model = AutoModelForCausalLM.from_pretrained(folder)
+    model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{first + j}\." for j in range(config.num_mtp_layers)]
+    return model.to(DEVICE).eval()
+
+
+@contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """transformers' loading report at errors only, for the time of a load."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 def tiny_tokenizer(stop_string_ready: bool = False) -> PreTrainedTokenizerFast:

@@ -17,6 +17,8 @@ import torch
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.blocks.gate import entropy
 from cerberus_hf.blocks.ngram import NgramModel
+from cerberus_hf.configuration_cerberus import HEAD_TYPES
+from cerberus_hf.drafters import DRAFTER_CLASSES
 from cerberus_hf.testing import (ARCHITECTURES, EOS, PAD, VOCAB, install_oracle, prompt_ids, randomize_heads,
                                  tiny_model)
 
@@ -66,6 +68,10 @@ def reference(arch: str, max_new_tokens: int = NEW_TOKENS) -> torch.Tensor:
     """The base's greedy output (prompt + continuation) for the arch's prompt."""
     return _reference(arch, max_new_tokens).clone()
 
+
+# The families any base can have, which the family-parametrised tests run on every tiny architecture; the others
+# (head_type="mtp": the base's own MTP layers) run on the tiny bases that ship their layers (tests/test_mtp.py).
+ANY_BASE_TYPES = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].needs_base_layers)
 
 # Drafter variants that the family-parametrised tests run beside the head types: a name, its head type and options.
 VARIANTS = {
@@ -148,6 +154,7 @@ def check_stats(model: CerberusForCausalLM, new_tokens: int, forwards: int | Non
 
 
 __all__ = [
-    "ARCHITECTURES", "EOS", "NEW_TOKENS", "PAD", "PROMPT_LEN", "VOCAB", "ForwardCounter", "check_stats",
-    "fresh_model", "gate_entropies", "get_base", "get_prompt", "install_oracle", "randomize_heads", "reference",
+    "ANY_BASE_TYPES", "ARCHITECTURES", "EOS", "NEW_TOKENS", "PAD", "PROMPT_LEN", "VOCAB", "ForwardCounter",
+    "check_stats", "fresh_model", "gate_entropies", "get_base", "get_prompt", "install_oracle", "randomize_heads",
+    "reference",
 ]

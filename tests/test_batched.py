@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding import paths
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from helpers import (
+    ANY_BASE_TYPES,
     PAD,
     VARIANTS,
     ForwardCounter,
@@ -30,7 +30,8 @@ from helpers import (
 from test_generate import padded_batch
 
 BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
-FAMILIES = [h for h in (*HEAD_TYPES, *VARIANTS) if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains]
+FAMILIES = [h for h in (*ANY_BASE_TYPES, *VARIANTS)
+            if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains]
 TREES = {
     "chain": dict(draft_tree=None, dynamic_tree=None, gate_threshold=None),
     "static": dict(draft_tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], dynamic_tree=None, gate_threshold=None),

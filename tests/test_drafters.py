@@ -19,6 +19,7 @@ from cerberus_hf.blocks.tree import DynamicTree, TreeSpec
 from cerberus_hf.drafters import DRAFTER_CLASSES
 from cerberus_hf.drafters.base import capture_lm_head_input, capture_states
 from helpers import (
+    ANY_BASE_TYPES,
     ARCHITECTURES,
     NEW_TOKENS,
     VARIANTS,
@@ -47,9 +48,9 @@ TREE_KINDS = {
 
 
 # Families that guess depth by depth draft every tree kind; one that drafts its own chain (Kangaroo) drafts chains.
-TREE_FAMILIES = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].drafts_chains) + tuple(VARIANTS)
+TREE_FAMILIES = tuple(h for h in ANY_BASE_TYPES if not DRAFTER_CLASSES[h].drafts_chains) + tuple(VARIANTS)
 FAMILY_TREES = [(h, tree) for h in TREE_FAMILIES for tree in TREE_KINDS] + [
-    (h, "chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains
+    (h, "chain") for h in ANY_BASE_TYPES if DRAFTER_CLASSES[h].drafts_chains
 ]
 
 

@@ -14,10 +14,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.blocks.ngram import NgramModel
 from cerberus_hf.drafters import DRAFTER_CLASSES
-from helpers import VARIANTS, family_options
+from helpers import ANY_BASE_TYPES, VARIANTS, family_options
 
 V = 12
 DRAWS = 2500
@@ -95,11 +94,12 @@ TREES = {
 # Every family with every tree kind; Kangaroo drafts its own chain only (through the base's first layer of two).
 # Each case costs about 20 s (2,500 draws), so `make test` runs a diagonal of the matrix, every family once and
 # every tree kind once; the other cases are marked slow (`make test-slow`, which CI runs too).
-_TREE_FAMILIES = [h for h in (*HEAD_TYPES, *VARIANTS) if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains]
+_TREE_FAMILIES = [h for h in (*ANY_BASE_TYPES, *VARIANTS)
+                  if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains]
 FAMILY_TREES = [
     pytest.param(h, tree, id=f"{h}-{tree}", marks=() if i % len(TREES) == j else pytest.mark.slow)
     for i, h in enumerate(_TREE_FAMILIES) for j, tree in enumerate(TREES)
-] + [pytest.param(h, "chain", id=f"{h}-chain") for h in HEAD_TYPES if DRAFTER_CLASSES[h].drafts_chains]
+] + [pytest.param(h, "chain", id=f"{h}-chain") for h in ANY_BASE_TYPES if DRAFTER_CLASSES[h].drafts_chains]
 
 
 @pytest.mark.parametrize("head_type, tree", FAMILY_TREES)

@@ -13,17 +13,17 @@ import torch
 from transformers import CompileConfig, StaticCache
 
 from cerberus_hf.compat import output_cache
-from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding import paths, static_cache
 from cerberus_hf.decoding.static_cache import BUCKETS, ROOM_MULTIPLE, bucket
-from helpers import NEW_TOKENS, VARIANTS, check_stats, fresh_model, get_base, get_prompt, install_oracle, reference
+from helpers import (ANY_BASE_TYPES, NEW_TOKENS, VARIANTS, check_stats, fresh_model, get_base, get_prompt,
+                     install_oracle, reference)
 from test_exactness import CORRUPTIONS, TREE, longer_reference
 from test_sampling import DRAWS, base, chi_square, draw, expected_pairs  # noqa: F401  (base: a fixture)
 
 STATIC = dict(cache_implementation="static")
 # the tiny architectures a static cache serves (mistral and gemma2 have sliding-window layers)
 STATIC_ARCHS = ["llama", "qwen2", "phi3", "gpt2"]
-FAMILIES = [h for h in (*HEAD_TYPES, *VARIANTS) if h != "kangaroo"]
+FAMILIES = [h for h in (*ANY_BASE_TYPES, *VARIANTS) if h != "kangaroo"]
 
 
 def generate_static(model, arch: str, **kwargs):

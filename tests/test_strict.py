@@ -13,13 +13,13 @@ from transformers import DynamicCache
 
 import cerberus_hf.modeling_cerberus as modeling
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.decoding.proposer import Draft
 from cerberus_hf.blocks.strict import row_invariant_rows, strict_view
 from cerberus_hf.blocks.tree import TreeSpec
 from cerberus_hf.compat import cache_argument
 from cerberus_hf.drafters import DRAFTER_CLASSES
-from helpers import NEW_TOKENS, PROMPT_LEN, check_stats, get_base, get_prompt, install_oracle, randomize_heads
+from helpers import (ANY_BASE_TYPES, NEW_TOKENS, PROMPT_LEN, check_stats, get_base, get_prompt, install_oracle,
+                     randomize_heads)
 from tiny_models import DEVICE
 
 STRICT_ARCHITECTURES = ("llama", "qwen2", "phi3", "gpt2")  # sdpa attention, no sliding window
@@ -52,7 +52,7 @@ def tree_of(head_type: str) -> dict:
 
 
 @pytest.mark.parametrize("heads", ["untrained", "random"])
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("head_type", ANY_BASE_TYPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("arch", STRICT_ARCHITECTURES)
 def test_strict_output_equals_plain_generate_in_its_dtype(arch, dtype, head_type, heads):

@@ -47,7 +47,7 @@ class StepDrafts:
 
     def __init__(self, drafter: Drafter, hidden: torch.Tensor, last_token: int, context: object | None = None):
         self.drafter = drafter
-        self.hidden = hidden.reshape(1, -1).to(next(drafter.parameters()).dtype)
+        self.hidden = hidden.reshape(1, -1).to(drafter.dtype)
         self.last_token = last_token
         self.context = context  # the sequence's `SequenceState.context`, passed to every `Drafter.draft_level`
         self.root = _Node((), None)

@@ -146,6 +146,8 @@ def device_step_refusal(base: nn.Module, drafter: Drafter, settings: DecodingSet
         return "the tree is grown each step"
     if drafter.drafts_chains:
         return f"{drafter.drafter_type} drafts through the base's own cache"
+    if not drafter.steps_on_device:
+        return f"{drafter.drafter_type} keeps a cache per sequence outside the device step's buffers"
     if drafter.state_source != "lm_head_input":
         return "the drafter reads the base's state before its final norm"
     return _base_refusal(base)

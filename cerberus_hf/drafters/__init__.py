@@ -19,10 +19,11 @@ from .eagle3 import Eagle3Drafter
 from .hydra import HydraDrafter
 from .kangaroo import KangarooDrafter
 from .medusa import MedusaDrafter
+from .mtp import MtpDrafter
 
 DRAFTER_CLASSES: dict[str, type[Drafter]] = {
     cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter, HydraDrafter, KangarooDrafter, CloverDrafter,
-                                          Eagle3Drafter)
+                                          Eagle3Drafter, MtpDrafter)
 }
 assert tuple(DRAFTER_CLASSES) == HEAD_TYPES, "configuration_cerberus.HEAD_TYPES must list every family"
 
@@ -37,4 +38,4 @@ def build_drafter(config: CerberusConfig) -> Drafter:
 
 
 __all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "CloverDrafter", "Drafter", "Eagle3Drafter", "HydraDrafter", "KangarooDrafter",
-           "MedusaDrafter", "ResidualBlock", "build_drafter"]
+           "MedusaDrafter", "MtpDrafter", "ResidualBlock", "build_drafter"]

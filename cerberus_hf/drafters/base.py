@@ -271,6 +271,10 @@ class Drafter(nn.Module):
     # trained over whole sequences (its state at a position depends on the positions before it), not from single
     # positions of the hidden-state cache through `forced_states`: Kangaroo's adapter, EAGLE-3's layer
     trains_on_sequences: ClassVar[bool] = False
+    # its weights are layers the base ships (MTP layers): only a base that ships them can have it
+    needs_base_layers: ClassVar[bool] = False
+    # the device step can draft with it: its state per row fits fixed-shape device buffers (`device_rows`)
+    steps_on_device: ClassVar[bool] = True
     context_window: int = 0  # how many of the newest verified states the heads read (0: only h_t)
     # `linear` for weights no module holds (the draft vocabulary's rows of a projection); a decoding view on a CPU
     # sets one that computes through packed weights (`blocks.packed.PackedWeights.linear`)
@@ -528,4 +532,5 @@ class Drafter(nn.Module):
             raise ValueError(f"A draft vocabulary needs token ids in [0, {self.vocab_size}).")
         if token_ids.unique().numel() != token_ids.numel():
             raise ValueError(f"A draft vocabulary lists {token_ids.numel() - token_ids.unique().numel()} token ids twice.")
-        self.draft_vocab = token_ids.to(next(self.parameters()).device)
+        weight = next(self.parameters(), None)  # (a drafter of the base's own layers holds none: the base's device)
+        self.draft_vocab = token_ids.to((weight if weight is not None else self.base_lm_head.weight).device)

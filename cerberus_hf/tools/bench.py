@@ -127,6 +127,7 @@ def build_methods(
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
     packed_peer: bool = True,
+    transformers_mtp: bool = True,
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
@@ -141,7 +142,9 @@ def build_methods(
     ``packed_peer``: beside plain generate(), the same through the packed weights the head rows verify with on a
     CPU (`blocks.packed`; where packing is available), so the table shows what drafting adds to the kernels. On CUDA
     the compiled static-cache peer (plain generate() with ``cache_implementation="static"``, which transformers compiles
-    into CUDA graphs) is always a row: it is what a GPU user compares with."""
+    into CUDA graphs) is always a row: it is what a GPU user compares with. ``transformers_mtp``: beside a checkpoint of
+    the base's own MTP layers (``head_type="mtp"``), transformers' own ``generate(use_mtp=True)`` with the same layers
+    (one sequence at a time, the dynamic cache: what transformers runs it with)."""
     methods: list[Method] = []
     for cache in caches:
         call = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -153,7 +156,8 @@ def build_methods(
                 call["compile_config"] = compile_config
             tag = " [static cache, compiled]" if compiled else " [static cache]"
         methods += _methods_for_call(base, head_models, call, tag, variants, profile,
-                                     prompt_lookup and cache == caches[0], packed_peer and cache == caches[0])
+                                     prompt_lookup and cache == caches[0], packed_peer and cache == caches[0],
+                                     transformers_mtp and cache == "dynamic")
     if base.device.type == "cuda" and "static" not in caches:
         # on CUDA a user's alternative is one keyword: plain decoding that transformers compiles into CUDA graphs
         call = {"max_new_tokens": max_new_tokens, "do_sample": False, "cache_implementation": "static"}
@@ -163,7 +167,7 @@ def build_methods(
 
 
 def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: list[str] | None, profile: bool,
-                      prompt_lookup: bool, packed_peer: bool) -> list[Method]:
+                      prompt_lookup: bool, packed_peer: bool, transformers_mtp: bool = False) -> list[Method]:
     """`build_methods`' rows for one set of generate() arguments ``call``, their names ending in ``tag``."""
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
@@ -176,6 +180,10 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (
             base.generate(**_arguments(inputs), prompt_lookup_num_tokens=10, **call), None)))
+    if transformers_mtp and any(model.config.head_type == "mtp" for model in head_models.values()):
+        # the same MTP layers as the mtp rows, drafting transformers' chain (one per layer) each step
+        methods.append(Method("transformers generate(use_mtp=True)" + tag, lambda inputs: (
+            base.generate(**_arguments(inputs), use_mtp=True, **call), None)))
     check_variants(variants)
     for label, model in head_models.items():
         wanted = variants and {v.rpartition(":")[2] for v in variants
@@ -271,11 +279,12 @@ def run_bench(
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
     packed_peer: bool = True,
+    transformers_mtp: bool = True,
 ) -> dict:
     """Decode every prompt or batch (`batch_inputs`) with every method of `build_methods`; returns per-method summaries
     and per-prompt (per-batch) records (``checkpoint``, ``resume``: see `run_methods`)."""
     methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup, caches,
-                            compile_config, packed_peer)
+                            compile_config, packed_peer, transformers_mtp)
     eos = base.generation_config.eos_token_id
     return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
                        {"max_new_tokens": max_new_tokens, **(run_identity or {})},
@@ -526,6 +535,10 @@ def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="compare decoding methods on a prompt set (table, JSON, plot)")
     parser.add_argument("--heads", action="append", default=[], type=arguments.heads_source,
                         help="head checkpoint folder or Hub id (repeatable)")
+    parser.add_argument("--mtp", action="store_true",
+                        help="also draft with the base's own multi-token-prediction layers: this library's generate() "
+                             "(head_type='mtp', no folder) beside transformers' generate(use_mtp=True) with the same "
+                             "layers (at batch size 1)")
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL with a 'turns' list per line")
     parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
     parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use the first N prompts")
@@ -585,6 +598,8 @@ def run_cli(args: argparse.Namespace) -> int:
     for path in args.heads:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
         head_models[f"{model.config.head_type} {Path(path).name}"] = model
+    if args.mtp:
+        head_models["mtp (the base's own layers)"] = CerberusForCausalLM.from_base(base, head_type="mtp")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     encoded = batch_inputs(encode_prompts(tokenizer, prompts, base.device), args.batch_size, pad)
     machine = describe_device(base.device)
@@ -604,9 +619,10 @@ def run_cli(args: argparse.Namespace) -> int:
                        profile=args.profile, prompt_lookup=not args.no_prompt_lookup and args.batch_size == 1,
                        checkpoint=checkpoint, resume=args.resume,
                        run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
-                                     "heads": args.heads, "batch_size": args.batch_size, "cache": args.cache,
-                                     "compile": args.compile},
-                       caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer)
+                                     "heads": args.heads, "mtp": args.mtp, "batch_size": args.batch_size,
+                                     "cache": args.cache, "compile": args.compile},
+                       caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer,
+                       transformers_mtp=args.batch_size == 1)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   cache=args.cache, compile=args.compile, warmup=args.warmup,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, date=time.strftime("%Y-%m-%d"),

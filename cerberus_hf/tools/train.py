@@ -10,6 +10,7 @@ import time
 import torch
 
 from ..configuration_cerberus import HEAD_TYPES, STATE_SOURCES
+from ..drafters import DRAFTER_CLASSES
 from ..real_models import load_named_model
 from ..training.data import read_records
 from ..training.hidden_cache import build_hidden_cache
@@ -46,7 +47,8 @@ def add_cli(subparsers):
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default="smollm2-135m-instruct",
                         help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
-    parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES)
+    parser.add_argument("--head-type", default="cerberus",  # not the base's own MTP layers: trained with it
+                        choices=tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].needs_base_layers))
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--num-layers", type=int, default=1)
     parser.add_argument("--data", required=True, action="append",
