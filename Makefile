@@ -17,19 +17,23 @@ demo: install
 	$(PYTHON) -m cerberus_hf.tools.cli demo
 
 # What CI runs first: the tiny-model tests, then the real-model checks (marker real_model), each without the long tail
-# (marker slow: the rest of matrices whose faster cases cover the same code paths).
+# (marker slow: the rest of matrices whose faster cases cover the same code paths). The tiny-model tests run one
+# thread each, so they run in a process per core (pytest-xdist; TEST_WORKERS=0 runs them in this process); the
+# real-model ones use every core themselves.
+TEST_WORKERS ?= auto
+TINY = -p no:cacheprovider -n $(TEST_WORKERS) -q
 test: install
-	$(PYTHON) -m pytest -p no:cacheprovider -m "not real_model and not slow" -q
+	$(PYTHON) -m pytest $(TINY) -m "not real_model and not slow"
 	$(PYTHON) -m pytest -p no:cacheprovider -m "real_model and not slow" -q
 
 # The long tail `make test` leaves out (CI runs it after `make test`).
 test-slow: install
-	$(PYTHON) -m pytest -p no:cacheprovider -m "not real_model and slow" -q
+	$(PYTHON) -m pytest $(TINY) -m "not real_model and slow"
 	$(PYTHON) -m pytest -p no:cacheprovider -m "real_model and slow" -q
 
 # Inner loop while developing: tiny random models only, without the long tail.
 test-fast:
-	$(PYTHON) -m pytest -p no:cacheprovider -m "not real_model and not slow" -q
+	$(PYTHON) -m pytest $(TINY) -m "not real_model and not slow"
 
 # The tiny exactness, generate and persistence (remote code, custom_generate) tests on the lowest transformers
 # pyproject.toml admits (`make install` takes the newest, which `make test` ran on), on its lowest and newest torch
@@ -57,7 +61,7 @@ test-range: install
 	    $$venv/bin/python -m pip install -q --disable-pip-version-check $$pin; \
 	  fi && \
 	  $$venv/bin/python -c "import platform, torch, transformers; print('$$venv: Python', platform.python_version(), 'torch', torch.__version__, 'transformers', transformers.__version__)" && \
-	  $$venv/bin/python -m pytest -p no:cacheprovider -q -m "not real_model" tests/test_exactness.py tests/test_generate.py tests/test_persistence.py \
+	  $$venv/bin/python -m pytest $(TINY) -m "not real_model" tests/test_exactness.py tests/test_generate.py tests/test_persistence.py \
 	    || exit 1; \
 	done
 

@@ -6,6 +6,18 @@ import os
 import sys
 
 import pytest
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # pytest-xdist's worker name (`make test` runs one per core)
+if WORKER:
+    # Each worker compiles into a cache of its own, a subfolder of inductor's (TORCHINDUCTOR_CACHE_DIR, or its default
+    # under the temporary directory): inductor's cache is not safe for two processes writing at once.
+    import getpass
+    import tempfile
+
+    shared = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                        f"torchinductor_{getpass.getuser()}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(shared, WORKER)
+
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
