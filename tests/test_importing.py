@@ -319,7 +319,8 @@ def path_cases(archs, trees) -> list:
 
 def row_references(arch: str, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     base = get_base(arch)
-    return [base.generate(row[m.bool()][None], max_new_tokens=BATCH_NEW + 8, do_sample=False) for row, m in zip(ids, mask)]
+    return [base.generate(row[m.bool()][None], max_new_tokens=BATCH_NEW + 8, do_sample=False)
+            for row, m in zip(ids, mask)]
 
 
 @pytest.mark.parametrize("arch, tree, drafter", path_cases(ARCHITECTURES, LOOP_TREES))
