@@ -138,7 +138,8 @@ VERIFIER_LAYERS, IMPORT_LAYERS, IMPORT_STEPS = 6, [1, 3, 4], 3
 
 
 def run_in(python: str, code: str, *args: str) -> dict | None:
-    """Run ``code`` in ``python`` with ``args``; its last printed line (JSON), or None (its error printed) on failure."""
+    """Run ``code`` in ``python`` with ``args``: its last printed line (JSON), or None (its error printed) if it
+    failed."""
     done = subprocess.run([python, "-c", code, *args], capture_output=True, text=True)
     if done.returncode:
         print(done.stderr[-3000:])
