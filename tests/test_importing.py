@@ -283,19 +283,27 @@ LAYOUTS = ("speculators", "eagle", "medusa", "vllm-medusa")
 LOOP_TREES = {"chain": dict(draft_tree=None, dynamic_tree=None), "dynamic": dict(dynamic_tree=DYNAMIC)}
 
 
+def write_layout(folder, layout: str, arch: str, draft: int = 40) -> str:
+    """A 3-deep drafter of ``layout`` with random weights (EAGLE-3's over ``draft`` tokens) for the tiny ``arch`` in
+    ``folder``; returns the name of its weight file."""
+    if layout in ("speculators", "eagle"):
+        prefix = "layers.0." if layout == "speculators" else "midlayer."
+        write_eagle3(folder, layout, eagle3_tensors(prefix, get_base(arch), draft=draft), layout == "speculators")
+    elif layout == "medusa":
+        write_medusa(folder, heads=3, layers=1)
+        return "medusa_lm_head.safetensors"
+    else:
+        export_vllm_medusa(fresh_model(arch, "medusa", randomize=True, num_heads=3, head_projection="own"), folder)
+    return "model.safetensors"
+
+
 def imported(folder, layout: str, arch: str, drafter: str, references: list[torch.Tensor]) -> CerberusForCausalLM:
     """A 3-deep drafter of ``layout`` with random weights, written for the tiny ``arch`` and loaded onto its base;
     ``drafter="oracle"``: its logits then rank the ``references``' next tokens first (second at some depths), so that
     drafts are accepted to different depths (random ones almost never are). EAGLE-3's draft vocabulary is 40 tokens
     for random drafts and the whole vocabulary, permuted, for the oracle's (which drafts any token)."""
     base = get_base(arch)
-    if layout in ("speculators", "eagle"):
-        prefix, draft = "layers.0." if layout == "speculators" else "midlayer.", VOCAB if drafter == "oracle" else 40
-        write_eagle3(folder, layout, eagle3_tensors(prefix, base, draft=draft), layout == "speculators")
-    elif layout == "medusa":
-        write_medusa(folder, heads=3, layers=1)
-    else:
-        export_vllm_medusa(fresh_model(arch, "medusa", randomize=True, num_heads=3, head_projection="own"), folder)
+    write_layout(folder, layout, arch, draft=VOCAB if drafter == "oracle" else 40)
     model = CerberusForCausalLM.from_pretrained(folder, base_model=base, num_heads=3)
     assert model.config.head_type == ("medusa" if "medusa" in layout else "eagle3")
     if drafter == "oracle":
@@ -374,18 +382,13 @@ class _Payload:
         return (os.mkdir, (self.marker,))
 
 
-@pytest.mark.parametrize("layout, weights, pickle_name", [
-    ("medusa", "medusa_lm_head.safetensors", "medusa_lm_head.pt"),
-    ("eagle", "model.safetensors", "pytorch_model.bin"),
-    ("eagle", "model.safetensors", "eagle3_drafter.pth"),
+@pytest.mark.parametrize("layout, pickle_name", [
+    ("medusa", "medusa_lm_head.pt"), ("eagle", "pytorch_model.bin"), ("eagle", "eagle3_drafter.pth"),
+    ("speculators", "pytorch_model.bin"), ("vllm-medusa", "model.pt"),
 ])
-def test_a_pickled_weight_file_is_refused_unread_with_how_to_convert_it(tmp_path, base_loads, layout, weights,
-                                                                        pickle_name):
-    if layout == "medusa":
-        tensors = write_medusa(tmp_path, heads=2, layers=1)
-    else:
-        tensors = eagle3_tensors("midlayer.", deep_base())
-        write_eagle3(tmp_path, "eagle", tensors)
+def test_a_pickled_weight_file_is_refused_unread_with_how_to_convert_it(tmp_path, base_loads, layout, pickle_name):
+    weights = write_layout(tmp_path, layout, "llama")
+    tensors = load_file(tmp_path / weights)
     os.remove(tmp_path / weights)
     marker = str(tmp_path / "unpickled")
     torch.save({**tensors, "payload": _Payload(marker)}, tmp_path / pickle_name)
@@ -394,6 +397,42 @@ def test_a_pickled_weight_file_is_refused_unread_with_how_to_convert_it(tmp_path
     assert "safetensors.torch.save_file" in str(raised.value) and "\n" not in str(raised.value)
     assert not os.path.exists(marker), "the pickle was loaded"
     assert base_loads == []
+
+
+# a weight matrix of each layout (speculators' bad tensors are the cases of the test after this one)
+MATRICES = {"eagle": "midlayer.mlp.down_proj.weight", "medusa": "1.0.linear.weight", "vllm-medusa": "lm_heads.1.weight"}
+
+
+@pytest.mark.parametrize("harm", ["shape", "missing"])
+@pytest.mark.parametrize("layout", MATRICES)
+def test_a_misshapen_or_missing_tensor_in_each_layout_is_refused_in_one_line(tmp_path, base_loads, layout, harm):
+    weights, name = write_layout(tmp_path, layout, "llama"), MATRICES[layout]
+    tensors = load_file(tmp_path / weights)
+    rows, columns = tensors[name].shape
+    if harm == "shape":
+        tensors[name] = tensors[name][:, 1:].contiguous()
+        message = rf"does not match its config: {name} has shape \({rows}, {columns - 1}\), its config implies"
+    else:
+        del tensors[name]
+        message = f"does not match its config: missing {name}"
+    save_file(tensors, tmp_path / weights)
+    with pytest.raises(ValueError, match=message) as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path, num_heads=3)
+    assert "\n" not in str(raised.value) and weights in str(raised.value)
+    assert base_loads == []
+
+
+@pytest.mark.parametrize("layout, config", [
+    ("speculators", {"eagle_aux_hidden_state_layer_ids": [1, 3, 8]}),
+    ("eagle", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 8]}}),
+])
+def test_a_config_naming_layers_the_base_lacks_is_refused_in_one_line(tmp_path, layout, config):
+    write_layout(tmp_path, layout, "llama")
+    _edit(tmp_path, config)
+    with pytest.raises(ValueError, match=r"feature_layers must lie between 1 and 1 for this base \(2 layers\), got "
+                                         r"\[1, 3, 8\]") as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path, base_model=get_base("llama"))
+    assert "\n" not in str(raised.value)
 
 
 def _speculators_export(folder) -> None:
