@@ -471,6 +471,14 @@ def _edit(folder, config: dict | None = None, drop: tuple = (), **tensors) -> No
     (dict(config={"transformer_layer_config": {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}}),
      ValueError, "rotary scaling 'llama3'"),
     (dict(config={"fc_norm": True}), ValueError, r"fc_norm: true, which cerberus-hf's EAGLE-3 cannot run"),
+    (dict(config={"norm_before_fc": True}), ValueError, r"norm_before_fc: true, which cerberus-hf's EAGLE-3 cannot"),
+    (dict(config={"norm_output": True}), ValueError, r"norm_output: true, which cerberus-hf's EAGLE-3 cannot run"),
+    (dict(config={"transformer_layer_config": {"model_type": "qwen3"}}), ValueError,
+     "transformer_layer_config must describe a llama decoder layer, got 'qwen3'"),
+    (dict(**{"layers.0.self_attn.q_proj.bias": torch.zeros(HIDDEN)}), ValueError,
+     r"unexpected layers\.0\.self_attn\.q_proj\.bias"),
+    (dict(**{"fc.weight": torch.zeros(HIDDEN, 3 * HIDDEN, dtype=torch.long)}), ValueError,
+     "fc.weight is int64, its config implies float values"),
     (dict(config={"target_hidden_size": 64}), ValueError, "target_hidden_size 64"),
     (dict(config={"speculators_model_type": "independent"}), ValueError, "speculators 'independent' drafters"),
     (dict(config={"transformer_layer_config": {"rms_norm_eps": -1.0}}), ValueError, "rms_norm_eps must be > 0"),
@@ -513,6 +521,28 @@ def test_other_bad_folders_are_refused_in_one_line(tmp_path, base_loads):
     _edit(tmp_path / "vllm", {"medusa_fc_bias": False})
     with pytest.raises(ValueError, match="holds biases but .* says medusa_fc_bias: false"):
         CerberusForCausalLM.from_pretrained(tmp_path / "vllm")
+    assert base_loads == []
+
+
+@pytest.mark.parametrize("layout, sizes, message", [
+    ("medusa", dict(hidden_size=48), r"hidden size 32 \(heads\) vs 48 \(base\)"),
+    ("speculators", dict(hidden_size=48), r"hidden size 32 \(heads\) vs 48 \(base\)"),
+    ("vllm-medusa", dict(vocab_size=128), r"vocabulary size 96 \(heads\) vs 128 \(base\)"),
+])
+def test_a_drafter_for_another_base_is_refused_in_one_line(tmp_path, layout, sizes, message):
+    write_layout(tmp_path, layout, "llama")
+    config = LlamaConfig(**{**dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=64), **sizes})
+    with pytest.raises(ValueError, match=message) as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path, base_model=AutoModelForCausalLM.from_config(config))
+    assert "\n" not in str(raised.value)
+
+
+def test_a_vllm_medusa_logit_scale_is_refused_in_one_line(tmp_path, base_loads):
+    write_layout(tmp_path, "vllm-medusa", "llama")
+    _edit(tmp_path, {"logit_scale": 2.0})
+    with pytest.raises(ValueError, match="logit_scale 2.0 scales the drafts' distributions, which cerberus-hf's"):
+        CerberusForCausalLM.from_pretrained(tmp_path)
     assert base_loads == []
 
 
