@@ -13,8 +13,9 @@ own drafter, and with the export loaded by speculators' `Eagle3DraftModel` (its 
 `forward` returns argmax ids only) in another Python, whose transformers speculators accepts (<= 5.19):
 
     python -m venv --system-site-packages /tmp/specvenv
-    /tmp/specvenv/bin/pip install transformers==5.18.0 && /tmp/specvenv/bin/pip install --no-deps speculators==0.9.0
-    /tmp/specvenv/bin/pip install --no-deps openai datasets multiprocess pandas pyarrow dill xxhash fsspec  # its imports
+    /tmp/specvenv/bin/pip install transformers==5.18.0
+    /tmp/specvenv/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0
+    /tmp/specvenv/bin/pip install --no-deps openai datasets multiprocess pandas pyarrow dill xxhash fsspec loguru
     python scripts/check_speculators_export.py --python /tmp/specvenv/bin/python            # tiny random heads
     python scripts/check_speculators_export.py --python /tmp/specvenv/bin/python --heads model_cards/eagle3-smollm2-135m-instruct
 
