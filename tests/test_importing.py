@@ -25,6 +25,7 @@ from test_batched import BATCH_ARCHS, NEW as BATCH_NEW, TREES as BATCH_TREES, al
 from test_device_step import TREES as DEVICE_TREES, batch, plain, took_device_step
 from test_generate import padded_batch
 from test_static_cache import STATIC_ARCHS, generate_static
+from cerberus_hf.testing import MTP_ARCHITECTURES, tiny_mtp_model
 from tiny_models import ARCHITECTURES, DEVICE, VOCAB, prompt_ids
 
 HIDDEN = 32
@@ -283,27 +284,32 @@ LAYOUTS = ("speculators", "eagle", "medusa", "vllm-medusa")
 LOOP_TREES = {"chain": dict(draft_tree=None, dynamic_tree=None), "dynamic": dict(dynamic_tree=DYNAMIC)}
 
 
-def write_layout(folder, layout: str, arch: str, draft: int = 40) -> str:
-    """A 3-deep drafter of ``layout`` with random weights (EAGLE-3's over ``draft`` tokens) for the tiny ``arch`` in
-    ``folder``; returns the name of its weight file."""
+def write_layout(folder, layout: str, arch: str | torch.nn.Module, draft: int = 40) -> str:
+    """A 3-deep drafter of ``layout`` with random weights (EAGLE-3's over ``draft`` tokens) for the tiny ``arch`` (or
+    this base) in ``folder``; returns the name of its weight file."""
+    base = get_base(arch) if isinstance(arch, str) else arch
     if layout in ("speculators", "eagle"):
         prefix = "layers.0." if layout == "speculators" else "midlayer."
-        write_eagle3(folder, layout, eagle3_tensors(prefix, get_base(arch), draft=draft), layout == "speculators")
+        write_eagle3(folder, layout, eagle3_tensors(prefix, base, draft=draft), layout == "speculators")
     elif layout == "medusa":
         write_medusa(folder, heads=3, layers=1)
         return "medusa_lm_head.safetensors"
     else:
-        export_vllm_medusa(fresh_model(arch, "medusa", randomize=True, num_heads=3, head_projection="own"), folder)
+        model = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=3, head_projection="own")
+        randomize_heads(model, seed=0)
+        export_vllm_medusa(model, folder)
     return "model.safetensors"
 
 
-def imported(folder, layout: str, arch: str, drafter: str, references: list[torch.Tensor]) -> CerberusForCausalLM:
-    """A 3-deep drafter of ``layout`` with random weights, written for the tiny ``arch`` and loaded onto its base;
+def imported(folder, layout: str, arch: str | torch.nn.Module, drafter: str, references: list[torch.Tensor]
+             ) -> CerberusForCausalLM:
+    """A 3-deep drafter of ``layout`` with random weights, written for the tiny ``arch`` (or this base) and loaded onto
+    it;
     ``drafter="oracle"``: its logits then rank the ``references``' next tokens first (second at some depths), so that
     drafts are accepted to different depths (random ones almost never are). EAGLE-3's draft vocabulary is 40 tokens
     for random drafts and the whole vocabulary, permuted, for the oracle's (which drafts any token)."""
-    base = get_base(arch)
-    write_layout(folder, layout, arch, draft=VOCAB if drafter == "oracle" else 40)
+    base = get_base(arch) if isinstance(arch, str) else arch
+    write_layout(folder, layout, base, draft=VOCAB if drafter == "oracle" else 40)
     model = CerberusForCausalLM.from_pretrained(folder, base_model=base, num_heads=3)
     assert model.config.head_type == ("medusa" if "medusa" in layout else "eagle3")
     if drafter == "oracle":
@@ -338,6 +344,22 @@ def test_every_imported_layout_decodes_as_plain_generate_on_every_tiny_base(tmp_
     out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, gate_threshold=None, **LOOP_TREES[tree])
     assert out.tolist() == reference(arch).tolist()
     accepted(model, drafter)
+
+
+@pytest.fixture(scope="module", params=MTP_ARCHITECTURES)
+def mtp_base(request, tmp_path_factory):
+    return tiny_mtp_model(request.param, str(tmp_path_factory.mktemp(request.param)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_imported_layout_decodes_as_plain_generate_on_the_tiny_mtp_bases(tmp_path, mtp_base, layout):
+    """The tiny DeepSeek-V3 (latent attention) and GLM-4.5 bases that ship MTP layers take the imported drafters too."""
+    prompt = prompt_ids(3, length=8)
+    expected = mtp_base.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
+    model = imported(tmp_path, layout, mtp_base, "oracle", [expected])
+    out = model.generate(prompt, max_new_tokens=NEW_TOKENS, gate_threshold=None, dynamic_tree=DYNAMIC)
+    assert out.tolist() == expected[:, : prompt.shape[1] + NEW_TOKENS].tolist()
+    accepted(model, "oracle")
 
 
 @pytest.mark.parametrize("arch, tree, drafter", path_cases(BATCH_ARCHS, ["chain", "static", "dynamic"]))
