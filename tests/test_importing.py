@@ -1,7 +1,8 @@
 """Drafters saved in other projects' layouts load as this package's families (`cerberus_hf.importing`): an export loads
 back with the same tensors and drafts, EAGLE's and Medusa's own layouts draft what their published formulas (written
-out plainly here, from the papers and the public code's arithmetic) compute, greedy output stays plain `generate()`'s,
-and a bad file is refused in one line before the base loads."""
+out plainly here, from the papers and the public code's arithmetic) compute, greedy output stays plain `generate()`'s
+for every layout on every tiny base and every path (the loop's chains and dynamic trees, a batch, the static cache, the
+device step), and a bad file is refused in one line before the base loads."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ import cerberus_hf.importing as importing
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
 from cerberus_hf.tools.export import export_speculators, export_vllm_medusa
 from cerberus_hf.training.sequence_trainer import train_sequence_drafter
-from helpers import fresh_model, get_base, get_prompt, randomize_heads, reference
-from tiny_models import DEVICE, VOCAB, prompt_ids
+from helpers import NEW_TOKENS, fresh_model, get_base, get_prompt, install_oracle, randomize_heads, reference
+from test_batched import BATCH_ARCHS, NEW as BATCH_NEW, TREES as BATCH_TREES, alone, new_tokens
+from test_device_step import TREES as DEVICE_TREES, batch, plain, took_device_step
+from test_generate import padded_batch
+from test_static_cache import STATIC_ARCHS, generate_static
+from cerberus_hf.testing import MTP_ARCHITECTURES, tiny_mtp_model
+from tiny_models import ARCHITECTURES, DEVICE, VOCAB, prompt_ids
 
 HIDDEN = 32
+DYNAMIC = {"nodes": 6, "depth": 3, "top_k": 3}
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -159,18 +166,18 @@ def test_medusas_own_layout_drafts_what_medusas_formula_computes(tmp_path, caplo
 EAGLE_SHAPE = dict(heads=4, kv_heads=2, head_dim=8, width=48, draft=40, eps=1e-5, theta=500.0)
 
 
-def eagle3_tensors(prefix: str, base: torch.nn.Module, seed: int = 0) -> dict:
+def eagle3_tensors(prefix: str, base: torch.nn.Module, seed: int = 0, draft: int = EAGLE_SHAPE["draft"]) -> dict:
     """Random EAGLE-3 drafter tensors in EAGLE's names (``prefix``: ``midlayer.`` or speculators' ``layers.0.``), with
-    ``d2t``/``t2d`` for a random draft vocabulary and the base's embedding."""
+    ``d2t``/``t2d`` for a random draft vocabulary of ``draft`` tokens and the base's embedding."""
     g = torch.Generator().manual_seed(seed)
     s = EAGLE_SHAPE
-    ids = torch.sort(torch.randperm(VOCAB, generator=g)[: s["draft"]]).values
+    ids = torch.sort(torch.randperm(VOCAB, generator=g)[:draft]).values
 
     def rand(*shape, scale=0.3):
         return torch.randn(*shape, generator=g) * scale
 
     tensors = {"fc.weight": rand(HIDDEN, 3 * HIDDEN), "norm.weight": 1 + rand(HIDDEN), "lm_head.weight": rand(
-        s["draft"], HIDDEN, scale=1.0), "d2t": ids - torch.arange(s["draft"]), "t2d": torch.isin(torch.arange(VOCAB), ids),
+        draft, HIDDEN, scale=1.0), "d2t": ids - torch.arange(draft), "t2d": torch.isin(torch.arange(VOCAB), ids),
         "embed_tokens.weight": base.get_input_embeddings().weight.detach().cpu().clone()}
     layer = {"input_layernorm.weight": 1 + rand(HIDDEN), "hidden_norm.weight": 1 + rand(HIDDEN),
              "self_attn.q_proj.weight": rand(s["heads"] * s["head_dim"], 2 * HIDDEN),
@@ -184,15 +191,15 @@ def eagle3_tensors(prefix: str, base: torch.nn.Module, seed: int = 0) -> dict:
 
 def write_eagle3(folder, layout: str, tensors: dict, norm_before_residual: bool = False, **config) -> None:
     """A folder in EAGLE's own EAGLE-3 layout (``"eagle"``) or speculators' (``"speculators"``)."""
-    s = EAGLE_SHAPE
+    s, draft = EAGLE_SHAPE, tensors["lm_head.weight"].shape[0]
     layer = {"model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": s["width"], "num_hidden_layers": 1,
              "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"], "rms_norm_eps": s["eps"],
              "vocab_size": VOCAB, "hidden_act": "silu", "tie_word_embeddings": False}
     if layout == "eagle":
         raw = {"architectures": ["LlamaForCausalLMEagle3"], **layer, "rope_theta": s["theta"],
-               "draft_vocab_size": s["draft"]}
+               "draft_vocab_size": draft}
     else:
-        raw = {"speculators_model_type": "eagle3", "architectures": ["Eagle3DraftModel"], "draft_vocab_size": s["draft"],
+        raw = {"speculators_model_type": "eagle3", "architectures": ["Eagle3DraftModel"], "draft_vocab_size": draft,
                "norm_before_residual": norm_before_residual, "eagle_aux_hidden_state_layer_ids": None,
                "transformer_layer_config": {**layer, "head_dim": s["head_dim"],
                                             "rope_parameters": {"rope_type": "default", "rope_theta": s["theta"]}},
@@ -272,6 +279,120 @@ def test_an_eagle3_drafter_trained_elsewhere_drafts_what_eagle3_computes(tmp_pat
     assert_same_state(loaded.heads.state_dict(), again.heads.state_dict())
 
 
+# ------------------------------------------------------------------------------------------------ every path
+LAYOUTS = ("speculators", "eagle", "medusa", "vllm-medusa")
+LOOP_TREES = {"chain": dict(draft_tree=None, dynamic_tree=None), "dynamic": dict(dynamic_tree=DYNAMIC)}
+
+
+def write_layout(folder, layout: str, arch: str | torch.nn.Module, draft: int = 40) -> str:
+    """A 3-deep drafter of ``layout`` with random weights (EAGLE-3's over ``draft`` tokens) for the tiny ``arch`` (or
+    this base) in ``folder``; returns the name of its weight file."""
+    base = get_base(arch) if isinstance(arch, str) else arch
+    if layout in ("speculators", "eagle"):
+        prefix = "layers.0." if layout == "speculators" else "midlayer."
+        write_eagle3(folder, layout, eagle3_tensors(prefix, base, draft=draft), layout == "speculators")
+    elif layout == "medusa":
+        write_medusa(folder, heads=3, layers=1)
+        return "medusa_lm_head.safetensors"
+    else:
+        model = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=3, head_projection="own")
+        randomize_heads(model, seed=0)
+        export_vllm_medusa(model, folder)
+    return "model.safetensors"
+
+
+def imported(folder, layout: str, arch: str | torch.nn.Module, drafter: str, references: list[torch.Tensor]
+             ) -> CerberusForCausalLM:
+    """A 3-deep drafter of ``layout`` with random weights, written for the tiny ``arch`` (or this base) and loaded onto
+    it;
+    ``drafter="oracle"``: its logits then rank the ``references``' next tokens first (second at some depths), so that
+    drafts are accepted to different depths (random ones almost never are). EAGLE-3's draft vocabulary is 40 tokens
+    for random drafts and the whole vocabulary, permuted, for the oracle's (which drafts any token)."""
+    base = get_base(arch) if isinstance(arch, str) else arch
+    write_layout(folder, layout, base, draft=VOCAB if drafter == "oracle" else 40)
+    model = CerberusForCausalLM.from_pretrained(folder, base_model=base, num_heads=3)
+    assert model.config.head_type == ("medusa" if "medusa" in layout else "eagle3")
+    if drafter == "oracle":
+        install_oracle(model, references, corrupt=lambda p, k: (p * 7 + k) % 5 == 0)
+    return model
+
+
+def accepted(model, drafter: str) -> None:
+    """Random drafts were made; the oracle's were accepted (the acceptance and rollback of the path ran)."""
+    stats = model.generation_stats
+    assert stats.drafted_tokens > 0 and (drafter == "random" or stats.tau > 1.5)
+
+
+def path_cases(archs, trees) -> list:
+    """Every base and tree with the oracle's drafts; with random ones (the draft vocabulary's path, every draft
+    rejected) on llama, and on the other bases as a slow test."""
+    slow = [pytest.mark.slow]
+    return [pytest.param(arch, tree, drafter, marks=slow if drafter == "random" and arch != "llama" else [])
+            for arch in archs for tree in trees for drafter in ("oracle", "random")]
+
+
+def row_references(arch: str, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    base = get_base(arch)
+    return [base.generate(row[m.bool()][None], max_new_tokens=BATCH_NEW + 8, do_sample=False)
+            for row, m in zip(ids, mask)]
+
+
+@pytest.mark.parametrize("arch, tree, drafter", path_cases(ARCHITECTURES, LOOP_TREES))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_imported_layout_decodes_as_plain_generate_on_every_tiny_base(tmp_path, layout, arch, tree, drafter):
+    model = imported(tmp_path, layout, arch, drafter, [reference(arch, NEW_TOKENS + 8)])
+    out = model.generate(get_prompt(arch), max_new_tokens=NEW_TOKENS, gate_threshold=None, **LOOP_TREES[tree])
+    assert out.tolist() == reference(arch).tolist()
+    accepted(model, drafter)
+
+
+@pytest.fixture(scope="module", params=MTP_ARCHITECTURES)
+def mtp_base(request, tmp_path_factory):
+    return tiny_mtp_model(request.param, str(tmp_path_factory.mktemp(request.param)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_imported_layout_decodes_as_plain_generate_on_the_tiny_mtp_bases(tmp_path, mtp_base, layout):
+    """The tiny DeepSeek-V3 (latent attention) and GLM-4.5 bases that ship MTP layers take the imported drafters too."""
+    prompt = prompt_ids(3, length=8)
+    expected = mtp_base.generate(prompt, max_new_tokens=NEW_TOKENS + 8, do_sample=False)
+    model = imported(tmp_path, layout, mtp_base, "oracle", [expected])
+    out = model.generate(prompt, max_new_tokens=NEW_TOKENS, gate_threshold=None, dynamic_tree=DYNAMIC)
+    assert out.tolist() == expected[:, : prompt.shape[1] + NEW_TOKENS].tolist()
+    accepted(model, "oracle")
+
+
+@pytest.mark.parametrize("arch, tree, drafter", path_cases(BATCH_ARCHS, ["chain", "static", "dynamic"]))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_imported_layout_decodes_a_batch_as_each_row_alone(tmp_path, layout, arch, tree, drafter):
+    ids, mask = padded_batch()
+    model = imported(tmp_path, layout, arch, drafter, row_references(arch, ids, mask))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=BATCH_NEW, **BATCH_TREES[tree])
+    assert new_tokens(out, ids.shape[1]) == alone(arch, ids, mask)
+    accepted(model, drafter)
+
+
+@pytest.mark.parametrize("arch, tree, drafter", path_cases(STATIC_ARCHS, LOOP_TREES))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_imported_layout_decodes_through_a_static_cache(tmp_path, layout, arch, tree, drafter):
+    model = imported(tmp_path, layout, arch, drafter, [reference(arch, NEW_TOKENS + 8)])
+    out = generate_static(model, arch, gate_threshold=None, **LOOP_TREES[tree])
+    assert out.tolist() == reference(arch).tolist()
+    accepted(model, drafter)
+
+
+@pytest.mark.parametrize("arch, tree, drafter", path_cases(BATCH_ARCHS, DEVICE_TREES))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_imported_layout_decodes_through_the_device_step(tmp_path, layout, arch, tree, drafter):
+    ids, mask = batch(4)
+    model = imported(tmp_path, layout, arch, drafter, row_references(arch, ids, mask))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=BATCH_NEW, device_step=True,
+                         draft_tree=DEVICE_TREES[tree])
+    assert took_device_step(model)
+    assert out.tolist() == plain(arch, ids, mask)
+    accepted(model, drafter)
+
+
 # ------------------------------------------------------------------------------------------------ hostile files
 class _Payload:
     """Unpickling this creates a folder: proof that a pickle was (or was not) loaded."""
@@ -283,18 +404,13 @@ class _Payload:
         return (os.mkdir, (self.marker,))
 
 
-@pytest.mark.parametrize("layout, weights, pickle_name", [
-    ("medusa", "medusa_lm_head.safetensors", "medusa_lm_head.pt"),
-    ("eagle", "model.safetensors", "pytorch_model.bin"),
-    ("eagle", "model.safetensors", "eagle3_drafter.pth"),
+@pytest.mark.parametrize("layout, pickle_name", [
+    ("medusa", "medusa_lm_head.pt"), ("eagle", "pytorch_model.bin"), ("eagle", "eagle3_drafter.pth"),
+    ("speculators", "pytorch_model.bin"), ("vllm-medusa", "model.pt"),
 ])
-def test_a_pickled_weight_file_is_refused_unread_with_how_to_convert_it(tmp_path, base_loads, layout, weights,
-                                                                        pickle_name):
-    if layout == "medusa":
-        tensors = write_medusa(tmp_path, heads=2, layers=1)
-    else:
-        tensors = eagle3_tensors("midlayer.", deep_base())
-        write_eagle3(tmp_path, "eagle", tensors)
+def test_a_pickled_weight_file_is_refused_unread_with_how_to_convert_it(tmp_path, base_loads, layout, pickle_name):
+    weights = write_layout(tmp_path, layout, "llama")
+    tensors = load_file(tmp_path / weights)
     os.remove(tmp_path / weights)
     marker = str(tmp_path / "unpickled")
     torch.save({**tensors, "payload": _Payload(marker)}, tmp_path / pickle_name)
@@ -303,6 +419,42 @@ def test_a_pickled_weight_file_is_refused_unread_with_how_to_convert_it(tmp_path
     assert "safetensors.torch.save_file" in str(raised.value) and "\n" not in str(raised.value)
     assert not os.path.exists(marker), "the pickle was loaded"
     assert base_loads == []
+
+
+# a weight matrix of each layout (speculators' bad tensors are the cases of the test after this one)
+MATRICES = {"eagle": "midlayer.mlp.down_proj.weight", "medusa": "1.0.linear.weight", "vllm-medusa": "lm_heads.1.weight"}
+
+
+@pytest.mark.parametrize("harm", ["shape", "missing"])
+@pytest.mark.parametrize("layout", MATRICES)
+def test_a_misshapen_or_missing_tensor_in_each_layout_is_refused_in_one_line(tmp_path, base_loads, layout, harm):
+    weights, name = write_layout(tmp_path, layout, "llama"), MATRICES[layout]
+    tensors = load_file(tmp_path / weights)
+    rows, columns = tensors[name].shape
+    if harm == "shape":
+        tensors[name] = tensors[name][:, 1:].contiguous()
+        message = rf"does not match its config: {name} has shape \({rows}, {columns - 1}\), its config implies"
+    else:
+        del tensors[name]
+        message = f"does not match its config: missing {name}"
+    save_file(tensors, tmp_path / weights)
+    with pytest.raises(ValueError, match=message) as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path, num_heads=3)
+    assert "\n" not in str(raised.value) and weights in str(raised.value)
+    assert base_loads == []
+
+
+@pytest.mark.parametrize("layout, config", [
+    ("speculators", {"eagle_aux_hidden_state_layer_ids": [1, 3, 8]}),
+    ("eagle", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 8]}}),
+])
+def test_a_config_naming_layers_the_base_lacks_is_refused_in_one_line(tmp_path, layout, config):
+    write_layout(tmp_path, layout, "llama")
+    _edit(tmp_path, config)
+    with pytest.raises(ValueError, match=r"feature_layers must lie between 1 and 1 for this base \(2 layers\), got "
+                                         r"\[1, 3, 8\]") as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path, base_model=get_base("llama"))
+    assert "\n" not in str(raised.value)
 
 
 def _speculators_export(folder) -> None:
@@ -341,6 +493,14 @@ def _edit(folder, config: dict | None = None, drop: tuple = (), **tensors) -> No
     (dict(config={"transformer_layer_config": {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}}),
      ValueError, "rotary scaling 'llama3'"),
     (dict(config={"fc_norm": True}), ValueError, r"fc_norm: true, which cerberus-hf's EAGLE-3 cannot run"),
+    (dict(config={"norm_before_fc": True}), ValueError, r"norm_before_fc: true, which cerberus-hf's EAGLE-3 cannot"),
+    (dict(config={"norm_output": True}), ValueError, r"norm_output: true, which cerberus-hf's EAGLE-3 cannot run"),
+    (dict(config={"transformer_layer_config": {"model_type": "qwen3"}}), ValueError,
+     "transformer_layer_config must describe a llama decoder layer, got 'qwen3'"),
+    (dict(**{"layers.0.self_attn.q_proj.bias": torch.zeros(HIDDEN)}), ValueError,
+     r"unexpected layers\.0\.self_attn\.q_proj\.bias"),
+    (dict(**{"fc.weight": torch.zeros(HIDDEN, 3 * HIDDEN, dtype=torch.long)}), ValueError,
+     "fc.weight is int64, its config implies float values"),
     (dict(config={"target_hidden_size": 64}), ValueError, "target_hidden_size 64"),
     (dict(config={"speculators_model_type": "independent"}), ValueError, "speculators 'independent' drafters"),
     (dict(config={"transformer_layer_config": {"rms_norm_eps": -1.0}}), ValueError, "rms_norm_eps must be > 0"),
@@ -383,6 +543,28 @@ def test_other_bad_folders_are_refused_in_one_line(tmp_path, base_loads):
     _edit(tmp_path / "vllm", {"medusa_fc_bias": False})
     with pytest.raises(ValueError, match="holds biases but .* says medusa_fc_bias: false"):
         CerberusForCausalLM.from_pretrained(tmp_path / "vllm")
+    assert base_loads == []
+
+
+@pytest.mark.parametrize("layout, sizes, message", [
+    ("medusa", dict(hidden_size=48), r"hidden size 32 \(heads\) vs 48 \(base\)"),
+    ("speculators", dict(hidden_size=48), r"hidden size 32 \(heads\) vs 48 \(base\)"),
+    ("vllm-medusa", dict(vocab_size=128), r"vocabulary size 96 \(heads\) vs 128 \(base\)"),
+])
+def test_a_drafter_for_another_base_is_refused_in_one_line(tmp_path, layout, sizes, message):
+    write_layout(tmp_path, layout, "llama")
+    config = LlamaConfig(**{**dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=64), **sizes})
+    with pytest.raises(ValueError, match=message) as raised:
+        CerberusForCausalLM.from_pretrained(tmp_path, base_model=AutoModelForCausalLM.from_config(config))
+    assert "\n" not in str(raised.value)
+
+
+def test_a_vllm_medusa_logit_scale_is_refused_in_one_line(tmp_path, base_loads):
+    write_layout(tmp_path, "vllm-medusa", "llama")
+    _edit(tmp_path, {"logit_scale": 2.0})
+    with pytest.raises(ValueError, match="logit_scale 2.0 scales the drafts' distributions, which cerberus-hf's"):
+        CerberusForCausalLM.from_pretrained(tmp_path)
     assert base_loads == []
 
 
