@@ -44,13 +44,17 @@ def setup(tmp_path_factory):
     return folder
 
 
-def launch(setup: Path, processes: int, output: Path, *, kill_at: int = 0, cache: str = "cache") -> subprocess.CompletedProcess:
-    """`cerberus-hf train` of Hydra heads over ``processes`` processes; the cache is 4 shards (shard_tokens 256)."""
+# 12 steps of Hydra heads, checkpointed every 4.
+HYDRA = ["--head-type", "hydra", "--num-heads", "3", "--max-steps", "12", "--save-every", "4", "--batch-size", "32",
+         "--lr", "3e-2", "--distill-weight", "0.5", "--eval-every", "100", "--eval-fraction", "0.25"]
+
+
+def launch(setup: Path, processes: int, output: Path, *, kill_at: int = 0, cache: str = "cache",
+           recipe: list[str] = HYDRA) -> subprocess.CompletedProcess:
+    """`cerberus-hf train` with ``recipe`` over ``processes`` processes; the cache is 4 shards (shard_tokens 256)."""
     output.mkdir(parents=True, exist_ok=True)
-    options = ["--base", str(setup / "base"), "--head-type", "hydra", "--num-heads", "3", "--data",
-               str(setup / "data.jsonl"), "--output", str(output), "--max-steps", "12", "--save-every", "4",
-               "--batch-size", "32", "--lr", "3e-2", "--distill-weight", "0.5", "--eval-every", "100",
-               "--eval-fraction", "0.25", "--cache-dir", str(setup / cache), "--no-progress"]
+    options = ["--base", str(setup / "base"), "--data", str(setup / "data.jsonl"), "--output", str(output),
+               "--cache-dir", str(setup / cache), "--no-progress", *recipe]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                str(LAUNCHER), str(output), str(kill_at), "256", "--", *options]  # standalone: a free port
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -102,3 +106,12 @@ def test_two_processes_killed_mid_run_resume_to_the_same_weights(setup, tmp_path
     assert "resuming from" in resumed.stderr
     a, b = heads(tmp_path / "whole"), heads(tmp_path / "killed")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("recipe", [["--head-type", "eagle3"], ["--head-type", "kangaroo", "--exit-layer", "1"]])
+def test_sequence_trainers_refuse_several_processes(setup, tmp_path, recipe):
+    """Their steps are groups of whole sequences that no process splits (docs/training.md): refused, not run twice."""
+    run = launch(setup, 2, tmp_path / "out", recipe=[*recipe, "--max-steps", "2"])
+    assert run.returncode != 0
+    assert "runs in one process (2 were launched)" in run.stderr
+    assert not (tmp_path / "out" / "config.json").exists()
