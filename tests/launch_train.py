@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this worktree's cerberus_hf
 
-from cerberus_hf.tools.cli import main  # noqa: E402
-from cerberus_hf.training import checkpointing, hidden_cache, trainer  # noqa: E402
+from cerberus_hf.tools.cli import main
+from cerberus_hf.training import checkpointing, hidden_cache, trainer
 
 
 def _recorded(record_dir: Path, shard_tokens: int):
