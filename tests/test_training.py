@@ -540,6 +540,21 @@ def test_cli_trains_from_a_base_folder(base, data_path, tmp_path, capsys, monkey
     assert "0 of 1 shards computed" in capsys.readouterr().out  # the training run already cached everything
 
 
+
+def test_cli_trains_a_kangaroo_adapter(base, data_path, cache_dir, tmp_path, capsys):
+    """`train --head-type kangaroo` reaches its trainer (it once failed on an import)."""
+    base_dir = tmp_path / "base"
+    base.save_pretrained(base_dir)
+    parser = argparse.ArgumentParser()
+    train_cli.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", "kangaroo", "--exit-layer", "1",
+                              "--data", str(data_path), "--output", str(tmp_path / "out"), "--max-steps", "2",
+                              "--batch-tokens", "256", "--eval-fraction", "0.25", "--cache-dir", str(cache_dir),
+                              "--no-progress"])
+    assert args.func(args) == 0
+    assert "adapter saved to" in capsys.readouterr().out
+    assert CerberusForCausalLM.from_pretrained(tmp_path / "out").config.head_type == "kangaroo"
+
 # ------------------------------------------------------------------------------------------------ kangaroo
 def fresh_kangaroo(base, **kwargs):
     return CerberusForCausalLM.from_base(base, head_type="kangaroo", num_heads=4, exit_layer=1, exit_confidence=0.0,

@@ -193,7 +193,7 @@ def _refuse_options_of_other_head_types(args: argparse.Namespace) -> None:
 def _run_chain_cli(args: argparse.Namespace, base) -> int:
     """``cerberus-hf train --head-type kangaroo``: the adapter, trained on whole sequences (`chain_trainer`)."""
     from ..modeling_cerberus import CerberusForCausalLM
-    from .chain_trainer import train_chain_drafter
+    from ..training.chain_trainer import train_chain_drafter
 
     model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads,
                                           exit_layer=args.exit_layer, adapter_heads=args.adapter_heads,

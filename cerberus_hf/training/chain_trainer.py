@@ -42,7 +42,7 @@ from .data import Record
 from .evaluation import outside_of, top_hits
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import SequenceLoop, load_sequences, mixed_targets, run_training
+from .sequences import SequenceLoop, load_sequences, mixed_targets, one_process_accelerator, run_training
 
 logger = logging.getLogger(__name__)
 
@@ -180,14 +180,10 @@ def train_chain_drafter(
     teacher is built for it when above 0). The other arguments are the `HeadTrainingSettings` fields of
     the same names.
     """
-    from accelerate import Accelerator
-
     started = time.perf_counter()
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    if accelerator.num_processes > 1:
-        raise ValueError("Training a chain drafter runs in one process.")
+    accelerator = one_process_accelerator("the Kangaroo adapter")
     drafter, device = model.heads, accelerator.device
     model.base.to(device)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

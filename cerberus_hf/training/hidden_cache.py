@@ -433,6 +433,7 @@ def build_hidden_cache(
             _check_room(base, records, missing, folder, teacher_topk, len(plans))
         if accelerator is not None and accelerator.num_processes > 1:
             missing = missing[accelerator.process_index :: accelerator.num_processes]
+            logger.info("hidden-state cache: process %d computes %d shards", accelerator.process_index, len(missing))
         _fill_shards(base, records, missing, folder, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
                      batch_tokens=batch_tokens, show_progress=show_progress and is_main, state_source=state_source)
     if accelerator is not None:

@@ -40,7 +40,8 @@ from ..drafters.kangaroo import first_layers
 from .data import Record
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import SequenceData, SequenceLoop, load_sequences, mixed_targets, run_training
+from .sequences import (SequenceData, SequenceLoop, load_sequences, mixed_targets, one_process_accelerator,
+                        run_training)
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +216,6 @@ def train_sequence_drafter(
     natively, docs/training.md), the weights and the optimizer staying float32; ``init_from`` continues from a saved
     drafter of the same shape with a fresh schedule (more updates for a run that stopped early); the rest are
     `HeadTrainingSettings` fields of the same names."""
-    from accelerate import Accelerator
-
     from .trainer import load_initial_heads
 
     started = time.perf_counter()
@@ -226,7 +225,7 @@ def train_sequence_drafter(
     compute_dtype = _checked_dtype(drafter, compute_dtype)
     if init_from is not None:  # before the features, so that a wrong folder fails at once
         load_initial_heads(model, init_from)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = one_process_accelerator("the EAGLE-3 drafter")
     device = accelerator.device
     model.base.to(device)
     if max_seq_len is None:

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +28,23 @@ from . import checkpointing  # its on_step_end is looked up at each step (tests 
 from .checkpointing import METRICS_NAME, cosine_with_warmup, earlier_run, resume_checkpoint, save_checkpoint
 from .data import Record, frequent_tokens, read_records
 from .hidden_cache import build_hidden_cache, record_sequence, split_record_ids
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+
+def one_process_accelerator(family: str) -> Accelerator:
+    """The accelerator a sequence trainer runs under, refusing several processes (``torchrun``, ``accelerate
+    launch``): `run_training` steps on one group of whole sequences that it does not split between processes, the
+    drafter is not wrapped for gradient averaging, and the base's states are written without a share per process, so
+    each process would train the whole batch and write the same cache files at once (docs/training.md)."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # cpu: torchrun's processes are seen, then refused
+    if accelerator.num_processes > 1:
+        raise ValueError(f"Training {family} runs in one process ({accelerator.num_processes} were launched): its "
+                         "steps are groups of whole sequences, not split between processes (docs/training.md).")
+    return accelerator
 
 
 @dataclass

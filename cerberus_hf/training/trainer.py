@@ -225,7 +225,8 @@ def train_heads(
         output_dir: receives the final heads (``model.save_pretrained``), ``training_metrics.json`` and
             ``checkpoints/`` (leave that out when publishing the folder).
         settings: the recipe and the run's options (`HeadTrainingSettings`; default: its defaults).
-        accelerator: an ``accelerate.Accelerator`` (default: a new one; single process on a CPU).
+        accelerator: an ``accelerate.Accelerator`` (default: a new one; on a CPU under ``torchrun``, one process of
+            several over gloo).
 
     Returns:
         ``{"eval": {"top1", "top5", "loss", ...} per head on the held-out split, "train_eval": the same on a
@@ -239,7 +240,7 @@ def train_heads(
     settings = settings if settings is not None else HeadTrainingSettings()
     if settings.num_threads is not None:
         torch.set_num_threads(int(settings.num_threads))
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())  # cpu: torchrun's processes, gloo
     if settings.batch_size < accelerator.num_processes:
         raise ValueError(f"batch_size {settings.batch_size} is smaller than the number of processes.")
     if settings.init_from is not None:  # before the cache, so that a wrong folder fails at once
@@ -399,12 +400,18 @@ class _HistoryWindow:
         self.loss, self.steps = 0.0, 0
         self.sums = {key: torch.zeros(num_heads, dtype=torch.float64) for key in WINDOW_SUMS}
 
-    def add(self, loss: torch.Tensor, head: torch.Tensor, row_losses: torch.Tensor, row_correct: torch.Tensor) -> None:
-        head = head.cpu()
+    def add(self, loss: torch.Tensor, head: torch.Tensor, row_losses: torch.Tensor, row_correct: torch.Tensor,
+            accelerator) -> None:
+        """Add a step: its loss (over all processes) and this process's rows, summed per head over all processes
+        (so that every process, and so the checkpoint, holds the whole window)."""
+        step = torch.zeros(3, len(self.sums["head_rows"]), dtype=torch.float64).index_add_(
+            1, head.cpu(), torch.stack([row_losses.detach().cpu().double(), row_correct.cpu().double(),
+                                        torch.ones(head.shape[0], dtype=torch.float64)]))
+        if accelerator.num_processes > 1:
+            step = accelerator.reduce(step.to(accelerator.device), reduction="sum").cpu()
         self.loss += float(loss.detach())
-        self.sums["head_loss"].index_add_(0, head, row_losses.detach().cpu().double())
-        self.sums["head_hits"].index_add_(0, head, row_correct.cpu().double())
-        self.sums["head_rows"].index_add_(0, head, torch.ones(head.shape[0], dtype=torch.float64))
+        for key, sums in zip(WINDOW_SUMS, step):
+            self.sums[key] += sums
         self.steps += 1
 
     def entry(self, step: int, epoch: float, lr: float) -> dict:
@@ -498,9 +505,14 @@ class _HeadRun:
         row_losses, row_correct = head_losses(model, states, rows, opt.weight, opt.bias, self.settings.chunk_rows,
                                               opt.vocab)
         head_rows = torch.zeros(heads.num_heads, device=device).index_add_(0, rows.head, torch.ones_like(row_losses))
+        scale = 1.0
+        if accelerator.num_processes > 1:  # each head's mean over all processes' rows: the gradients are averaged
+            head_rows, scale = accelerator.reduce(head_rows, reduction="sum"), float(accelerator.num_processes)
         row_weights = (opt.head_weights.to(device) / head_rows.clamp(min=1))[rows.head]
-        loss = (row_losses * row_weights).sum()
+        loss = (row_losses * row_weights).sum() * scale
         accelerator.backward(loss)
+        if accelerator.num_processes > 1:  # the step's loss over all processes, for the history
+            loss = accelerator.reduce(loss.detach(), reduction="sum") / scale
         if self.settings.max_grad_norm:
             accelerator.clip_grad_norm_(heads.parameters(), self.settings.max_grad_norm)
         opt.prepared.step()
@@ -509,7 +521,7 @@ class _HeadRun:
         self.step += 1
         self.positions_this_call += int(batch.shape[0])
         self.state["positions_trained"] += int(batch.shape[0])
-        self.window.add(loss, rows.head, row_losses, row_correct)
+        self.window.add(loss, rows.head, row_losses, row_correct, accelerator)
         if self.step % self.settings.log_every == 0 or self.step == self.schedule.total_steps:
             entry = self.window.entry(self.step, round(self.step / self.schedule.steps_per_epoch, 4),
                                       opt.scheduler.get_last_lr()[0])
