@@ -114,6 +114,28 @@ def dflash_keys(layout: str, num_layers: int) -> dict[str, str]:
     return keys
 
 
+def transformers_dflash(model) -> nn.Module:
+    """transformers' own DFlash drafter (its DFlash model class) with the weights of ``model``'s DFlash heads, on their
+    device and dtype: what ``base.generate(assistant_model=..., speculation_type="dflash")`` runs, drafting what these
+    heads draft (every layer attending to the whole context; over the whole vocabulary, where a draft vocabulary would
+    restrict these heads)."""
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    heads = model.heads
+    layer, count = heads.layers[0], len(heads.layers)
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=heads.hidden_size, intermediate_size=layer.mlp.gate_proj.out_features, num_hidden_layers=count,
+        num_attention_heads=layer.num_heads, num_key_value_heads=layer.kv_heads, head_dim=layer.head_dim,
+        block_size=heads.num_heads + 1, mask_token_id=heads.mask_token_id,
+        target_layer_ids=[i - 1 for i in heads.feature_layers], layer_types=["full_attention"] * count,
+        rms_norm_eps=heads.norm.eps, rope_parameters={"rope_type": "default", "rope_theta": layer.rope_theta},
+        vocab_size=heads.vocab_size, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    drafter = MuseGlimmerAssistantModel(config)
+    state = heads.state_dict()
+    drafter.load_state_dict({theirs: state[ours] for ours, theirs in dflash_keys("transformers-dflash", count).items()})
+    return drafter.to(heads.fc.weight.device, heads.dtype).eval()
+
+
 def medusa_keys(layout: str, num_heads: int, num_layers: int, bias: bool = True) -> dict[str, str]:
     """Medusa heads' residual blocks: this package's name -> the name in ``layout`` (``"medusa"``: FasterDecoding's,
     ``"vllm-medusa"``: vLLM's); without ``bias``, the weights only."""

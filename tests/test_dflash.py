@@ -257,3 +257,36 @@ def test_the_device_rows_keep_what_the_sequence_state_keeps():
         for b, count in enumerate(counts):
             states[b].observe({"features": step_features[b: b + 1]}, list(range(count)))
             sequences[b] = torch.cat([sequences[b], step_tokens[b: b + 1, :count]], dim=1)
+
+
+# ------------------------------------------------------------------------------------------------ against transformers
+def test_transformers_own_drafter_is_the_one_loaded(tmp_path):
+    """`importing.transformers_dflash` gives transformers' drafter back with the same tensors as the one imported."""
+    from cerberus_hf.importing import transformers_dflash
+
+    base = deep_base()
+    drafter = transformers_drafter(base, [0, 3])
+    drafter.save_pretrained(tmp_path)
+    back = transformers_dflash(CerberusForCausalLM.from_pretrained(tmp_path, base_model=base))
+    assert back.config.target_layer_ids == [0, 3] and back.config.block_size == 4 and back.config.mask_token_id == 7
+    mine, theirs = back.state_dict(), drafter.state_dict()
+    assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[name], theirs[name]) for name in mine)
+
+
+def test_the_bench_runs_transformers_dflash_beside_the_drafter():
+    """A DFlash checkpoint's rows in `cerberus-hf bench` include transformers' own DFlash decoding with the same
+    drafter (one row at a time: left out for batches); every row's output is plain generate()'s."""
+    from cerberus_hf.testing import randomize_heads
+    from cerberus_hf.tools.bench import run_bench
+
+    base = get_base("llama")
+    model = fresh_model("llama", "dflash", num_heads=3)
+    randomize_heads(model, seed=1, std=0.3)
+    result = run_bench(base, {"dflash tiny": model}, [get_prompt("llama")], max_new_tokens=12, warmup=0, variants=[],
+                       prompt_lookup=False, packed_peer=False)
+    assert [row["method"] for row in result["methods"]] == [
+        "plain generate()", "dflash tiny", "dflash tiny, transformers' DFlash decoding"]
+    assert all(row["identical"] == 1.0 for row in result["methods"])
+    result = run_bench(base, {"dflash tiny": model}, [get_prompt("llama")], max_new_tokens=4, warmup=0, variants=[],
+                       prompt_lookup=False, packed_peer=False, own_drafters=False)
+    assert [row["method"] for row in result["methods"]] == ["plain generate()", "dflash tiny"]

@@ -24,6 +24,7 @@ from ..hardware import describe_device, reduced_precision_note
 from ..blocks.packed import PackedWeights, packed_view, packing_available
 from ..blocks.profiling import PHASES, synchronize
 from ..errors import UserError
+from ..importing import transformers_dflash
 from ..training.data import read_prompt_file
 from . import arguments
 
@@ -127,6 +128,7 @@ def build_methods(
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
     packed_peer: bool = True,
+    own_drafters: bool = True,
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
@@ -141,7 +143,9 @@ def build_methods(
     ``packed_peer``: beside plain generate(), the same through the packed weights the head rows verify with on a
     CPU (`blocks.packed`; where packing is available), so the table shows what drafting adds to the kernels. On CUDA
     the compiled static-cache peer (plain generate() with ``cache_implementation="static"``, which transformers compiles
-    into CUDA graphs) is always a row: it is what a GPU user compares with."""
+    into CUDA graphs) is always a row: it is what a GPU user compares with. ``own_drafters``: beside each DFlash
+    checkpoint's rows, transformers' own DFlash decoding with the same drafter (`generate(assistant_model=...)`, one
+    row at a time, the dynamic cache: leave it out for batches)."""
     methods: list[Method] = []
     for cache in caches:
         call = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -153,7 +157,8 @@ def build_methods(
                 call["compile_config"] = compile_config
             tag = " [static cache, compiled]" if compiled else " [static cache]"
         methods += _methods_for_call(base, head_models, call, tag, variants, profile,
-                                     prompt_lookup and cache == caches[0], packed_peer and cache == caches[0])
+                                     prompt_lookup and cache == caches[0], packed_peer and cache == caches[0],
+                                     own_drafters and cache == "dynamic")
     if base.device.type == "cuda" and "static" not in caches:
         # on CUDA a user's alternative is one keyword: plain decoding that transformers compiles into CUDA graphs
         call = {"max_new_tokens": max_new_tokens, "do_sample": False, "cache_implementation": "static"}
@@ -163,7 +168,7 @@ def build_methods(
 
 
 def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: list[str] | None, profile: bool,
-                      prompt_lookup: bool, packed_peer: bool) -> list[Method]:
+                      prompt_lookup: bool, packed_peer: bool, own_drafters: bool = False) -> list[Method]:
     """`build_methods`' rows for one set of generate() arguments ``call``, their names ending in ``tag``."""
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
@@ -203,6 +208,11 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
                 return out, model.generation_stats
 
             methods.append(Method((f"{label} ({suffix})" if suffix else label) + tag, run))
+        if own_drafters and model.config.head_type == "dflash":
+            assistant = transformers_dflash(model)  # built once here, not inside the timed call
+            methods.append(Method(f"{label}, transformers' DFlash decoding" + tag, lambda inputs, assistant=assistant: (
+                base.generate(**_arguments(inputs), assistant_model=assistant, speculation_type="dflash", **call),
+                None)))
     return methods
 
 
@@ -271,11 +281,12 @@ def run_bench(
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
     packed_peer: bool = True,
+    own_drafters: bool = True,
 ) -> dict:
     """Decode every prompt or batch (`batch_inputs`) with every method of `build_methods`; returns per-method summaries
     and per-prompt (per-batch) records (``checkpoint``, ``resume``: see `run_methods`)."""
     methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup, caches,
-                            compile_config, packed_peer)
+                            compile_config, packed_peer, own_drafters)
     eos = base.generation_config.eos_token_id
     return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
                        {"max_new_tokens": max_new_tokens, **(run_identity or {})},
@@ -606,7 +617,8 @@ def run_cli(args: argparse.Namespace) -> int:
                        run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
                                      "heads": args.heads, "batch_size": args.batch_size, "cache": args.cache,
                                      "compile": args.compile},
-                       caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer)
+                       caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer,
+                       own_drafters=args.batch_size == 1)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   cache=args.cache, compile=args.compile, warmup=args.warmup,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, date=time.strftime("%Y-%m-%d"),
