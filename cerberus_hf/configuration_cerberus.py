@@ -15,7 +15,7 @@ from .errors import UserError, check_number
 from .remote_code import AUTO_MAP, write_loading_code
 
 # Kept here (not in drafters/) so that reading a config never needs torch modules built.
-HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover", "eagle3", "mtp")
+HEAD_TYPES = ("medusa", "cerberus", "hydra", "kangaroo", "clover", "eagle3", "dflash", "mtp")
 HEAD_PROJECTIONS = ("shared", "own")
 # Which of the base's last states a drafter reads: the lm_head's input (after the final norm) or the last
 # decoder layer's output (before it, as Clover-2 reads it); see `drafters.base.capture_states`.
@@ -81,21 +81,23 @@ class CerberusConfig(PreTrainedConfig):
             ``"lm_head_input"`` (after the final norm; every family's default) or ``"final_norm_input"``
             (the last decoder layer's output, before it, as Clover-2 reads it). The hidden-state cache
             keeps one per source. Kangaroo reads a shallow layer and takes the default.
-        feature_layers: EAGLE-3 only: which of the base's states it fuses, as indices of transformers'
+        feature_layers: EAGLE-3 and DFlash: which of the base's states it fuses, as indices of transformers'
             ``hidden_states`` (the state entering decoder layer ``i``; between 1 and the layer count - 1). Set from
             the base when heads are built on it (`drafters.eagle3.Eagle3Drafter.config_defaults`: EAGLE-3's low,
             middle and high layer).
-        adapter_kv_heads: EAGLE-3 only: key/value heads of its decoder layer's attention (grouped-query attention;
+        adapter_kv_heads: EAGLE-3 and DFlash: key/value heads of its decoder layer's attention (grouped-query attention;
             ``None``: as many as ``adapter_heads``).
-        intermediate_size: EAGLE-3 only: the width of its decoder layer's SwiGLU MLP (``None``: LLaMA's ``8 d / 3``
+        intermediate_size: EAGLE-3 and DFlash: the width of its decoder layer's SwiGLU MLP (``None``: LLaMA's ``8 d / 3``
             rounded up to a multiple of 64). Drafters trained elsewhere set it (`importing`).
-        rms_norm_eps: EAGLE-3 only: the epsilon of its RMS norms (``None``: 1e-6).
-        rope_theta: EAGLE-3 only: the base of its rotary position embedding (``None``: 10000).
+        rms_norm_eps: EAGLE-3 and DFlash: the epsilon of its RMS norms (``None``: 1e-6).
+        rope_theta: EAGLE-3 and DFlash: the base of its rotary position embedding (``None``: 10000).
         norm_before_residual: EAGLE-3 only: the attention's residual adds the normed fused state instead of the raw one
             (speculators' ``norm_before_residual``).
         With ``head_projection="own"``, EAGLE-3 has one projection of its own for every depth (EAGLE-3's trained
         ``lm_head``), over its draft vocabulary when one is set, row ``i`` for token ``draft_vocab[i]`` (which
         ``draft_vocab_trained`` then fixes).
+        mask_token_id: DFlash only: the token whose base embedding fills the block after the newest token (set from
+            the base when heads are built on it: its last token id; a drafter trained elsewhere names its own).
         exit_confidence: Kangaroo only: the second early exit; a draft ends after a token whose draft
             probability is below this (``generate(exit_confidence=...)`` overrides it per call). The
             longest draft is ``num_heads`` tokens.
@@ -136,6 +138,7 @@ class CerberusConfig(PreTrainedConfig):
     rms_norm_eps: float | None = None
     rope_theta: float | None = None
     norm_before_residual: bool = False
+    mask_token_id: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_type not in HEAD_TYPES:

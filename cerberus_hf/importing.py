@@ -24,6 +24,12 @@ its ``config.json`` is not a cerberus-hf config. What each layout holds, as the 
   ``num_hidden_layers``, ``hidden_size``, ``vocab_size``, ``medusa_fc_bias`` (vLLM's default: false), optional
   ``truncated_vocab_size`` with a ``token_map`` tensor and ``original_lm_head`` (one ``lm_head`` for every head);
   ``model.safetensors`` with ``blocks.{h}.layers.{l}.weight|bias`` and ``lm_heads.{h}.weight``.
+* **transformers' DFlash** (what its DFlash drafter model class saves, ``generate(assistant_model=...,
+  speculation_type="dflash")`` runs): ``config.json`` with ``target_layer_ids``, ``block_size``, ``mask_token_id`` and
+  the decoder's shape; ``model.safetensors`` with ``encoder.fc``, ``encoder.output_norm_enc``, ``layers.{i}.*``,
+  ``norm``. **z-lab's DFlash** (z-lab/dflash): a Qwen3 ``config.json`` with ``block_size`` and ``dflash_config``
+  (``target_layer_ids``, ``mask_token_id``); the same tensors with ``fc`` and ``hidden_norm`` for the encoder's. Both
+  project through the base's ``lm_head`` and embed with its embedding, and say neither the base nor its vocabulary.
 
 The mapping. EAGLE-3's decoder layer maps one to one onto `drafters.eagle3.FeatureLayer` (norm on the token embedding
 as ``input_layernorm``, on the fused state as ``hidden_norm``), with the layout's MLP width, norm epsilon, rotary base
@@ -63,7 +69,7 @@ logger = logging.get_logger(__name__)
 
 # The layouts, by the name their readers and `tools.export` use, as a message names them.
 LAYOUTS = {"speculators": "speculators EAGLE-3", "eagle": "EAGLE's EAGLE-3", "medusa": "Medusa's",
-           "vllm-medusa": "vLLM's Medusa"}
+           "vllm-medusa": "vLLM's Medusa", "transformers-dflash": "transformers' DFlash", "z-lab": "z-lab's DFlash"}
 
 # EAGLE-3's decoder layer: this package's name of each tensor, and the Llama decoder layer's (under ``layers.0.`` in
 # speculators' layout, ``midlayer.`` in EAGLE's).
@@ -88,6 +94,46 @@ def eagle3_keys(layout: str) -> dict[str, str]:
     prefix = EAGLE3_LAYER_PREFIXES[layout]
     return {"fc.weight": "fc.weight", **{ours: prefix + theirs for ours, theirs in EAGLE3_LAYER_KEYS.items()},
             "norm.weight": "norm.weight"}
+
+
+DFLASH_LAYER_KEYS = ("input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+                     "mlp.up_proj.weight", "mlp.down_proj.weight")
+DFLASH_ATTENTION_KEYS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "q_norm.weight",
+                         "k_norm.weight")
+
+
+def dflash_keys(layout: str, num_layers: int) -> dict[str, str]:
+    """A DFlash drafter's tensors: this package's name -> the name in ``layout`` (``"transformers-dflash"`` or
+    ``"z-lab"``)."""
+    encoder = ("encoder.fc.weight", "encoder.output_norm_enc.weight") if layout == "transformers-dflash" else (
+        "fc.weight", "hidden_norm.weight")
+    keys = {"fc.weight": encoder[0], "context_norm.weight": encoder[1], "norm.weight": "norm.weight"}
+    for i in range(num_layers):
+        keys.update({f"layers.{i}.{name}": f"layers.{i}.{name}" for name in DFLASH_LAYER_KEYS})
+        keys.update({f"layers.{i}.{name}": f"layers.{i}.self_attn.{name}" for name in DFLASH_ATTENTION_KEYS})
+    return keys
+
+
+def transformers_dflash(model) -> nn.Module:
+    """transformers' own DFlash drafter (its DFlash model class) with the weights of ``model``'s DFlash heads, on their
+    device and dtype: what ``base.generate(assistant_model=..., speculation_type="dflash")`` runs, drafting what these
+    heads draft (every layer attending to the whole context; over the whole vocabulary, where a draft vocabulary would
+    restrict these heads)."""
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    heads = model.heads
+    layer, count = heads.layers[0], len(heads.layers)
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=heads.hidden_size, intermediate_size=layer.mlp.gate_proj.out_features, num_hidden_layers=count,
+        num_attention_heads=layer.num_heads, num_key_value_heads=layer.kv_heads, head_dim=layer.head_dim,
+        block_size=heads.num_heads + 1, mask_token_id=heads.mask_token_id,
+        target_layer_ids=[i - 1 for i in heads.feature_layers], layer_types=["full_attention"] * count,
+        rms_norm_eps=heads.norm.eps, rope_parameters={"rope_type": "default", "rope_theta": layer.rope_theta},
+        vocab_size=heads.vocab_size, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    drafter = MuseGlimmerAssistantModel(config)
+    state = heads.state_dict()
+    drafter.load_state_dict({theirs: state[ours] for ours, theirs in dflash_keys("transformers-dflash", count).items()})
+    return drafter.to(heads.fc.weight.device, heads.dtype).eval()
 
 
 def medusa_keys(layout: str, num_heads: int, num_layers: int, bias: bool = True) -> dict[str, str]:
@@ -121,7 +167,7 @@ class ForeignDrafter:
     projections: list[torch.Tensor]
     draft_ids: torch.Tensor | None
     hidden_size: int
-    vocab_size: int
+    vocab_size: int | None
     base_name: str | None = None
     embedding: torch.Tensor | None = None
     notes: list[str] = field(default_factory=list)
@@ -146,7 +192,9 @@ def read_foreign(path: str, raw: dict, hub_kwargs: dict, num_heads: int | None =
     docstring); ``num_heads`` overrides the layout's drafting depth (EAGLE-3) or keeps its first heads (Medusa)."""
     where = os.path.join(path, "config.json")
     check_int("num_heads", num_heads, 1, optional=True)
-    if "speculators_model_type" in raw:
+    if "dflash_config" in raw or all(name in raw for name in ("target_layer_ids", "block_size", "mask_token_id")):
+        reader = _read_dflash
+    elif "speculators_model_type" in raw:
         reader = _read_speculators
     elif raw.get("model_type") == "medusa":
         reader = _read_vllm_medusa
@@ -173,12 +221,16 @@ def import_drafter(cls: type, path: str, raw: dict, base_model: nn.Module | None
             raise UserError(f"{foreign.where}: {LAYOUTS[foreign.layout]} layout names no base model: pass "
                             "base_model=<the base it drafts for>.")
         base_model = load_base_model(CerberusConfig(base_model_name_or_path=foreign.base_name), **kwargs)
+    foreign.vocab_size = foreign.vocab_size or base_model.get_output_embeddings().weight.shape[0]
     check_base_compatible(CerberusConfig(hidden_size=foreign.hidden_size, vocab_size=foreign.vocab_size,
                                          base_model_name_or_path=foreign.base_name), base_model)
     _check_embedding(foreign, base_model)
     options, state = _projection(foreign, base_model.get_output_embeddings().weight.detach())
     options = {key: value for key, value in {**foreign.options, **options}.items() if value is not None}
-    model = cls.from_base(base_model, **options)
+    try:
+        model = cls.from_base(base_model, **options)
+    except ValueError as error:  # what only the base shows: its layers, its vocabulary
+        raise UserError(f"{foreign.where}: {error}") from None
     state.update(foreign.tensors)
     check_heads_state_dict(model.config, state, foreign.where)
     model.heads.load_state_dict(state, strict=True)
@@ -368,6 +420,49 @@ def _token_ids(where: str, ids: torch.Tensor, vocab: int, name: str) -> torch.Te
     return ids
 
 
+# ------------------------------------------------------------------------------------------------ DFlash
+def _read_dflash(path: str, where: str, raw: dict, hub_kwargs: dict, num_heads: int | None) -> ForeignDrafter:
+    layout = "z-lab" if "dflash_config" in raw else "transformers-dflash"
+    own = raw.get("dflash_config") if layout == "z-lab" else raw
+    if not isinstance(own, dict):
+        raise UserError(f"{where}: dflash_config must be an object, got {own!r}.")
+    layers = own.get("target_layer_ids")
+    if not isinstance(layers, list) or not layers or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                                                         for i in layers):
+        raise UserError(f"{where}: target_layer_ids must be a list of layer ids >= 0, got {layers!r}.")
+    hidden, heads = _field(raw, "hidden_size", where), _field(raw, "num_attention_heads", where)
+    count = _field(raw, "num_hidden_layers", where)
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, dict) else {"rope_type": rope}
+    problems = [f"rotary scaling {rope.get('rope_type', rope.get('type'))!r}"] if rope.get(
+        "rope_type", rope.get("type", "default")) != "default" else []
+    problems += [f"{name}: true" for name in ("attention_bias", "mlp_bias") if raw.get(name)]
+    problems += [f"hidden_act {raw['hidden_act']!r}"] if raw.get("hidden_act", "silu") != "silu" else []
+    if problems:
+        raise UserError(f"{where}: this DFlash drafter has {', '.join(problems)}, which cerberus-hf's DFlash cannot run.")
+    options = {"head_type": "dflash", "num_layers": count, "adapter_heads": heads,
+               "adapter_head_dim": raw.get("head_dim") or hidden // heads,
+               "adapter_kv_heads": _field(raw, "num_key_value_heads", where, heads),
+               "intermediate_size": _field(raw, "intermediate_size", where),
+               "rms_norm_eps": float(_field(raw, "rms_norm_eps", where, 1e-6, float)),
+               "rope_theta": float(_field({**raw, **rope}, "rope_theta", where, 10000.0, float)),
+               "feature_layers": [i + 1 for i in layers],
+               "mask_token_id": _field(own, "mask_token_id", where, kind=int),
+               "num_heads": num_heads or _field(raw, "block_size", where) - 1}
+    if options["num_heads"] < 1:
+        raise UserError(f"{where}: block_size must be at least 2 (the newest token and one mask), got "
+                        f"{raw['block_size']!r}.")
+    file, tensors = _weights(path, "model.safetensors", hub_kwargs)
+    names = dflash_keys(layout, count)
+    got = _take(file, tensors, names)
+    vocab = raw.get("vocab_size") if isinstance(raw.get("vocab_size"), int) else None
+    _check(file, got, _family_shapes(file, options, hidden, vocab or options["mask_token_id"] + 1), names)
+    windowed = "sliding_attention" in (raw.get("layer_types") or []) or raw.get("use_sliding_window")
+    notes = [f"its sliding window ({raw.get('sliding_window')} positions) is not kept: every layer reads the whole "
+             "context"] if windowed else []
+    return ForeignDrafter(layout, file, options, got, [], None, hidden, vocab, notes=notes)
+
+
 # ------------------------------------------------------------------------------------------------ Medusa
 def _read_medusa(path: str, where: str, raw: dict, hub_kwargs: dict, num_heads: int | None) -> ForeignDrafter:
     layers = _field(raw, "medusa_num_layers", where, 1)
@@ -475,7 +570,7 @@ def _described(model) -> str:
     """What a loaded drafter is, in a few words: family, heads, layers read, draft vocabulary, projection."""
     config, heads = model.config, model.heads
     parts = [f"{config.head_type} heads: {config.num_heads} heads"]
-    if config.head_type == "eagle3":
+    if config.head_type in ("eagle3", "dflash"):
         parts.append(f"fusing the states entering layers {list(heads.feature_layers)}")
     else:
         parts.append(f"{config.num_layers} residual block{'s' if config.num_layers > 1 else ''} each")

@@ -85,7 +85,7 @@ def test_every_row_equals_its_greedy_output_alone(arch, family, drafter, tree):
         assert stats.tau > 1.5
 
 
-@pytest.mark.parametrize("family", ["hydra", "eagle3"])
+@pytest.mark.parametrize("family", ["hydra", "eagle3", "dflash"])
 def test_gate_and_lookup_per_row(family):
     """The gate decides for each row from its own logits, prompt lookup copies from each row's own context."""
     ids, mask = padded_batch(lengths=(9, 4, 6, 2), seed=5)

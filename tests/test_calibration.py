@@ -72,7 +72,7 @@ def test_the_walk_steps_over_the_positions_a_long_step_crosses():
     assert both.steps.tolist() == [8, len(accepted)] and both.tokens.tolist() == [16, len(accepted)]
 
 
-@pytest.mark.parametrize("head_type", ["hydra", "eagle3"])
+@pytest.mark.parametrize("head_type", ["hydra", "eagle3", "dflash"])
 @pytest.mark.parametrize("kind", ["chain", "dynamic"])
 def test_expected_tau_is_what_greedy_decoding_of_the_same_sequence_makes(head_type, kind):
     """Calibration's expectation, walked over a sequence, equals decoding that sequence step for step. The oracle
@@ -205,7 +205,7 @@ def test_calibrate_keeps_a_budget_only_where_it_does_best():
     assert parse_budgets(["0.95:0.25"]) == ((0.95, 0.25),)
 
 
-@pytest.mark.parametrize("head_type", ["cerberus", "clover", "eagle3"])
+@pytest.mark.parametrize("head_type", ["cerberus", "clover", "eagle3", "dflash"])
 def test_calibrate_stores_settings_that_generate_uses(tmp_path, head_type):
     model = fresh_model("llama", head_type, num_heads=3)
     install_oracle(model, [reference("llama")], corrupt=lambda p, k: (p + k) % 3 == 0)

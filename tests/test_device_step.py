@@ -25,7 +25,7 @@ from test_batched import heads, model_settings, new_tokens
 from test_generate import padded_batch
 
 BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
-FAMILIES = ("medusa", "cerberus", "hydra", "clover", "hydra+prefix", "eagle3")  # every family with a fixed tree
+FAMILIES = ("medusa", "cerberus", "hydra", "clover", "hydra+prefix", "eagle3", "dflash")  # every family with a fixed tree
 TREES = {"chain": None, "static": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}
 NEW = 20
 

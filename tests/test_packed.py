@@ -132,7 +132,7 @@ def test_a_copied_model_packs_its_own_weights():
     assert torch.equal(copied.generate(get_prompt("llama"), max_new_tokens=24, do_sample=False), reference("llama"))
 
 
-@pytest.mark.parametrize("head_type", ["hydra", "eagle3"])
+@pytest.mark.parametrize("head_type", ["hydra", "eagle3", "dflash"])
 def test_the_draft_vocabularys_rows_are_packed_once_and_project_as_linear_does(monkeypatch, head_type):
     """A draft vocabulary's rows of the lm_head belong to no module; the decoding view packs them once (while they
     live) and projects through them, as `linear` would within float32's rounding; output stays the base's."""

@@ -122,7 +122,7 @@ def test_sampling_matches_base_distribution(base, head_type, tree):
     assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}: sampled pairs do not follow the base"
 
 
-@pytest.mark.parametrize("head_type", ["hydra", "eagle3"])
+@pytest.mark.parametrize("head_type", ["hydra", "eagle3", "dflash"])
 def test_batched_rows_each_follow_the_base(base, head_type):
     """Rows of different lengths sampled in one batch (`decoding.batched`): each row's pairs follow the base after that
     row's own prompt, with drafts accepted in the same forwards as the other row's."""

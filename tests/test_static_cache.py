@@ -88,7 +88,7 @@ def test_accepted_tree_branches_are_moved_in_place(arch, swap_first):
     dict(gate_threshold=1.5),
     dict(prompt_lookup_num_tokens=3),
 ], ids=["dynamic", "gate", "lookup"])
-@pytest.mark.parametrize("family", ["hydra", "eagle3"])
+@pytest.mark.parametrize("family", ["hydra", "eagle3", "dflash"])
 def test_trees_gate_and_lookup(family, options):
     model = fresh_model("llama", family, randomize=True, num_heads=3)
     assert generate_static(model, "llama", **options).tolist() == reference("llama").tolist()

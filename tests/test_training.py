@@ -540,7 +540,6 @@ def test_cli_trains_from_a_base_folder(base, data_path, tmp_path, capsys, monkey
     assert "0 of 1 shards computed" in capsys.readouterr().out  # the training run already cached everything
 
 
-
 def test_cli_trains_a_kangaroo_adapter(base, data_path, cache_dir, tmp_path, capsys):
     """`train --head-type kangaroo` reaches its trainer (it once failed on an import)."""
     base_dir = tmp_path / "base"
@@ -554,6 +553,16 @@ def test_cli_trains_a_kangaroo_adapter(base, data_path, cache_dir, tmp_path, cap
     assert args.func(args) == 0
     assert "adapter saved to" in capsys.readouterr().out
     assert CerberusForCausalLM.from_pretrained(tmp_path / "out").config.head_type == "kangaroo"
+
+
+def test_cli_refuses_dflash_in_one_line(tmp_path):
+    """DFlash has no trainer yet: the refusal comes before any base loads, and says what to do instead."""
+    parser = argparse.ArgumentParser()
+    train_cli.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "--head-type", "dflash", "--data", "x.jsonl", "--output", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match="--head-type dflash has no trainer yet; load a DFlash drafter trained"):
+        args.func(args)
+
 
 # ------------------------------------------------------------------------------------------------ kangaroo
 def fresh_kangaroo(base, **kwargs):

@@ -139,7 +139,7 @@ def draft_static_rows(drafter: Drafter, index: TreeIndex, hidden: torch.Tensor, 
     for depth, (parent_rows, ranks, paths, following) in enumerate(index.levels):
         if not drafter.reads_tokens:  # one guess per depth serves every node of it
             tokens = last[:, None].expand(rows, depth + 1)
-            previous, logits = drafter.draft_level(depth, hidden, tokens, previous)
+            previous, logits = drafter.draft_level(depth, hidden, tokens, previous, context)
             picked.append(drafter.token_ids(logits.topk(top_k, dim=-1).indices)[:, ranks])  # [B, members]
             continue
         parents = 1 if paths is None else paths.shape[0]

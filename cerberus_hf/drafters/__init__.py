@@ -15,6 +15,7 @@ from ..configuration_cerberus import HEAD_TYPES, CerberusConfig
 from .base import Drafter, ResidualBlock
 from .cerberus import CerberusDrafter
 from .clover import CloverDrafter
+from .dflash import DFlashDrafter
 from .eagle3 import Eagle3Drafter
 from .hydra import HydraDrafter
 from .kangaroo import KangarooDrafter
@@ -23,7 +24,7 @@ from .mtp import MtpDrafter
 
 DRAFTER_CLASSES: dict[str, type[Drafter]] = {
     cls.drafter_type: cls for cls in (MedusaDrafter, CerberusDrafter, HydraDrafter, KangarooDrafter, CloverDrafter,
-                                          Eagle3Drafter, MtpDrafter)
+                                          Eagle3Drafter, DFlashDrafter, MtpDrafter)
 }
 assert tuple(DRAFTER_CLASSES) == HEAD_TYPES, "configuration_cerberus.HEAD_TYPES must list every family"
 
@@ -37,5 +38,5 @@ def build_drafter(config: CerberusConfig) -> Drafter:
     return DRAFTER_CLASSES[config.head_type](config)
 
 
-__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "CloverDrafter", "Drafter", "Eagle3Drafter", "HydraDrafter", "KangarooDrafter",
-           "MedusaDrafter", "MtpDrafter", "ResidualBlock", "build_drafter"]
+__all__ = ["DRAFTER_CLASSES", "CerberusDrafter", "CloverDrafter", "DFlashDrafter", "Drafter", "Eagle3Drafter",
+           "HydraDrafter", "KangarooDrafter", "MedusaDrafter", "MtpDrafter", "ResidualBlock", "build_drafter"]

@@ -24,6 +24,7 @@ from ..hardware import describe_device, reduced_precision_note
 from ..blocks.packed import PackedWeights, packed_view, packing_available
 from ..blocks.profiling import PHASES, synchronize
 from ..errors import UserError
+from ..importing import transformers_dflash
 from ..training.data import read_prompt_file
 from . import arguments
 
@@ -127,7 +128,7 @@ def build_methods(
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
     packed_peer: bool = True,
-    transformers_mtp: bool = True,
+    own_drafters: bool = True,
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
@@ -142,9 +143,10 @@ def build_methods(
     ``packed_peer``: beside plain generate(), the same through the packed weights the head rows verify with on a
     CPU (`blocks.packed`; where packing is available), so the table shows what drafting adds to the kernels. On CUDA
     the compiled static-cache peer (plain generate() with ``cache_implementation="static"``, which transformers compiles
-    into CUDA graphs) is always a row: it is what a GPU user compares with. ``transformers_mtp``: beside a checkpoint of
-    the base's own MTP layers (``head_type="mtp"``), transformers' own ``generate(use_mtp=True)`` with the same layers
-    (one sequence at a time, the dynamic cache: what transformers runs it with)."""
+    into CUDA graphs) is always a row: it is what a GPU user compares with. ``own_drafters``: transformers' own
+    decoding with the same drafter beside it (one sequence at a time, the dynamic cache: what transformers runs them
+    with; leave it out for batches): ``generate(use_mtp=True)`` beside a checkpoint of the base's own MTP layers
+    (``head_type="mtp"``), ``generate(assistant_model=...)`` beside each DFlash checkpoint."""
     methods: list[Method] = []
     for cache in caches:
         call = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -157,7 +159,7 @@ def build_methods(
             tag = " [static cache, compiled]" if compiled else " [static cache]"
         methods += _methods_for_call(base, head_models, call, tag, variants, profile,
                                      prompt_lookup and cache == caches[0], packed_peer and cache == caches[0],
-                                     transformers_mtp and cache == "dynamic")
+                                     own_drafters and cache == "dynamic")
     if base.device.type == "cuda" and "static" not in caches:
         # on CUDA a user's alternative is one keyword: plain decoding that transformers compiles into CUDA graphs
         call = {"max_new_tokens": max_new_tokens, "do_sample": False, "cache_implementation": "static"}
@@ -167,7 +169,7 @@ def build_methods(
 
 
 def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: list[str] | None, profile: bool,
-                      prompt_lookup: bool, packed_peer: bool, transformers_mtp: bool = False) -> list[Method]:
+                      prompt_lookup: bool, packed_peer: bool, own_drafters: bool = False) -> list[Method]:
     """`build_methods`' rows for one set of generate() arguments ``call``, their names ending in ``tag``."""
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
@@ -180,7 +182,7 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (
             base.generate(**_arguments(inputs), prompt_lookup_num_tokens=10, **call), None)))
-    if transformers_mtp and any(model.config.head_type == "mtp" for model in head_models.values()):
+    if own_drafters and any(model.config.head_type == "mtp" for model in head_models.values()):
         # the same MTP layers as the mtp rows, drafting transformers' chain (one per layer) each step
         methods.append(Method("transformers generate(use_mtp=True)" + tag, lambda inputs: (
             base.generate(**_arguments(inputs), use_mtp=True, **call), None)))
@@ -211,6 +213,11 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
                 return out, model.generation_stats
 
             methods.append(Method((f"{label} ({suffix})" if suffix else label) + tag, run))
+        if own_drafters and model.config.head_type == "dflash":
+            assistant = transformers_dflash(model)  # built once here, not inside the timed call
+            methods.append(Method(f"{label}, transformers' DFlash decoding" + tag, lambda inputs, assistant=assistant: (
+                base.generate(**_arguments(inputs), assistant_model=assistant, speculation_type="dflash", **call),
+                None)))
     return methods
 
 
@@ -279,12 +286,12 @@ def run_bench(
     caches: tuple[str, ...] = ("dynamic",),
     compile_config=None,
     packed_peer: bool = True,
-    transformers_mtp: bool = True,
+    own_drafters: bool = True,
 ) -> dict:
     """Decode every prompt or batch (`batch_inputs`) with every method of `build_methods`; returns per-method summaries
     and per-prompt (per-batch) records (``checkpoint``, ``resume``: see `run_methods`)."""
     methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup, caches,
-                            compile_config, packed_peer, transformers_mtp)
+                            compile_config, packed_peer, own_drafters)
     eos = base.generation_config.eos_token_id
     return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
                        {"max_new_tokens": max_new_tokens, **(run_identity or {})},
@@ -622,7 +629,7 @@ def run_cli(args: argparse.Namespace) -> int:
                                      "heads": args.heads, "mtp": args.mtp, "batch_size": args.batch_size,
                                      "cache": args.cache, "compile": args.compile},
                        caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer,
-                       transformers_mtp=args.batch_size == 1)
+                       own_drafters=args.batch_size == 1)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   cache=args.cache, compile=args.compile, warmup=args.warmup,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, date=time.strftime("%Y-%m-%d"),

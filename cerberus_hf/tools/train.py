@@ -126,6 +126,9 @@ def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.output is None and not args.cache_only:
         raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
+    if args.head_type == "dflash" and not args.cache_only:  # before the base loads: nothing to wait for
+        raise SystemExit("cerberus-hf train: --head-type dflash has no trainer yet; load a DFlash drafter trained "
+                         "elsewhere (transformers' or z-lab's layout) with CerberusForCausalLM.from_pretrained")
     base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
     if args.cache_only:
         started = time.perf_counter()
