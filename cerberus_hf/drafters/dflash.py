@@ -30,8 +30,8 @@ from torch import nn
 
 from ..blocks.transfer import positions_index
 from ..configuration_cerberus import CerberusConfig
-from .base import Drafter, SequenceState, decoder_layers
-from .eagle3 import attend, capture_features, check_feature_layers
+from .base import SequenceState
+from .eagle3 import FeatureLayersDrafter, attend
 from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotary, rotate
 
 # (keys, values) ``[R or 1, KVH, T, D]`` of the context at one layer
@@ -197,7 +197,7 @@ class DFlashRows:
         return self
 
 
-class DFlashDrafter(Drafter):
+class DFlashDrafter(FeatureLayersDrafter):
     """Drafts a block at once with a small bidirectional decoder over mask tokens and the base's fused states (see the
     module docstring)."""
 
@@ -240,28 +240,15 @@ class DFlashDrafter(Drafter):
     def build_blocks(self, config: CerberusConfig) -> nn.ModuleList:
         return nn.ModuleList()  # no per-depth heads: one block serves every depth
 
-    def attach(self, base: nn.Module) -> None:
-        count = len(decoder_layers(base)[2])
-        if self.feature_layers is None:
-            self.feature_layers = default_feature_layers(count, len(self.layers))
-        check_feature_layers(self.feature_layers, count)  # on attaching, before any forward runs
+    state_class, rows_class = DFlashState, DFlashRows
+
+    def default_layers(self, count: int) -> list[int]:
+        return default_feature_layers(count, len(self.layers))
+
+    def check_layers(self) -> None:
         if self.fc.in_features != len(self.feature_layers) * self.hidden_size:
             raise ValueError(f"this DFlash drafter fuses {self.fc.in_features // self.hidden_size} layers, but "
                              f"feature_layers names {len(self.feature_layers)}.")
-        super().attach(base)
-
-    def capture(self, model: nn.Module):
-        return capture_features(model, self.feature_layers, self.state_source)
-
-    def start(self, model: nn.Module, cache) -> DFlashState:
-        return DFlashState(self)
-
-    def device_rows(self, batch: int, room: int, device: torch.device) -> DFlashRows:
-        return DFlashRows(self, batch, room, device)
-
-    def device_states(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The fused layers' outputs (`capture_features`): ``hidden_states[i]`` is the state leaving layer ``i - 1``."""
-        return torch.cat([hidden_states[i] for i in self.feature_layers], dim=-1)
 
     # ------------------------------------------------------------------------------ the block
     def context(self, features: torch.Tensor, positions: torch.Tensor) -> list[LayerContext]:

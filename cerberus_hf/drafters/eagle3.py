@@ -275,7 +275,44 @@ def _draft_context(context, previous: torch.Tensor, layer: FeatureLayer):
     return keys, values, None, keys.shape[2]
 
 
-class Eagle3Drafter(Drafter):
+class FeatureLayersDrafter(Drafter):
+    """What a drafter fed by several of the base's layers (EAGLE-3, DFlash) shares: the layers, chosen for the base's
+    depth where the config names none and checked on attaching; their states captured during verification and gathered
+    for the device step; its state over the sequence (``state_class``) and its fixed-shape rows (``rows_class``)."""
+
+    state_class: type[SequenceState]
+    rows_class: type
+
+    def default_layers(self, count: int) -> list[int]:
+        """The layers read on a base of ``count`` decoder layers where the config names none."""
+        raise NotImplementedError
+
+    def check_layers(self) -> None:
+        """What else the chosen layers must fit (the fusing layer's width); checked on attaching."""
+
+    def attach(self, base: nn.Module) -> None:
+        count = len(decoder_layers(base)[2])
+        if self.feature_layers is None:
+            self.feature_layers = self.default_layers(count)
+        check_feature_layers(self.feature_layers, count)  # on attaching, before any forward runs
+        self.check_layers()
+        super().attach(base)
+
+    def capture(self, model: nn.Module):
+        return capture_features(model, self.feature_layers, self.state_source)
+
+    def start(self, model: nn.Module, cache) -> SequenceState:
+        return self.state_class(self)
+
+    def device_rows(self, batch: int, room: int, device: torch.device):
+        return self.rows_class(self, batch, room, device)
+
+    def device_states(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The fused layers' states (`capture_features`): ``hidden_states[i]`` is the state entering layer ``i``."""
+        return torch.cat([hidden_states[i] for i in self.feature_layers], dim=-1)
+
+
+class Eagle3Drafter(FeatureLayersDrafter):
     """Drafts with one decoder layer over the base's fused low, middle and high states (see the module docstring)."""
 
     drafter_type = "eagle3"
@@ -331,25 +368,10 @@ class Eagle3Drafter(Drafter):
         if self.lm_heads is not None and self.lm_heads[0].weight.shape == lm_head_weight.shape:
             super().init_projections_from(lm_head_weight)
 
-    def attach(self, base: nn.Module) -> None:
-        count = len(decoder_layers(base)[2])
-        if self.feature_layers is None:
-            self.feature_layers = default_feature_layers(count)
-        check_feature_layers(self.feature_layers, count)  # on attaching, before any forward runs
-        super().attach(base)
+    state_class, rows_class = Eagle3State, Eagle3Rows
 
-    def capture(self, model: nn.Module):
-        return capture_features(model, self.feature_layers, self.state_source)
-
-    def start(self, model: nn.Module, cache) -> Eagle3State:
-        return Eagle3State(self)
-
-    def device_rows(self, batch: int, room: int, device: torch.device) -> Eagle3Rows:
-        return Eagle3Rows(self, batch, room, device)
-
-    def device_states(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The fused layers' inputs (`capture_features`): ``hidden_states[i]`` is the state entering layer ``i``."""
-        return torch.cat([hidden_states[i] for i in self.feature_layers], dim=-1)
+    def default_layers(self, count: int) -> list[int]:
+        return default_feature_layers(count)
 
     # ------------------------------------------------------------------------------ the layer over verified positions
     def extend(self, features: torch.Tensor, next_tokens: torch.LongTensor, positions: torch.Tensor,
