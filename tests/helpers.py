@@ -10,6 +10,8 @@ which each test builds fresh with `CerberusForCausalLM.from_base`).
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,8 +155,20 @@ def check_stats(model: CerberusForCausalLM, new_tokens: int, forwards: int | Non
         assert s.steps == forwards, "steps must count the base's forward passes"
 
 
+def write_greedy_records(base, path: Path, count: int = 16) -> Path:
+    """``count`` records in the distill format at ``path``: random prompts and ``base``'s own greedy answers."""
+    with path.open("w") as f:
+        for i in range(count):
+            prompt = prompt_ids(seed=i, length=6 + i % 3)
+            out = base.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+            f.write(json.dumps({"id": f"p{i:03d}", "mode": "greedy", "prompt": f"prompt {i}",
+                                "input_ids": prompt[0].tolist(), "output_ids": out[0, prompt.shape[1]:].tolist(),
+                                "finished": False}) + "\n")
+    return path
+
+
 __all__ = [
     "ANY_BASE_TYPES", "ARCHITECTURES", "EOS", "NEW_TOKENS", "PAD", "PROMPT_LEN", "VOCAB", "ForwardCounter",
     "check_stats", "fresh_model", "gate_entropies", "get_base", "get_prompt", "install_oracle", "randomize_heads",
-    "reference",
+    "reference", "write_greedy_records",
 ]

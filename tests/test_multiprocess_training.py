@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_models import prompt_ids, tiny_model
+from helpers import write_greedy_records
+from tiny_models import tiny_model
 
 from cerberus_hf.training.checkpointing import WEIGHTS_NAME
 
@@ -33,13 +34,7 @@ def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("multiprocess")
     base = tiny_model("llama")
     base.save_pretrained(folder / "base")
-    with (folder / "data.jsonl").open("w") as f:
-        for i in range(16):
-            prompt = prompt_ids(seed=i, length=6 + i % 3)
-            out = base.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
-            f.write(json.dumps({"id": f"p{i:03d}", "mode": "greedy", "prompt": f"prompt {i}",
-                                "input_ids": prompt[0].tolist(), "output_ids": out[0, prompt.shape[1]:].tolist(),
-                                "finished": False}) + "\n")
+    write_greedy_records(base, folder / "data.jsonl")
     return folder
 
 

@@ -21,7 +21,7 @@ from cerberus_hf.training.loss import projection_loss
 from cerberus_hf.training.trainer import HeadTrainingSettings, train_heads
 
 from tiny_models import VOCAB, prompt_ids, tiny_model
-from helpers import family_options
+from helpers import family_options, write_greedy_records
 
 NUM_HEADS = 3
 # The tiny problem wants a larger step than the real one (1e-3); everything else is the real recipe.
@@ -36,15 +36,7 @@ def base():
 @pytest.fixture(scope="module")
 def data_path(base, tmp_path_factory):
     """16 records in the distill format: random prompts and the tiny model's own greedy answers."""
-    path = tmp_path_factory.mktemp("data") / "selfdistill.jsonl"
-    with path.open("w") as f:
-        for i in range(16):
-            prompt = prompt_ids(seed=i, length=6 + i % 3)
-            out = base.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
-            f.write(json.dumps({"id": f"p{i:03d}", "mode": "greedy", "prompt": f"prompt {i}",
-                                "input_ids": prompt[0].tolist(), "output_ids": out[0, prompt.shape[1]:].tolist(),
-                                "finished": False}) + "\n")
-    return path
+    return write_greedy_records(base, tmp_path_factory.mktemp("data") / "selfdistill.jsonl")
 
 
 @pytest.fixture(scope="module")
