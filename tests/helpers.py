@@ -167,8 +167,36 @@ def write_greedy_records(base, path: Path, count: int = 16) -> Path:
     return path
 
 
+def check_rows_against_states(family: str, compare) -> None:
+    """A feature-layer family's device rows (`device_rows`) against its sequence state (``state_class``) row by row:
+    two rows, one left-padded, extended by different counts; ``compare(drafter, rows, states, sequences)`` checks each
+    step's drafts (each state brought up to date by ``heads_input`` there)."""
+    drafter = fresh_model("llama", family, num_heads=3).heads
+    width = len(drafter.feature_layers) * drafter.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(2, 5, width, generator=generator)
+    tokens = torch.randint(3, 90, (2, 6), generator=generator)  # each row's prompt, then its first new token
+    valid = torch.tensor([[True] * 5, [False, False, True, True, True]])
+    rows = drafter.device_rows(2, 32, features.device)
+    rows.start(features, tokens[:, 1:], valid)
+    states, sequences = [], []
+    for b in range(2):
+        state = drafter.state_class(drafter)
+        state.observe({"features": features[b: b + 1, valid[b]]}, None)
+        states.append(state)
+        sequences.append(tokens[b: b + 1, torch.cat([valid[b], torch.tensor([True])])])
+    for counts in ([1, 3], [2, 1], [3, 2]):
+        compare(drafter, rows, states, sequences)
+        step_features = torch.randn(2, 3, width, generator=generator)
+        step_tokens = torch.randint(3, 90, (2, 3), generator=generator)
+        rows.extend(step_features, step_tokens, torch.tensor(counts))
+        for b, count in enumerate(counts):
+            states[b].observe({"features": step_features[b: b + 1]}, list(range(count)))
+            sequences[b] = torch.cat([sequences[b], step_tokens[b: b + 1, :count]], dim=1)
+
+
 __all__ = [
-    "ANY_BASE_TYPES", "ARCHITECTURES", "EOS", "NEW_TOKENS", "PAD", "PROMPT_LEN", "VOCAB", "ForwardCounter",
+    "ANY_BASE_TYPES", "ARCHITECTURES", "check_rows_against_states", "EOS", "NEW_TOKENS", "PAD", "PROMPT_LEN", "VOCAB", "ForwardCounter",
     "check_stats", "fresh_model", "gate_entropies", "get_base", "get_prompt", "install_oracle", "randomize_heads",
     "reference", "write_greedy_records",
 ]

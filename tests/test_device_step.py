@@ -20,7 +20,7 @@ from cerberus_hf.blocks.profiling import HostReads
 from cerberus_hf.blocks.tree import TreeSpec
 from cerberus_hf.decoding.device_step import DeviceStep
 from cerberus_hf.decoding.paths import device_step_refusal
-from helpers import PAD, fresh_model, get_base
+from helpers import PAD, check_rows_against_states, fresh_model, get_base
 from test_batched import heads, model_settings, new_tokens
 from test_generate import padded_batch
 
@@ -192,24 +192,7 @@ def test_the_step_drafts_what_the_loop_drafts(family):
 
 def test_eagle3_rows_keep_what_the_sequence_state_keeps():
     """`Eagle3Rows` against `Eagle3State` row by row: two rows, one left-padded, extended by different counts."""
-    from cerberus_hf.drafters.eagle3 import Eagle3State
-
-    model = fresh_model("llama", "eagle3", num_heads=3)
-    drafter = model.heads
-    width = len(drafter.feature_layers) * drafter.hidden_size
-    generator = torch.Generator().manual_seed(0)
-    features = torch.randn(2, 5, width, generator=generator)
-    tokens = torch.randint(3, 90, (2, 6), generator=generator)  # each row's prompt, then its first new token
-    valid = torch.tensor([[True] * 5, [False, False, True, True, True]])
-    rows = drafter.device_rows(2, 32, features.device)
-    rows.start(features, tokens[:, 1:], valid)
-    states, sequences = [], []
-    for b in range(2):
-        state = Eagle3State(drafter)
-        state.observe({"features": features[b: b + 1, valid[b]]}, None)
-        states.append(state)
-        sequences.append(tokens[b: b + 1, torch.cat([valid[b], torch.tensor([True])])])
-    for counts in ([1, 3], [2, 1], [3, 2]):
+    def compare(drafter, rows, states, sequences):
         for b in range(2):
             states[b].heads_input(sequences[b], None)
             torch.testing.assert_close(rows.read(None)[b], states[b].newest[0], atol=1e-5, rtol=1e-5)
@@ -219,12 +202,8 @@ def test_eagle3_rows_keep_what_the_sequence_state_keeps():
             theirs, _ = drafter.draft_level(1, states[b].newest, sequences[b][:, -1:].repeat(1, 2), previous,
                                             states[b].context())
             torch.testing.assert_close(ours[b], theirs[0], atol=1e-5, rtol=1e-5)
-        step_features = torch.randn(2, 3, width, generator=generator)
-        step_tokens = torch.randint(3, 90, (2, 3), generator=generator)
-        rows.extend(step_features, step_tokens, torch.tensor(counts))
-        for b, count in enumerate(counts):
-            states[b].observe({"features": step_features[b: b + 1]}, list(range(count)))
-            sequences[b] = torch.cat([sequences[b], step_tokens[b: b + 1, :count]], dim=1)
+
+    check_rows_against_states("eagle3", compare)
 
 
 def test_threads_share_the_step_and_each_gets_its_own_answer():

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MuseGlimmerAssistant
 from transformers.generation import candidate_generator
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.drafters.dflash import DFlashState, default_feature_layers
+from cerberus_hf.drafters.dflash import default_feature_layers
 from cerberus_hf.errors import UserError
-from helpers import fresh_model, get_base, get_prompt, reference
+from helpers import check_rows_against_states, fresh_model, get_base, get_prompt, reference
 from tiny_models import ARCHITECTURES, DEVICE, VOCAB
 
 NEW = 20
@@ -229,34 +229,15 @@ def test_default_layers_are_z_labs():
 
 def test_the_device_rows_keep_what_the_sequence_state_keeps():
     """`DFlashRows` against `DFlashState` row by row: two rows, one left-padded, extended by different counts."""
-    model = fresh_model("llama", "dflash", num_heads=3)
-    drafter = model.heads
-    width = len(drafter.feature_layers) * drafter.hidden_size
-    generator = torch.Generator().manual_seed(0)
-    features = torch.randn(2, 5, width, generator=generator)
-    tokens = torch.randint(3, 90, (2, 6), generator=generator)  # each row's prompt, then its first new token
-    valid = torch.tensor([[True] * 5, [False, False, True, True, True]])
-    rows = drafter.device_rows(2, 32, features.device)
-    rows.start(features, tokens[:, 1:], valid)
-    states, sequences = [], []
-    for b in range(2):
-        state = DFlashState(drafter)
-        state.observe({"features": features[b: b + 1, valid[b]]}, None)
-        states.append(state)
-        sequences.append(tokens[b: b + 1, torch.cat([valid[b], torch.tensor([True])])])
-    for counts in ([1, 3], [2, 1], [3, 2]):
+    def compare(drafter, rows, states, sequences):
         newest = torch.cat([sequence[:, -1] for sequence in sequences])
         ours, _ = drafter.draft_level(0, None, newest[:, None], None, rows.context())
         for b in range(2):
             states[b].heads_input(sequences[b], None)
             theirs, _ = drafter.draft_level(0, None, sequences[b][:, -1:], None, states[b].context())
             torch.testing.assert_close(ours[b], theirs[0], atol=1e-5, rtol=1e-5)
-        step_features = torch.randn(2, 3, width, generator=generator)
-        step_tokens = torch.randint(3, 90, (2, 3), generator=generator)
-        rows.extend(step_features, step_tokens, torch.tensor(counts))
-        for b, count in enumerate(counts):
-            states[b].observe({"features": step_features[b: b + 1]}, list(range(count)))
-            sequences[b] = torch.cat([sequences[b], step_tokens[b: b + 1, :count]], dim=1)
+
+    check_rows_against_states("dflash", compare)
 
 
 # ------------------------------------------------------------------------------------------------ against transformers
