@@ -220,6 +220,31 @@ def test_a_bad_dflash_folder_is_refused_in_one_line(tmp_path, spoil, message):
 
 
 # ------------------------------------------------------------------------------------------------ the family
+def test_training_unrolls_the_block_drafting_computes_after_every_position():
+    """`DFlashDrafter.unrolled_outputs` over a right-padded batch of two sequences: depth ``j`` at row ``t`` is the
+    block the drafter computes after position ``t`` of that sequence alone (`teacher_forced`, which equals
+    transformers' drafts above), so training fits what decoding drafts."""
+    model = fresh_model("llama", "dflash", randomize=True, seed=3, num_heads=4)
+    heads = model.heads
+    long = reference("llama")[0]
+    short = long[5:]  # other positions, fewer of them: right-padded in the batch
+    features = torch.zeros(2, long.shape[0], heads.fc.in_features, device=DEVICE)
+    tokens = torch.zeros(2, long.shape[0] + heads.num_heads + 1, dtype=torch.long, device=DEVICE)
+    forced = []
+    for b, sequence in enumerate((long, short)):
+        with torch.no_grad(), heads.capture(model.base) as captured:
+            model.base(sequence[None])
+            forced.append(heads.teacher_forced(captured, sequence[None], 0)[1])
+        features[b, : sequence.shape[0]] = captured["features"][0]
+        tokens[b, : sequence.shape[0]] = sequence
+    with torch.no_grad():
+        unrolled = heads.unrolled_outputs(features, tokens, heads.num_heads)
+        for b, sequence in enumerate((long, short)):
+            for j in range(heads.num_heads):
+                logits = heads.project(unrolled[j][b, : sequence.shape[0] - 1], j)
+                torch.testing.assert_close(logits, forced[b][: sequence.shape[0] - 1, j], atol=1e-4, rtol=1e-4)
+
+
 def test_default_layers_are_z_labs():
     assert default_feature_layers(36, 5) == [2, 10, 18, 26, 34]  # z-lab's [1, 9, 17, 25, 33] for Qwen3-8B
     assert default_feature_layers(2, 1) == [1]

@@ -547,13 +547,19 @@ def test_cli_trains_a_kangaroo_adapter(base, data_path, cache_dir, tmp_path, cap
     assert CerberusForCausalLM.from_pretrained(tmp_path / "out").config.head_type == "kangaroo"
 
 
-def test_cli_refuses_dflash_in_one_line(tmp_path):
-    """DFlash has no trainer yet: the refusal comes before any base loads, and says what to do instead."""
+def test_cli_trains_a_dflash_drafter(base, data_path, cache_dir, tmp_path, capsys):
+    base_dir = tmp_path / "base"
+    base.save_pretrained(base_dir)
     parser = argparse.ArgumentParser()
     train_cli.add_cli(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["train", "--head-type", "dflash", "--data", "x.jsonl", "--output", str(tmp_path / "out")])
-    with pytest.raises(SystemExit, match="--head-type dflash has no trainer yet; load a DFlash drafter trained"):
-        args.func(args)
+    args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", "dflash", "--num-heads", "3",
+                              "--data", str(data_path), "--output", str(tmp_path / "out"), "--max-steps", "2",
+                              "--batch-tokens", "256", "--eval-fraction", "0.25", "--cache-dir", str(cache_dir),
+                              "--feature-layers", "1", "--no-progress"])
+    assert args.func(args) == 0
+    assert "drafter saved to" in capsys.readouterr().out
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out")
+    assert (loaded.config.head_type, loaded.config.num_heads, loaded.config.feature_layers) == ("dflash", 3, [1])
 
 
 # ------------------------------------------------------------------------------------------------ kangaroo
@@ -619,15 +625,17 @@ def test_killed_kangaroo_run_resumes_to_the_same_weights(base, data_path, cache_
 EAGLE_FAST = dict(batch_tokens=256, lr=3e-3, eval_every=0, eval_fraction=0.25, show_progress=False)
 
 
-def test_eagle3_training_time_test_learns_every_depth_and_keeps_output_exact(base, data_path, cache_dir, tmp_path):
+@pytest.mark.parametrize("family", ["eagle3", "dflash"])
+def test_unrolled_training_learns_every_depth_and_keeps_output_exact(base, data_path, cache_dir, tmp_path, family):
+    """EAGLE-3's training-time test and DFlash's blocks after every position (`train_sequence_drafter`)."""
     from cerberus_hf.training.sequence_trainer import train_sequence_drafter
 
     records = read_records(data_path)
     prompt = torch.tensor([records[0].input_ids], device=base.device)
     reference = base.generate(prompt, max_new_tokens=24, do_sample=False)
-    untrained = train_sequence_drafter(fresh(base, "eagle3"), data_path, tmp_path / "zero", max_steps=1,
+    untrained = train_sequence_drafter(fresh(base, family), data_path, tmp_path / "zero", max_steps=1,
                                        cache_dir=cache_dir, **dict(EAGLE_FAST, lr=0.0))
-    model = fresh(base, "eagle3")
+    model = fresh(base, family)
     metrics = train_sequence_drafter(model, data_path, tmp_path / "out", epochs=15, cache_dir=cache_dir, **EAGLE_FAST)
     assert len(metrics["top1"]) == NUM_HEADS
     # every unrolled depth learns (the held-out records share the tiny base's habits)
@@ -642,18 +650,19 @@ def test_eagle3_training_time_test_learns_every_depth_and_keeps_output_exact(bas
     assert loaded.generation_stats.tau > 1.0
 
 
-def test_killed_eagle3_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", ["eagle3", "dflash"])
+def test_killed_unrolled_run_resumes_to_the_same_weights(base, data_path, cache_dir, tmp_path, monkeypatch, family):
     from cerberus_hf.training.sequence_trainer import train_sequence_drafter
 
     settings = dict(max_steps=9, save_every=3, cache_dir=cache_dir, distill_weight=0.5, **EAGLE_FAST)
-    uninterrupted = fresh(base, "eagle3")
+    uninterrupted = fresh(base, family)
     train_sequence_drafter(uninterrupted, data_path, tmp_path / "uninterrupted", **settings)
     monkeypatch.setattr(checkpointing, "on_step_end", lambda step: (_ for _ in ()).throw(KeyboardInterrupt) if step == 7
                         else None)
     with pytest.raises(KeyboardInterrupt):
-        train_sequence_drafter(fresh(base, "eagle3"), data_path, tmp_path / "killed", **settings)
+        train_sequence_drafter(fresh(base, family), data_path, tmp_path / "killed", **settings)
     monkeypatch.undo()
-    resumed = fresh(base, "eagle3")
+    resumed = fresh(base, family)
     assert train_sequence_drafter(resumed, data_path, tmp_path / "killed", **settings)["steps"] == 9
     assert heads_equal(resumed, uninterrupted)
 
@@ -752,6 +761,7 @@ def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
                               ("clover", ["--num-layers", "2"]), ("cerberus", ["--prefix-layer"]),
                               ("kangaroo", ["--head-dropout", "0.2"]), ("kangaroo", ["--init-from", "heads"]),
                               ("eagle3", ["--batch-size", "64"]), ("eagle3", ["--num-layers", "2"]),
+                              ("dflash", ["--batch-size", "64"]), ("dflash", ["--exit-layer", "1"]),
                               ("hydra", ["--feature-layers", "2", "9"]), ("eagle3", ["--state-source", "final_norm_input"])):
         args = parser.parse_args(common + ["--head-type", head_type] + option)
         with pytest.raises(SystemExit, match=f"{option[0]} do\\(es\\) not apply to --head-type {head_type}"):
@@ -764,5 +774,6 @@ def test_cli_refuses_options_the_chosen_head_type_would_ignore(tmp_path):
                               ("clover", ["--context-window", "8", "--batch-size", "64"]),
                               ("hydra", ["--prefix-layer", "--adapter-heads", "4", "--head-dropout", "0.2"]),
                               ("eagle3", ["--feature-layers", "2", "9", "--batch-tokens", "512", "--adapter-heads", "4",
-                                          "--head-weight-decay", "0.9"])):
+                                          "--head-weight-decay", "0.9"]),
+                              ("dflash", ["--feature-layers", "1", "--num-layers", "2", "--batch-tokens", "512"])):
         train_cli._refuse_options_of_other_head_types(parser.parse_args(common + ["--head-type", head_type] + option))

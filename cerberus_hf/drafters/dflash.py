@@ -295,14 +295,35 @@ class DFlashDrafter(FeatureLayersDrafter):
             layers = [(empty, empty)] * len(self.layers)
         return torch.full((1, 1), cached, device=tokens.device), layers, None
 
+    def unrolled_outputs(self, features: torch.Tensor, tokens: torch.LongTensor, steps: int) -> list[torch.Tensor]:
+        """The normed outputs ``[B, L, hidden]`` of depths ``0 .. steps - 1`` of the block after every position of whole
+        sequences, what training fits (the contract of `Eagle3Drafter.unrolled_outputs`): fused-layer inputs
+        ``features`` ``[B, L, F]`` and ``tokens`` ``[B, >= L + 1]`` (``tokens[:, p + 1]`` follows position ``p``; right
+        padding is harmless, no real position sees it). Depth ``j``'s row ``i`` guesses the token at ``i + j + 2``."""
+        length = features.shape[1]
+        rows = torch.arange(length, device=features.device)
+        contexts = self.context(features, rows)
+        blocks = torch.stack([self._blocks_after_every_position(tokens[b, 1 : length + 1],
+                                                                [(k[b : b + 1], v[b : b + 1]) for k, v in contexts])
+                              for b in range(features.shape[0])])
+        size = self.hidden_size
+        return [blocks[..., j * size : (j + 1) * size] for j in range(steps)]
+
+    def _blocks_after_every_position(self, following: torch.LongTensor, contexts: list[LayerContext]) -> torch.Tensor:
+        """One sequence's blocks ``[L, num_heads * hidden]``: row ``t`` is the block after position ``t`` (its newest
+        token ``following[t]``), attending to ``contexts`` (each layer's, ``[1, KVH, L, D]``) up to ``t``, as drafting
+        does after ``t``."""
+        rows = torch.arange(following.shape[0], device=following.device)
+        return self.block(following, rows[:, None] + 1, contexts, (rows[None] <= rows[:, None])[:, None, None, None])
+
     def teacher_forced(self, captured: dict, ids: torch.LongTensor, first: int):
-        """`Drafter.teacher_forced`: the block after every position ``t`` of ``ids`` at once (row ``t`` attends to the
-        context up to ``t``, as drafting does after ``t``); the heads read the base's state there."""
+        """`Drafter.teacher_forced`: the block after every position ``t`` of ``ids`` at once; the heads read the base's
+        state there."""
         length = ids.shape[1]
         rows = torch.arange(length, device=ids.device)
         contexts = self.context(captured["features"], rows)
         following = ids[0, (rows + 1).clamp(max=length - 1)]  # past the end: never a target
-        blocks = self.block(following, rows[:, None] + 1, contexts, (rows[None] <= rows[:, None])[:, None, None, None])
+        blocks = self._blocks_after_every_position(following, contexts)
         size = self.hidden_size
         logits = torch.stack([self.project(blocks[:, k * size : (k + 1) * size], k) for k in range(self.num_heads)],
                              dim=1)

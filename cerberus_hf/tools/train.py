@@ -32,14 +32,15 @@ def add_cli(subparsers):
                             "num_threads", "train_vocab", "exit_layer", "batch_tokens", "adapter_heads",
                             "adapter_head_dim", "context_window"))
     # the options only some head types read: the others refuse them rather than ignore them
-    heads = tuple(h for h in HEAD_TYPES if h not in ("kangaroo", "eagle3"))  # trained from single positions
-    only = {"batch_size": heads, "head_weight_decay": (*heads, "eagle3"), "text_distill_weight": heads,
-            "train_fraction": heads, "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra"),
-            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo", "eagle3"),
-            "adapter_heads": ("kangaroo", "clover", "hydra", "eagle3"),
-            "adapter_head_dim": ("kangaroo", "clover", "hydra", "eagle3"), "context_window": ("clover", "hydra"),
-            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": (*heads, "eagle3"),
-            "feature_layers": ("eagle3",), "compute_dtype": ("eagle3",)}
+    unrolled = ("eagle3", "dflash")  # trained on whole sequences, unrolled over the depths (`sequence_trainer`)
+    heads = tuple(h for h in HEAD_TYPES if h not in ("kangaroo", *unrolled))  # trained from single positions
+    only = {"batch_size": heads, "head_weight_decay": (*heads, *unrolled), "text_distill_weight": heads,
+            "train_fraction": heads, "projection_dtype": heads, "num_layers": ("medusa", "cerberus", "hydra", "dflash"),
+            "exit_layer": ("kangaroo",), "batch_tokens": ("kangaroo", *unrolled),
+            "adapter_heads": ("kangaroo", "clover", "hydra", *unrolled),
+            "adapter_head_dim": ("kangaroo", "clover", "hydra", *unrolled), "context_window": ("clover", "hydra"),
+            "prefix_layer": ("hydra",), "head_dropout": heads, "state_source": heads, "init_from": (*heads, *unrolled),
+            "feature_layers": unrolled, "compute_dtype": unrolled}
     parser.set_defaults(func=run_cli, only_for={name: (types, parser.get_default(name)) for name, types in only.items()})
     return parser
 
@@ -109,12 +110,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="Clover and Hydra++: how many of the newest verified states the augmenting block or "
                               "the prefix layer reads")
     parser.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="EAGLE-3: dtype of the unrolled steps (autocast) and of the projection in the loss; "
+                        help="EAGLE-3 and DFlash: dtype of the unrolled steps (autocast) and of the projection in the loss; "
                              "bfloat16 is several times faster on AMX CPUs and GPUs (weights stay float32)")
     parser.add_argument("--feature-layers", type=int, nargs="+", default=None, metavar="I",
-                        help="EAGLE-3: the base states it fuses, as hidden_states indices (default: EAGLE-3's low, "
-                             "middle and high layer; its attention takes the base's shape unless --adapter-heads or "
-                             "--adapter-head-dim are given)")
+                        help="EAGLE-3 and DFlash: the base states they fuse, as hidden_states indices (default: "
+                             "EAGLE-3's low, middle and high layer; DFlash's choice for its --num-layers; their "
+                             "attention takes the base's shape unless --adapter-heads or --adapter-head-dim are given)")
     adapter.add_argument("--prefix-layer", action="store_true",
                          help="Hydra: Hydra++'s prefix layer (a decoder layer over the base's states) before the heads")
 
@@ -126,9 +127,6 @@ def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.output is None and not args.cache_only:
         raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
-    if args.head_type == "dflash" and not args.cache_only:  # before the base loads: nothing to wait for
-        raise SystemExit("cerberus-hf train: --head-type dflash has no trainer yet; load a DFlash drafter trained "
-                         "elsewhere (transformers' or z-lab's layout) with CerberusForCausalLM.from_pretrained")
     base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
     if args.cache_only:
         started = time.perf_counter()
@@ -143,7 +141,7 @@ def run_cli(args: argparse.Namespace) -> int:
     _refuse_options_of_other_head_types(args)
     if args.head_type == "kangaroo":
         return _run_chain_cli(args, base)
-    if args.head_type == "eagle3":
+    if args.head_type in ("eagle3", "dflash"):
         return _run_sequence_cli(args, base)
     shape = {name: getattr(args, name) for name in ("num_layers", "adapter_heads", "adapter_head_dim", "context_window",
                                                     "prefix_layer", "head_dropout", "state_source")
@@ -219,13 +217,15 @@ def _run_chain_cli(args: argparse.Namespace, base) -> int:
 
 
 def _run_sequence_cli(args: argparse.Namespace, base) -> int:
-    """``cerberus-hf train --head-type eagle3``: training-time test over whole sequences (`sequence_trainer`)."""
+    """``cerberus-hf train --head-type eagle3`` or ``dflash``: the depths unrolled over whole sequences
+    (`sequence_trainer`)."""
     from ..modeling_cerberus import CerberusForCausalLM
     from ..training.sequence_trainer import train_sequence_drafter
 
-    shape = {name: getattr(args, name) for name in ("adapter_heads", "adapter_head_dim", "feature_layers")
-             if getattr(args, name) != args.only_for[name][1]}  # the others: EAGLE-3's defaults for this base
-    model = CerberusForCausalLM.from_base(base, head_type="eagle3", num_heads=args.num_heads, **shape)
+    shape = {name: getattr(args, name) for name in ("adapter_heads", "adapter_head_dim", "feature_layers", "num_layers")
+             if args.head_type in args.only_for[name][0] and getattr(args, name) != args.only_for[name][1]}
+    # the others: the family's defaults for this base
+    model = CerberusForCausalLM.from_base(base, head_type=args.head_type, num_heads=args.num_heads, **shape)
     metrics = train_sequence_drafter(
         model, args.data, args.output, epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens,
         warmup_ratio=args.warmup_ratio, step_weight_decay=args.head_weight_decay, distill_weight=args.distill_weight,

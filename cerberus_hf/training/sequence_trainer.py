@@ -1,4 +1,4 @@
-"""Train EAGLE-3's drafter on a frozen base with training-time test.
+"""Train EAGLE-3's drafter (training-time test) or a DFlash block drafter on a frozen base.
 
 The drafter's layer attends over whole sequences, so it trains on sequences, as Kangaroo's adapter does
 (`chain_trainer`), not on single positions of the hidden-state cache:
@@ -7,9 +7,9 @@ The drafter's layer attends over whole sequences, so it trains on sequences, as 
    (`first_layers`; the last layers and the lm_head are skipped), and the states entering its ``feature_layers``
    are kept on disk in float16 (`sequence_features`: one ``.npy`` per base, layers and data, filled batch by batch
    and resumable, read through a memory map so a large set never has to fit in memory).
-2. Each batch of sequences (right-padded) is unrolled ``num_heads`` steps (`Eagle3Drafter.unrolled_outputs`): step
-   ``j`` at row ``c`` is drafting depth ``j`` after verified position ``c`` on the true path, and guesses the token at
-   ``c + j + 2``. The rows trained are those decoding drafts from: ``c`` from the prompt's last position on, so step
+2. Each batch of sequences (right-padded) is unrolled ``num_heads`` steps (`Eagle3Drafter.unrolled_outputs`; a DFlash
+   drafter computes the block after every position at once, `DFlashDrafter.unrolled_outputs`): step ``j`` at row
+   ``c`` is drafting depth ``j`` after verified position ``c`` on the true path, and guesses the token at ``c + j + 2``. The rows trained are those decoding drafts from: ``c`` from the prompt's last position on, so step
    ``j`` targets answer tokens ``A[j + 1:]``.
 3. Step ``j``'s loss, weighted ``step_weight_decay ** j`` (EAGLE-3: 0.8), is the cross-entropy against the data token
    mixed with the base's own top-k distribution (``distill_weight``; EAGLE-3 uses the distribution alone), through
@@ -209,8 +209,8 @@ def train_sequence_drafter(
     resume: bool = True,
     show_progress: bool = True,
 ) -> dict:
-    """Train ``model.heads`` (an `Eagle3Drafter`) with training-time test over ``num_heads`` steps on a frozen base from
-    distillation JSONL; returns the metrics, also written to ``output_dir/training_metrics.json``, and saves the
+    """Train ``model.heads`` (an `Eagle3Drafter` with training-time test over ``num_heads`` steps, or a `DFlashDrafter`
+    on the block after every position) on a frozen base from distillation JSONL; returns the metrics, also written to ``output_dir/training_metrics.json``, and saves the
     drafter there. ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``compute_dtype`` bfloat16
     runs the unrolled steps under autocast and the projection in bfloat16 (faster where the processor multiplies bf16
     natively, docs/training.md), the weights and the optimizer staying float32; ``init_from`` continues from a saved
@@ -225,7 +225,7 @@ def train_sequence_drafter(
     compute_dtype = _checked_dtype(drafter, compute_dtype)
     if init_from is not None:  # before the features, so that a wrong folder fails at once
         load_initial_heads(model, init_from)
-    accelerator = one_process_accelerator("the EAGLE-3 drafter")
+    accelerator = one_process_accelerator(f"the {drafter.drafter_type} drafter")
     device = accelerator.device
     model.base.to(device)
     if max_seq_len is None:
@@ -247,12 +247,14 @@ def train_sequence_drafter(
                   "teacher_topk": teacher_topk if distill_weight > 0 else 0, "seed": seed,
                   "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len,
                   "train_vocab": train_vocab, "compute_dtype": str(compute_dtype).replace("torch.", ""),
-                  "init_from": str(init_from) if init_from is not None else None}
+                  "init_from": str(init_from) if init_from is not None else None,
+                  **({"num_layers": len(drafter.layers), "mask_token_id": drafter.mask_token_id,
+                      "intermediate_size": model.config.intermediate_size} if drafter.drafter_type == "dflash" else {})}
     loop = SequenceLoop(
         make_batch=make, batch_loss=_UnrolledLoss(drafter, step_weight_decay, chunk_rows, compute_dtype, device),
         evaluate=lambda batches, vocab: evaluate_unrolled(drafter, batches, chunk_rows, vocab),
         describe=lambda result: "held-out top-1 per depth " + " ".join(f"{v:.3f}" for v in result["top1"]),
-        run_config=run_config, desc="training the eagle3 drafter", betas=(0.9, 0.95), epochs=epochs, lr=lr,
+        run_config=run_config, desc=f"training the {drafter.drafter_type} drafter", betas=(0.9, 0.95), epochs=epochs, lr=lr,
         batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed, max_steps=max_steps,
         max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every, train_vocab=train_vocab,
         resume=resume, show_progress=show_progress)
