@@ -97,14 +97,37 @@ class BlockLayer(nn.Module):
         rotation = self._rotation(positions, x.dtype)
         keys, values = self.keys_values(normed, rotation)
         queries = rotate(self.q_norm(self._heads(self.q_proj(normed), self.num_heads)), rotation)
-        count = x.shape[1]
+        if context[0].shape[0] == 1 and x.shape[0] > 1:
+            attended = self._attend_one_context(queries, keys, values, context, visible)
+        else:
+            count = x.shape[1]
 
-        def every_position(part: torch.Tensor) -> torch.Tensor:  # [B, KVH, N, N, D]: each query sees the whole block
-            return part[:, :, None].expand(-1, -1, count, -1, -1)
+            def every_position(part: torch.Tensor) -> torch.Tensor:  # [B, KVH, N, N, D]: each query sees the block
+                return part[:, :, None].expand(-1, -1, count, -1, -1)
 
-        attended = attend(queries, context[0], context[1], visible, every_position(keys), every_position(values))
+            attended = attend(queries, context[0], context[1], visible, every_position(keys), every_position(values))
         x = x + self.o_proj(attended.transpose(-3, -2).reshape(*x.shape[:-1], -1))
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    @staticmethod
+    def _attend_one_context(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context: LayerContext,
+                            visible: torch.Tensor | None) -> torch.Tensor:
+        """`attend` for ``R`` blocks (``queries`` ``[R, H, N, D]``, their own ``keys``/``values`` ``[R, KVH, N, D]``) over
+        one sequence's context (``[1, KVH, T, D]``; ``visible`` broadcastable to ``[R, 1, 1, 1, T]``): the blocks after
+        every position, in training and calibration. The ``R * N`` queries attend as one row, so the context's keys
+        are never copied per block (the broadcast form copies them ``R`` times, which dominated a training step)."""
+        rows, heads, count, dim = queries.shape
+        kv_heads = keys.shape[1]
+
+        def flat(part: torch.Tensor) -> torch.Tensor:  # [R, KVH, N, D] -> [1, KVH, R * N, N, D]: each query's block
+            return part[:, :, None].expand(-1, -1, count, -1, -1).transpose(0, 1).reshape(1, kv_heads, rows * count,
+                                                                                          count, dim)
+
+        mask = None if visible is None else visible.reshape(-1, visible.shape[-1]).expand(rows, -1) \
+            .repeat_interleave(count, dim=0)
+        out = attend(queries.transpose(0, 1).reshape(1, heads, rows * count, dim), context[0], context[1], mask,
+                     flat(keys), flat(values))
+        return out.reshape(heads, rows, count, dim).transpose(0, 1)
 
 
 class DFlashState(SequenceState):
@@ -296,25 +319,37 @@ class DFlashDrafter(FeatureLayersDrafter):
         return torch.full((1, 1), cached, device=tokens.device), layers, None
 
     def unrolled_outputs(self, features: torch.Tensor, tokens: torch.LongTensor, steps: int) -> list[torch.Tensor]:
-        """The normed outputs ``[B, L, hidden]`` of depths ``0 .. steps - 1`` of the block after every position of whole
-        sequences, what training fits (the contract of `Eagle3Drafter.unrolled_outputs`): fused-layer inputs
-        ``features`` ``[B, L, F]`` and ``tokens`` ``[B, >= L + 1]`` (``tokens[:, p + 1]`` follows position ``p``; right
-        padding is harmless, no real position sees it). Depth ``j``'s row ``i`` guesses the token at ``i + j + 2``."""
-        length = features.shape[1]
-        rows = torch.arange(length, device=features.device)
-        contexts = self.context(features, rows)
-        blocks = torch.stack([self._blocks_after_every_position(tokens[b, 1 : length + 1],
-                                                                [(k[b : b + 1], v[b : b + 1]) for k, v in contexts])
-                              for b in range(features.shape[0])])
-        size = self.hidden_size
-        return [blocks[..., j * size : (j + 1) * size] for j in range(steps)]
+        """`FeatureLayersDrafter.unrolled_outputs`: the block after every position at once."""
+        rows, cols = torch.meshgrid(*(torch.arange(n, device=features.device) for n in features.shape[:2]),
+                                    indexing="ij")
+        picked = self.unrolled_at(features, tokens, [(rows.reshape(-1), cols.reshape(-1))] * steps)
+        return [out.view(*features.shape[:2], -1) for out in picked]
 
-    def _blocks_after_every_position(self, following: torch.LongTensor, contexts: list[LayerContext]) -> torch.Tensor:
-        """One sequence's blocks ``[L, num_heads * hidden]``: row ``t`` is the block after position ``t`` (its newest
-        token ``following[t]``), attending to ``contexts`` (each layer's, ``[1, KVH, L, D]``) up to ``t``, as drafting
-        does after ``t``."""
-        rows = torch.arange(following.shape[0], device=following.device)
-        return self.block(following, rows[:, None] + 1, contexts, (rows[None] <= rows[:, None])[:, None, None, None])
+    def unrolled_at(self, features: torch.Tensor, tokens: torch.LongTensor,
+                    picks: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """`FeatureLayersDrafter.unrolled_at`: the blocks after the positions depth 0 scores alone (every deeper depth
+        scores a subset of them), each row's attending to its sequence's context up to its position."""
+        rows, cols = picks[0]
+        length = int(cols.max()) + 1 if cols.numel() else 0
+        contexts = self.context(features[:, :length], torch.arange(length, device=features.device))
+        blocks = features.new_empty(rows.shape[0], self.num_heads * self.hidden_size, dtype=self.dtype)
+        for b in rows.unique().tolist():
+            at = (rows == b).nonzero()[:, 0]
+            blocks[at] = self._blocks_after(tokens[b, cols[at] + 1], cols[at],
+                                            [(k[b : b + 1], v[b : b + 1]) for k, v in contexts])
+        where = torch.full((features.shape[0], max(length, 1)), -1, dtype=torch.long, device=features.device)
+        where[rows, cols] = torch.arange(rows.shape[0], device=features.device)
+        size = self.hidden_size
+        return [blocks[where[r, c], j * size : (j + 1) * size] for j, (r, c) in enumerate(picks)]
+
+    def _blocks_after(self, following: torch.LongTensor, positions: torch.Tensor, contexts: list[LayerContext]
+                      ) -> torch.Tensor:
+        """One sequence's blocks ``[n, num_heads * hidden]`` after each of ``positions`` ``[n]`` (their newest tokens
+        ``following`` ``[n]``), attending to ``contexts`` (each layer's, ``[1, KVH, T, D]``) up to that position, as
+        drafting does after it."""
+        keys = torch.arange(contexts[0][0].shape[2], device=positions.device)
+        return self.block(following, positions[:, None] + 1, contexts,
+                          (keys[None] <= positions[:, None])[:, None, None, None])
 
     def teacher_forced(self, captured: dict, ids: torch.LongTensor, first: int):
         """`Drafter.teacher_forced`: the block after every position ``t`` of ``ids`` at once; the heads read the base's
@@ -323,7 +358,7 @@ class DFlashDrafter(FeatureLayersDrafter):
         rows = torch.arange(length, device=ids.device)
         contexts = self.context(captured["features"], rows)
         following = ids[0, (rows + 1).clamp(max=length - 1)]  # past the end: never a target
-        blocks = self._blocks_after_every_position(following, contexts)
+        blocks = self._blocks_after(following, rows, contexts)
         size = self.hidden_size
         logits = torch.stack([self.project(blocks[:, k * size : (k + 1) * size], k) for k in range(self.num_heads)],
                              dim=1)

@@ -283,6 +283,19 @@ class FeatureLayersDrafter(Drafter):
     state_class: type[SequenceState]
     rows_class: type
 
+    def unrolled_outputs(self, features: torch.Tensor, tokens: torch.LongTensor, steps: int) -> list[torch.Tensor]:
+        """The normed outputs ``[B, L, hidden]`` of depths ``0 .. steps - 1`` after every position of whole sequences,
+        what training fits: fused-layer inputs ``features`` ``[B, L, F]`` and ``tokens`` ``[B, >= L + steps]``
+        (``tokens[:, p + 1]`` follows position ``p``; right padding is harmless). Depth ``j``'s row ``i`` is drafting
+        depth ``j`` after verified position ``i`` on the true path: it guesses the token at ``i + j + 2``."""
+        raise NotImplementedError
+
+    def unrolled_at(self, features: torch.Tensor, tokens: torch.LongTensor,
+                    picks: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """`unrolled_outputs` of depth ``j`` at the (rows, columns) ``picks[j]`` only (``[n_j, hidden]``): the positions a
+        training batch scores. Every position's, then picked, unless a family can compute fewer."""
+        return [out[rows, cols] for out, (rows, cols) in zip(self.unrolled_outputs(features, tokens, len(picks)), picks)]
+
     def default_layers(self, count: int) -> list[int]:
         """The layers read on a base of ``count`` decoder layers where the config names none."""
         raise NotImplementedError
@@ -433,8 +446,7 @@ class Eagle3Drafter(FeatureLayersDrafter):
 
     # ------------------------------------------------------------------------------ training-time test
     def unrolled_outputs(self, features: torch.Tensor, tokens: torch.LongTensor, steps: int) -> list[torch.Tensor]:
-        """The normed outputs ``[B, L, hidden]`` of ``steps`` unrolled drafting steps over whole sequences (`unrolled`),
-        what the projection reads: training fits these."""
+        """`FeatureLayersDrafter.unrolled_outputs`: ``steps`` drafting steps unrolled over whole sequences (`unrolled`)."""
         return [self.norm(out) for out in self.unrolled(features, tokens, steps)[0]]
 
     def unrolled(self, features: torch.Tensor, tokens: torch.LongTensor, steps: int

@@ -123,8 +123,7 @@ class UnrolledBatch:
 
     def outputs(self, drafter) -> list[torch.Tensor]:
         """Each step's normed outputs at its trained rows (``[rows_j, hidden]``)."""
-        unrolled = drafter.unrolled_outputs(self.features, self.tokens, len(self.targets))
-        return [out[rows, cols] for out, (rows, cols, *_) in zip(unrolled, self.targets)]
+        return drafter.unrolled_at(self.features, self.tokens, [(rows, cols) for rows, cols, *_ in self.targets])
 
 
 def record_batches(base, drafter, records: Sequence[Record], cache_dir: str | os.PathLike, batch_size: int = 8
