@@ -141,7 +141,9 @@ class SequenceLoop:
     make_batch: Callable[[list[int]], object]  # a batch of the members given (one at least)
     # per depth, (its rows' losses, whether each row's top-1 is right) of a batch, over a vocabulary or all
     batch_loss: Callable[[object, torch.Tensor | None], list[tuple[torch.Tensor, torch.Tensor]]]
-    depth_weights: tuple[float, ...]  # each depth's weight in the step's loss, the sum of its rows' mean losses
+    # each depth's weight in the step's loss, a sum of the depths' mean row losses (one depth: the history's top-1 is a
+    # number, not a list)
+    depth_weights: tuple[float, ...]
     evaluate: Callable[[list, torch.Tensor | None], dict]  # ``top1`` and ``top5`` (a number, or one per depth)
     describe: Callable[[dict], str]  # an evaluation in words
     run_config: dict  # the family's settings; completed with the schedule and checked on resume
@@ -259,8 +261,10 @@ class _SequenceRun:
         for j, (losses, _) in enumerate(depths):
             if rows[0, j] > 0:
                 loss = loss + loop.depth_weights[j] * (losses.sum() / float(rows[0, j]))
-        if torch.is_tensor(loss) and loss.requires_grad:
-            accelerator.backward(loss)
+        if torch.is_tensor(loss):
+            if loss.requires_grad:
+                accelerator.backward(loss)
+            loss = loss.detach()
         loss = self._sum_gradients(loss) if accelerator.num_processes > 1 else float(loss)
         if loop.max_grad_norm:
             accelerator.clip_grad_norm_(self.trained, loop.max_grad_norm)
@@ -270,7 +274,7 @@ class _SequenceRun:
         self.positions += int(rows[0].sum())
         state["step"] += 1
         top1 = [round(float(rows[1, j] / rows[0, j]), 5) for j in range(rows.shape[1]) if rows[0, j] > 0]
-        entry = {"step": state["step"], "loss": round(loss, 6), "top1": top1 if len(top1) != 1 else top1[0],
+        entry = {"step": state["step"], "loss": round(loss, 6), "top1": top1 if len(loop.depth_weights) > 1 else top1[0],
                  "lr": self.scheduler.get_last_lr()[0]}
         state["history"].append(entry)
         self.progress.set_postfix(loss=f"{entry['loss']:.3f}")
@@ -281,7 +285,7 @@ class _SequenceRun:
         adds zeros), this process's share of the step's loss riding along; return the step's whole loss."""
         device = self.accelerator.device
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.trained]
-        own = loss.detach().float().reshape(1) if torch.is_tensor(loss) else torch.zeros(1, device=device)
+        own = loss.float().reshape(1) if torch.is_tensor(loss) else torch.zeros(1, device=device)
         summed = self.accelerator.reduce(torch.cat([*(g.flatten() for g in grads), own.to(device)]), reduction="sum")
         for parameter, grad in zip(self.trained, summed[:-1].split([p.numel() for p in self.trained])):
             parameter.grad = grad.view_as(parameter)
