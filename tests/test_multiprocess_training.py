@@ -123,9 +123,10 @@ def batches_computed(output: Path, processes: int) -> list[int]:
 def test_sequence_trainers_on_two_processes(setup, tmp_path, recipe):
     """Two processes train the weights of one, fill the feature file once between them (the hidden-state cache too
     with a teacher), and resume after both are killed to the weights of the run they were killed in."""
-    one = launch(setup, 1, tmp_path / "one", cache="cache-one", recipe=recipe)
+    caches = {n: f"cache-{recipe[1]}-{n}" for n in ("one", "two")}  # not the heads tests' (the same hidden-state cache)
+    one = launch(setup, 1, tmp_path / "one", cache=caches["one"], recipe=recipe)
     assert one.returncode == 0, errors(one)
-    two = launch(setup, 2, tmp_path / "two", cache="cache-two", recipe=recipe)
+    two = launch(setup, 2, tmp_path / "two", cache=caches["two"], recipe=recipe)
     assert two.returncode == 0, errors(two)
     assert batches_computed(tmp_path / "one", 1) == [4]
     assert batches_computed(tmp_path / "two", 2) == [2, 2]
@@ -142,11 +143,11 @@ def test_sequence_trainers_on_two_processes(setup, tmp_path, recipe):
     assert [e["loss"] for e in metrics[0]["history"]] == pytest.approx([e["loss"] for e in metrics[1]["history"]],
                                                                        rel=1e-4)
     assert [e["positions"] for e in metrics[0]["evals"]] == [e["positions"] for e in metrics[1]["evals"]]
-    killed = launch(setup, 2, tmp_path / "killed", cache="cache-two", recipe=recipe, kill_at=6)
+    killed = launch(setup, 2, tmp_path / "killed", cache=caches["two"], recipe=recipe, kill_at=6)
     assert killed.returncode != 0
     assert batches_computed(tmp_path / "killed", 2) == [0, 0]  # the feature file is complete
     assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir()) == ["step-00000004"]
-    resumed = launch(setup, 2, tmp_path / "killed", cache="cache-two", recipe=recipe)
+    resumed = launch(setup, 2, tmp_path / "killed", cache=caches["two"], recipe=recipe)
     assert resumed.returncode == 0, errors(resumed)
     assert "resuming from" in resumed.stderr
     c = heads(tmp_path / "killed", step=8)
