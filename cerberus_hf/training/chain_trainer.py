@@ -42,7 +42,7 @@ from .data import Record
 from .evaluation import outside_of, top_hits
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import SequenceLoop, load_sequences, mixed_targets, one_process_accelerator, run_training
+from .sequences import SequenceLoop, load_sequences, mixed_targets, run_training, sequence_accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -50,36 +50,71 @@ logger = logging.getLogger(__name__)
 
 @torch.no_grad()
 def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cache_dir: str | os.PathLike,
-                max_seq_len: int | None, batch_tokens: int = 4096, show_progress: bool = True) -> list[torch.Tensor]:
+                max_seq_len: int | None, batch_tokens: int = 4096, show_progress: bool = True, accelerator=None
+                ) -> list[torch.Tensor]:
     """The output of the base's layer ``exit_layer - 1`` over each record's sequence (``[len, hidden]``,
-    float16), computed once with the first ``exit_layer`` layers only and kept in ``cache_dir``."""
+    float16), computed once with the first ``exit_layer`` layers only and kept in ``cache_dir``. With
+    ``accelerator``'s several processes each computes every Nth batch into a part file, the main process joins the
+    parts into the one file, and all read it."""
     digest = hashlib.sha256(json.dumps([base_fingerprint(base), exit_layer, max_seq_len,
                                         [r.content_hash() for r in records]]).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"exit-states-{digest}.safetensors"
     sequences = [record_sequence(r, max_seq_len)[0] for r in records]
     if path.is_file():
-        flat = load_file(path)["states"]
-        return list(flat.split([len(s) for s in sequences]))
+        return _read_states(path, sequences)
+    rank, processes = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     total = sum(map(len, sequences))
     hidden = base.get_output_embeddings().weight.shape[1]
-    logger.info("exit states: %d sequences, %d tokens through %d layers, %.2f GB in %s", len(sequences), total,
-                exit_layer, total * hidden * 2 / 1e9, path)
+    if rank == 0:
+        logger.info("exit states: %d sequences, %d tokens through %d layers, %.2f GB in %s", len(sequences), total,
+                    exit_layer, total * hidden * 2 / 1e9, path)
+    batches = batches_by_length([len(ids) for ids in sequences], batch_tokens)[rank::processes]
+    if processes > 1:
+        logger.info("exit states: process %d computes %d batches", rank, len(batches))
+    out = _compute_exit_states(base, exit_layer, sequences, batches, show_progress and rank == 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if processes == 1:
+        _save_atomically({"states": torch.cat(out)}, path)
+        return out
+    parts = [path.with_suffix(f".part-{r}-of-{processes}") for r in range(processes)]
+    save_file({str(i): states for i, states in enumerate(out) if states is not None}, str(parts[rank]))
+    accelerator.wait_for_everyone()
+    if rank == 0:  # every sequence is in one part
+        joined = {int(i): states for part in parts for i, states in load_file(part).items()}
+        _save_atomically({"states": torch.cat([joined[i] for i in range(len(sequences))])}, path)
+        for part in parts:
+            part.unlink()
+    accelerator.wait_for_everyone()
+    return _read_states(path, sequences)
+
+
+def _read_states(path: Path, sequences: list[list[int]]) -> list[torch.Tensor]:
+    return list(load_file(path)["states"].split([len(s) for s in sequences]))
+
+
+def _save_atomically(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Save under a temporary name and rename: a killed run leaves no incomplete file at ``path``."""
+    partial = path.with_suffix(".partial")
+    save_file(tensors, str(partial))
+    os.replace(partial, path)
+
+
+def _compute_exit_states(base: nn.Module, exit_layer: int, sequences: list[list[int]], batches: list[list[int]],
+                         show_progress: bool) -> list[torch.Tensor | None]:
+    """The exited states of the sequences in ``batches`` (float16, on the CPU), None for the others."""
     out: list[torch.Tensor | None] = [None] * len(sequences)
-    progress = tqdm(total=total, unit="tok", desc=f"exit states (layer {exit_layer})", disable=not show_progress)
+    progress = tqdm(total=sum(len(sequences[i]) for batch in batches for i in batch), unit="tok",
+                    desc=f"exit states (layer {exit_layer})", disable=not show_progress)
     pad = base.config.pad_token_id if base.config.pad_token_id is not None else 0
     device = base.get_output_embeddings().weight.device
     with capture_exit_states(base, exit_layer) as captured, first_layers(base, exit_layer) as decoder:
-        for batch in batches_by_length([len(ids) for ids in sequences], batch_tokens):
+        for batch in batches:
             ids, mask = right_padded([sequences[i] for i in batch], pad)
             decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
             for row, i in enumerate(batch):
                 out[i] = captured["exit"][row, : len(sequences[i])].to(torch.float16).cpu()
             progress.update(sum(len(sequences[i]) for i in batch))
     progress.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    save_file({"states": torch.cat(out)}, str(partial))
-    os.replace(partial, path)
     return out
 
 
@@ -183,7 +218,7 @@ def train_chain_drafter(
     started = time.perf_counter()
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
-    accelerator = one_process_accelerator("the Kangaroo adapter")
+    accelerator = sequence_accelerator()
     drafter, device = model.heads, accelerator.device
     model.base.to(device)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -192,16 +227,13 @@ def train_chain_drafter(
     cache_started = time.perf_counter()
     data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
                           distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
-                          show_progress=show_progress)
-    states = exit_states(model.base, data.records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress)
+                          show_progress=show_progress, accelerator=accelerator)
+    states = exit_states(model.base, data.records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress,
+                         accelerator=accelerator)
     cache_time = time.perf_counter() - cache_started
 
     def make(members: list[int]) -> AdapterBatch:
         return AdapterBatch(members, states, data.answers, data.records, data.teacher, distill_weight, device)
-
-    def batch_loss(batch: AdapterBatch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
-        losses, correct = _loss(drafter, batch, chunk_rows, vocab)
-        return losses.mean(), {"top1": round(correct.float().mean().item(), 5)}, int(losses.numel())
 
     run_config = {"head_type": model.config.head_type, "exit_layer": drafter.exit_layer,
                   "adapter_heads": model.config.adapter_heads, "adapter_head_dim": model.config.adapter_head_dim,
@@ -210,7 +242,7 @@ def train_chain_drafter(
                   "seed": seed, "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction,
                   "max_seq_len": max_seq_len, "train_vocab": train_vocab}
     loop = SequenceLoop(
-        make_batch=make, batch_loss=batch_loss,
+        make_batch=make, batch_loss=lambda batch, vocab: [_loss(drafter, batch, chunk_rows, vocab)], depth_weights=(1.0,),
         evaluate=lambda batches, vocab: evaluate_adapter(drafter, batches, chunk_rows, vocab),
         describe=lambda result: f"held-out top-1 {result['top1']:.3f} top-5 {result['top5']:.3f}",
         run_config=run_config, desc="training the kangaroo adapter", betas=(0.9, 0.999), epochs=epochs, lr=lr,

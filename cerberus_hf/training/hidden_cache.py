@@ -421,6 +421,8 @@ def build_hidden_cache(
     folder = Path(cache_dir) / key
     plans = plan_shards(records, shard_tokens, max_seq_len)
     missing = [plan for plan in plans if not (folder / plan.filename).is_file()]
+    if accelerator is not None:  # every process lists the missing shards before any is written: they share one list
+        accelerator.wait_for_everyone()
     is_main = accelerator is None or accelerator.is_main_process
     if missing:
         folder.mkdir(parents=True, exist_ok=True)

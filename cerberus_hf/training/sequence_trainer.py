@@ -8,8 +8,9 @@ The drafter's layer attends over whole sequences, so it trains on sequences, as 
    are kept on disk in float16 (`sequence_features`: one ``.npy`` per base, layers and data, filled batch by batch
    and resumable, read through a memory map so a large set never has to fit in memory).
 2. Each batch of sequences (right-padded) is unrolled ``num_heads`` steps (`Eagle3Drafter.unrolled_outputs`; a DFlash
-   drafter computes the block after every position at once, `DFlashDrafter.unrolled_outputs`): step ``j`` at row
-   ``c`` is drafting depth ``j`` after verified position ``c`` on the true path, and guesses the token at ``c + j + 2``. The rows trained are those decoding drafts from: ``c`` from the prompt's last position on, so step
+   drafter computes the blocks after the scored positions at once, `DFlashDrafter.unrolled_at`): step ``j`` at row
+   ``c`` is drafting depth ``j`` after verified position ``c`` on the true path, and guesses the token at
+   ``c + j + 2``. The rows trained are those decoding drafts from: ``c`` from the prompt's last position on, so step
    ``j`` targets answer tokens ``A[j + 1:]``.
 3. Step ``j``'s loss, weighted ``step_weight_decay ** j`` (EAGLE-3: 0.8), is the cross-entropy against the data token
    mixed with the base's own top-k distribution (``distill_weight``; EAGLE-3 uses the distribution alone), through
@@ -28,7 +29,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -40,54 +41,77 @@ from ..drafters.kangaroo import first_layers
 from .data import Record
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import (SequenceData, SequenceLoop, load_sequences, mixed_targets, one_process_accelerator,
-                        run_training)
+from .sequences import SequenceData, SequenceLoop, load_sequences, mixed_targets, run_training, sequence_accelerator
 
 logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
 def sequence_features(base, records: Sequence[Record], feature_layers: list[int], cache_dir: str | os.PathLike,
-                      max_seq_len: int | None, batch_tokens: int = 4096, show_progress: bool = True
+                      max_seq_len: int | None, batch_tokens: int = 4096, show_progress: bool = True, accelerator=None
                       ) -> tuple[np.ndarray, list[int]]:
     """(the states entering ``feature_layers`` over every record's sequence, concatenated: a read-only float16 memory map
     ``[total tokens, len(feature_layers) * hidden]``; each record's first row). Computed once per base, layers and
-    data in ``cache_dir``; a killed run resumes after the last batch it finished."""
+    data in ``cache_dir``; a killed run resumes after the last batch it finished. With ``accelerator``'s several
+    processes the main one creates the file, each process fills the missing batches of its share (every Nth batch)
+    and marks them done in a file of its own, and all read the file once every process is through."""
     sequences = [record_sequence(r, max_seq_len)[0] for r in records]
     digest = hashlib.sha256(json.dumps([base_fingerprint(base), feature_layers, max_seq_len,
                                         [r.content_hash() for r in records]]).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"features-{digest}.npy"
-    done_path = path.with_suffix(".done.json")
+    rank, processes = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+    done_path = path.with_suffix(".done.json" if rank == 0 else f".done-{rank}.json")
     starts = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).tolist()
     width = len(feature_layers) * base.get_output_embeddings().weight.shape[1]
-    done = set(json.loads(done_path.read_text())) if done_path.is_file() else set()
     batches = batches_by_length([len(ids) for ids in sequences], batch_tokens)
-    if path.is_file() and len(done) == len(batches):
-        return np.load(path, mmap_mode="r"), starts[:-1]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.is_file():
-        done = set()
+    if rank == 0 and not path.is_file():  # the done files of an earlier file go first: no process takes them as this one's
+        for stale in path.parent.glob(f"{path.stem}.done*.json"):
+            stale.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("features: %d sequences, %d tokens, %.2f GB in %s", len(sequences), starts[-1],
                     starts[-1] * width * 2 / 1e9, path)
-    out = np.lib.format.open_memmap(path, mode="r+" if done else "w+", dtype=np.float16, shape=(starts[-1], width))
+        np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(starts[-1], width)).flush()
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    done = {b for marks in path.parent.glob(f"{path.stem}.done*.json") for b in json.loads(marks.read_text())}
+    todo = [b for b in range(rank, len(batches), processes) if b not in done]
+    if processes > 1:
+        logger.info("features: process %d computes %d batches", rank, len(todo))
+    if todo:
+        _fill_features(base, feature_layers, sequences, [batches[b] for b in todo], starts, path,
+                       lambda b: _mark_done(done_path, done, todo[b]), show_progress and rank == 0)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    return np.load(path, mmap_mode="r"), starts[:-1]
+
+
+def _mark_done(done_path: Path, done: set[int], batch: int) -> None:
+    """Add ``batch`` to ``done`` and write it to this process's ``done_path`` (atomically: a kill leaves the last)."""
+    done.add(batch)
+    partial = done_path.with_name(f".{done_path.name}.tmp")
+    partial.write_text(json.dumps(sorted(done)))
+    os.replace(partial, done_path)
+
+
+def _fill_features(base, feature_layers: list[int], sequences: list[list[int]], batches: list[list[int]],
+                   starts: list[int], path: Path, finished: Callable[[int], None], show_progress: bool) -> None:
+    """Run the base's first layers over ``batches`` of ``sequences`` and write their features to their rows of the
+    file at ``path``, calling ``finished`` with each batch's index once its rows are on disk."""
+    out = np.lib.format.open_memmap(path, mode="r+")
     pad = base.config.pad_token_id if base.config.pad_token_id is not None else 0
     device = base.get_output_embeddings().weight.device
-    todo = [b for b, batch in enumerate(batches) if b not in done]
-    progress = tqdm(total=sum(len(sequences[i]) for b in todo for i in batches[b]), unit="tok",
+    progress = tqdm(total=sum(len(sequences[i]) for batch in batches for i in batch), unit="tok",
                     desc=f"features (layers {feature_layers})", disable=not show_progress)
     with capture_features(base, feature_layers) as captured, first_layers(base, max(feature_layers)) as decoder:
-        for b in todo:
-            ids, mask = right_padded([sequences[i] for i in batches[b]], pad)
+        for b, batch in enumerate(batches):
+            ids, mask = right_padded([sequences[i] for i in batch], pad)
             decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
-            for row, i in enumerate(batches[b]):
+            for row, i in enumerate(batch):
                 out[starts[i] : starts[i + 1]] = captured["features"][row, : len(sequences[i])].float().cpu().numpy()
             out.flush()  # the rows are on disk before the batch is called done
-            done.add(b)
-            done_path.write_text(json.dumps(sorted(done)))
-            progress.update(sum(len(sequences[i]) for i in batches[b]))
+            finished(b)
+            progress.update(sum(len(sequences[i]) for i in batch))
     progress.close()
-    del out
-    return np.load(path, mmap_mode="r"), starts[:-1]
 
 
 class UnrolledBatch:
@@ -224,14 +248,14 @@ def train_sequence_drafter(
     compute_dtype = _checked_dtype(drafter, compute_dtype)
     if init_from is not None:  # before the features, so that a wrong folder fails at once
         load_initial_heads(model, init_from)
-    accelerator = one_process_accelerator(f"the {drafter.drafter_type} drafter")
+    accelerator = sequence_accelerator()
     device = accelerator.device
     model.base.to(device)
     if max_seq_len is None:
         max_seq_len = getattr(model.base.config.get_text_config(), "max_position_embeddings", None)
     cache_started = time.perf_counter()
     data, features, starts = _sequence_inputs(model, data_path, cache_dir, max_seq_len, distill_weight, teacher_topk,
-                                              eval_fraction, show_progress)
+                                              eval_fraction, show_progress, accelerator)
     cache_time = time.perf_counter() - cache_started
 
     def make(members: list[int]) -> UnrolledBatch:
@@ -250,11 +274,12 @@ def train_sequence_drafter(
                   **({"num_layers": len(drafter.layers), "mask_token_id": drafter.mask_token_id,
                       "intermediate_size": model.config.intermediate_size} if drafter.drafter_type == "dflash" else {})}
     loop = SequenceLoop(
-        make_batch=make, batch_loss=_UnrolledLoss(drafter, step_weight_decay, chunk_rows, compute_dtype, device),
+        make_batch=make, batch_loss=_UnrolledLoss(drafter, chunk_rows, compute_dtype, device),
+        depth_weights=tuple(step_weight_decay ** j for j in range(drafter.num_heads)),
         evaluate=lambda batches, vocab: evaluate_unrolled(drafter, batches, chunk_rows, vocab),
         describe=lambda result: "held-out top-1 per depth " + " ".join(f"{v:.3f}" for v in result["top1"]),
-        run_config=run_config, desc=f"training the {drafter.drafter_type} drafter", betas=(0.9, 0.95), epochs=epochs, lr=lr,
-        batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed, max_steps=max_steps,
+        run_config=run_config, desc=f"training the {drafter.drafter_type} drafter", betas=(0.9, 0.95), epochs=epochs,
+        lr=lr, batch_tokens=batch_tokens, warmup_ratio=warmup_ratio, seed=seed, max_steps=max_steps,
         max_grad_norm=max_grad_norm, save_every=save_every, eval_every=eval_every, train_vocab=train_vocab,
         resume=resume, show_progress=show_progress)
     return run_training(model, drafter, data, Path(output_dir), loop, accelerator=accelerator, started=started,
@@ -276,40 +301,37 @@ def _checked_dtype(drafter, compute_dtype: torch.dtype | str) -> torch.dtype:
 
 
 def _sequence_inputs(model, data_path, cache_dir: str | os.PathLike | None, max_seq_len: int | None,
-                     distill_weight: float, teacher_topk: int, eval_fraction: float, show_progress: bool
+                     distill_weight: float, teacher_topk: int, eval_fraction: float, show_progress: bool, accelerator
                      ) -> tuple[SequenceData, np.ndarray, list[int]]:
     """The records (with their held-out split and the base's teacher distribution) and the base's features over them
-    with each record's first row (`sequence_features`), both cached in ``cache_dir``."""
+    with each record's first row (`sequence_features`), both cached in ``cache_dir`` once over ``accelerator``'s
+    processes."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
                           distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
-                          show_progress=show_progress, min_answer=2)  # depth 0 targets the second answer token
+                          show_progress=show_progress, min_answer=2, accelerator=accelerator)  # depth 0 targets the second answer token
     features, starts = sequence_features(model.base, data.records, model.heads.feature_layers, cache_dir, max_seq_len,
-                                         show_progress=show_progress)
+                                         show_progress=show_progress, accelerator=accelerator)
     return data, features, starts
 
 
 class _UnrolledLoss:
-    """`run_training`'s ``batch_loss``: the sum over the unrolled steps of each step's mean loss, weighted
-    ``step_weight_decay ** step``, with each step's top-1 for the history and the positions scored."""
+    """`run_training`'s ``batch_loss``: each unrolled step's rows' losses and top-1 hits (none for a step without
+    rows); `run_training` weighs step ``j``'s mean ``step_weight_decay ** j``."""
 
-    def __init__(self, drafter, step_weight_decay: float, chunk_rows: int, compute_dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, drafter, chunk_rows: int, compute_dtype: torch.dtype, device: torch.device):
         self.drafter, self.chunk_rows, self.compute_dtype = drafter, chunk_rows, compute_dtype
-        self.weights = [step_weight_decay ** j for j in range(drafter.num_heads)]
         self.projection, self.bias = (t.to(compute_dtype) if t is not None else None for t in _projection(drafter))
         self.autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
 
-    def __call__(self, batch: UnrolledBatch, vocab: torch.Tensor | None) -> tuple[torch.Tensor, dict, int]:
+    def __call__(self, batch: UnrolledBatch, vocab: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         with self.autocast:
             outputs = batch.outputs(self.drafter)
-        total, hits, scored = 0.0, [], 0
-        for j, (picked, (_, _, target_ids, target_probs, labels)) in enumerate(zip(outputs, batch.targets)):
+        depths = []
+        for picked, (_, _, target_ids, target_probs, labels) in zip(outputs, batch.targets):
             if not labels.numel():
+                depths.append((picked.new_zeros(0), labels.new_zeros(0, dtype=torch.bool)))
                 continue
-            losses, correct = projection_loss(picked.to(self.compute_dtype), self.projection, target_ids, target_probs,
-                                              labels, bias=self.bias, chunk_rows=self.chunk_rows, vocab=vocab)
-            total = total + self.weights[j] * losses.mean()
-            hits.append(round(correct.float().mean().item(), 5))
-            scored += labels.numel()
-        return total, {"top1": hits}, scored
+            depths.append(projection_loss(picked.to(self.compute_dtype), self.projection, target_ids, target_probs,
+                                          labels, bias=self.bias, chunk_rows=self.chunk_rows, vocab=vocab))
+        return depths

@@ -4,8 +4,9 @@ rather than on single positions of the hidden-state cache (`trainer`).
 
 Shared here: reading the records with their held-out split and the base's teacher distribution (`load_sequences`),
 one epoch's batches (`epoch_groups`: the same length-sorted groups every epoch, in an order fixed by the seed), and the
-optimizer loop with its evaluations, resumable checkpoints (`checkpointing`, no pickle) and metrics (`run_training`).
-A trainer supplies what its family computes: the base states its batches read, a batch, a batch's loss and an
+optimizer loop with its evaluations, resumable checkpoints (`checkpointing`, no pickle) and metrics (`run_training`),
+on one process or several (`torchrun`, `accelerate launch`: each takes its share of every step's sequences). A trainer
+supplies what its family computes: the base states its batches read, a batch, its rows' losses per depth and an
 evaluation.
 """
 
@@ -33,18 +34,12 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 
-def one_process_accelerator(family: str) -> Accelerator:
-    """The accelerator a sequence trainer runs under, refusing several processes (``torchrun``, ``accelerate
-    launch``): `run_training` steps on one group of whole sequences that it does not split between processes, the
-    drafter is not wrapped for gradient averaging, and the base's states are written without a share per process, so
-    each process would train the whole batch and write the same cache files at once (docs/training.md)."""
+def sequence_accelerator() -> Accelerator:
+    """The accelerator a sequence trainer runs under: one process, or the processes ``torchrun`` or ``accelerate
+    launch`` started, among which `run_training` splits every step's sequences (docs/training.md)."""
     from accelerate import Accelerator
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # cpu: torchrun's processes are seen, then refused
-    if accelerator.num_processes > 1:
-        raise ValueError(f"Training {family} runs in one process ({accelerator.num_processes} were launched): its "
-                         "steps are groups of whole sequences, not split between processes (docs/training.md).")
-    return accelerator
+    return Accelerator(cpu=not torch.cuda.is_available())  # cpu: torchrun's processes are seen (gloo)
 
 
 @dataclass
@@ -75,9 +70,11 @@ def heldout_members(records: Sequence[Record], answers: Sequence[int], held_out:
 
 
 def load_sequences(base, data_path, *, cache_dir: Path, max_seq_len: int | None, distill_weight: float,
-                   teacher_topk: int, eval_fraction: float, show_progress: bool, min_answer: int = 1) -> SequenceData:
+                   teacher_topk: int, eval_fraction: float, show_progress: bool, min_answer: int = 1,
+                   accelerator=None) -> SequenceData:
     """The records of ``data_path`` (one file or several) and, with ``distill_weight > 0``, the base's top-``teacher_topk``
-    distribution from the hidden-state cache; records with fewer than ``min_answer`` answer tokens are not trained on."""
+    distribution from the hidden-state cache (its missing shards split between ``accelerator``'s processes); records
+    with fewer than ``min_answer`` answer tokens are not trained on."""
     if not 0.0 <= distill_weight <= 1.0:
         raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
     paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
@@ -89,7 +86,7 @@ def load_sequences(base, data_path, *, cache_dir: Path, max_seq_len: int | None,
     teacher = None
     if distill_weight > 0:
         cache = build_hidden_cache(base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
-                                   show_progress=show_progress)
+                                   accelerator=accelerator, show_progress=show_progress)
         teacher = {"ids": cache.teacher_ids, "logprobs": cache.teacher_logprobs, "offsets": cache.record_offsets}
     held_out = split_record_ids([r.id for r in records], eval_fraction)
     train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i] >= min_answer]
@@ -141,9 +138,12 @@ class SequenceLoop:
     """What `run_training` needs besides the model and the data: what the drafter's family computes, and the loop's
     settings (the trainers' arguments of the same names)."""
 
-    make_batch: Callable[[list[int]], object]  # a batch of the members given
-    # (the loss, the history entry's extra fields, the positions it scored) of a batch, over a vocabulary or all
-    batch_loss: Callable[[object, torch.Tensor | None], tuple[torch.Tensor, dict, int]]
+    make_batch: Callable[[list[int]], object]  # a batch of the members given (one at least)
+    # per depth, (its rows' losses, whether each row's top-1 is right) of a batch, over a vocabulary or all
+    batch_loss: Callable[[object, torch.Tensor | None], list[tuple[torch.Tensor, torch.Tensor]]]
+    # each depth's weight in the step's loss, a sum of the depths' mean row losses (one depth: the history's top-1 is a
+    # number, not a list)
+    depth_weights: tuple[float, ...]
     evaluate: Callable[[list, torch.Tensor | None], dict]  # ``top1`` and ``top5`` (a number, or one per depth)
     describe: Callable[[dict], str]  # an evaluation in words
     run_config: dict  # the family's settings; completed with the schedule and checked on resume
@@ -167,7 +167,11 @@ def run_training(model, module: nn.Module, data: SequenceData, output_dir: Path,
                  started: float, cache_time: float) -> dict:
     """Train ``module`` (the drafter's trained part) with AdamW under a cosine schedule over batches of whole sequences,
     evaluate on the held-out members, save the heads (float32) and ``training_metrics.json`` in ``output_dir``, and
-    return the metrics. ``started`` is when the trainer began and ``cache_time`` how long its base states took."""
+    return the metrics. ``started`` is when the trainer began and ``cache_time`` how long its base states took.
+
+    With several processes each step's group of sequences is split between them, and the run trains the weights one
+    process would (to the order of the gradients' sums): every process evaluates the whole held-out set, the main
+    process alone writes checkpoints, the drafter and the metrics."""
     run = _SequenceRun(model, module, data, output_dir, loop, accelerator)
     run.train()
     return run.finish(started, cache_time)
@@ -189,13 +193,16 @@ class _SequenceRun:
         self.run_config = {**loop.run_config, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch}
         self.vocab = frequent_tokens(data.records, loop.train_vocab).to(device) if loop.train_vocab else None
         self._prepare_optimizer()
+        if accelerator.num_processes > 1:  # every process starts from the main process's weights
+            for tensor in module.state_dict().values():
+                torch.distributed.broadcast(tensor, src=0)
         self.state = {"run_config": self.run_config, "history": [], "evals": [], "step": 0, "train_time_s": 0.0}
         saved = resume_checkpoint(accelerator, output_dir, self.run_config, loop.resume, module, self.optimizer,
                                   self.scheduler)
         if saved is not None:
             self.state = saved
         self.progress = tqdm(total=self.total_steps, initial=self.state["step"], unit="step", desc=loop.desc,
-                             disable=not loop.show_progress, dynamic_ncols=True)
+                             disable=not (loop.show_progress and accelerator.is_main_process), dynamic_ncols=True)
         self.train_started, self.time_before = time.perf_counter(), self.state["train_time_s"]
         self.eval_time, self.train_time, self.positions = 0.0, 0.0, 0
         self.eval_batches: list | None = None  # made at the first evaluation (a run resumed at its end: at the end)
@@ -234,26 +241,55 @@ class _SequenceRun:
         self.train_time = time.perf_counter() - self.train_started - self.eval_time
 
     def _step(self) -> None:
-        """One optimizer step on the next group of its epoch (`epoch_groups`), recorded in the history."""
-        loop, state = self.loop, self.state
+        """One optimizer step on this process's share of the next group of its epoch (`epoch_groups`), recorded in the
+        history. Each depth's loss is the mean over all processes' rows and each process's loss its share of that
+        mean, so the gradients are summed over the processes; a process whose share is empty (a group of fewer
+        sequences than processes) adds nothing but joins the sums."""
+        loop, state, accelerator = self.loop, self.state, self.accelerator
         epoch, index = divmod(state["step"], self.steps_per_epoch)
         if self.epoch_groups[0] != epoch:
             self.epoch_groups = (epoch, epoch_groups(self.data.train_members, self.data.lengths, loop.batch_tokens,
                                                      loop.seed, epoch))
-        loss, extra, scored = loop.batch_loss(loop.make_batch(self.epoch_groups[1][index]), self.vocab)
-        self.accelerator.backward(loss)
+        share = self.epoch_groups[1][index][accelerator.process_index :: accelerator.num_processes]
+        depths = loop.batch_loss(loop.make_batch(share), self.vocab) if share else []
+        rows = torch.zeros(2, len(loop.depth_weights))  # per depth: its rows, and those whose top-1 is right
+        for j, (losses, correct) in enumerate(depths):
+            rows[0, j], rows[1, j] = losses.numel(), correct.float().sum()
+        if accelerator.num_processes > 1:
+            rows = accelerator.reduce(rows.to(accelerator.device), reduction="sum").cpu()
+        loss = 0.0
+        for j, (losses, _) in enumerate(depths):
+            if rows[0, j] > 0:
+                loss = loss + loop.depth_weights[j] * (losses.sum() / float(rows[0, j]))
+        if torch.is_tensor(loss):
+            if loss.requires_grad:
+                accelerator.backward(loss)
+            loss = loss.detach()
+        loss = self._sum_gradients(loss) if accelerator.num_processes > 1 else float(loss)
         if loop.max_grad_norm:
-            self.accelerator.clip_grad_norm_(self.trained, loop.max_grad_norm)
+            accelerator.clip_grad_norm_(self.trained, loop.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.positions += scored
+        self.positions += int(rows[0].sum())
         state["step"] += 1
-        entry = {"step": state["step"], "loss": round(float(loss.detach()), 6), **extra,
+        top1 = [round(float(rows[1, j] / rows[0, j]), 5) for j in range(rows.shape[1]) if rows[0, j] > 0]
+        entry = {"step": state["step"], "loss": round(loss, 6), "top1": top1 if len(loop.depth_weights) > 1 else top1[0],
                  "lr": self.scheduler.get_last_lr()[0]}
         state["history"].append(entry)
         self.progress.set_postfix(loss=f"{entry['loss']:.3f}")
         self.progress.update(1)
+
+    def _sum_gradients(self, loss: torch.Tensor | float) -> float:
+        """Sum the trained parameters' gradients over the processes in one all-reduce (a parameter without a gradient
+        adds zeros), this process's share of the step's loss riding along; return the step's whole loss."""
+        device = self.accelerator.device
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.trained]
+        own = loss.float().reshape(1) if torch.is_tensor(loss) else torch.zeros(1, device=device)
+        summed = self.accelerator.reduce(torch.cat([*(g.flatten() for g in grads), own.to(device)]), reduction="sum")
+        for parameter, grad in zip(self.trained, summed[:-1].split([p.numel() for p in self.trained])):
+            parameter.grad = grad.view_as(parameter)
+        return float(summed[-1])
 
     def _evaluate(self, step: int) -> None:
         """The held-out evaluation at ``step``, added to the run's record and shown; its time counted apart."""
@@ -263,7 +299,8 @@ class _SequenceRun:
         if self.eval_batches:
             result = {"step": step, **self.loop.evaluate(self.eval_batches, self.vocab)}
             self.state["evals"].append(result)
-            self.progress.write(f"step {step}: {self.loop.describe(result)}")
+            if self.accelerator.is_main_process:
+                self.progress.write(f"step {step}: {self.loop.describe(result)}")
         self.eval_time += time.perf_counter() - t0
 
     def finish(self, started: float, cache_time: float) -> dict:
@@ -274,10 +311,12 @@ class _SequenceRun:
         if self.vocab is not None:  # trained to rank these tokens only: draft among them
             model.set_draft_vocab(self.vocab, trained=True)
         metrics = self._metrics(started, cache_time)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(self.output_dir)
+        if self.accelerator.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(self.output_dir)
+            (self.output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
         drafter.to(dtype=self.drafter_dtype)
-        (self.output_dir / METRICS_NAME).write_text(json.dumps(metrics, indent=1) + "\n")
+        self.accelerator.wait_for_everyone()  # the folder is complete wherever the run returns
         return metrics
 
     def _metrics(self, started: float, cache_time: float) -> dict:
@@ -301,7 +340,8 @@ class _SequenceRun:
                      "eval_time_s": round(self.eval_time, 3),
                      "positions_per_s": round(self.positions / train_time, 1) if self.positions and train_time > 0
                      else None,
-                     "device": describe_device(self.accelerator.device)},
+                     "device": describe_device(self.accelerator.device),
+                     "num_processes": self.accelerator.num_processes},
             "continued_from": earlier_run(self.run_config.get("init_from")),
             "history": state["history"], "evals": state["evals"],
         }
