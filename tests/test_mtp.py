@@ -30,7 +30,7 @@ from cerberus_hf.checkpoint import HEADS_WEIGHTS_NAME
 from cerberus_hf.decoding import paths
 from cerberus_hf.errors import UserError
 from cerberus_hf.testing import DEVICE, MTP_ARCHITECTURES, prompt_ids, tiny_model, tiny_mtp_model
-from helpers import check_rows_against_states
+from helpers import check_rows_against_states, get_base
 
 NEW = 24
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]][:5]  # two depths: the tiny bases ship two MTP layers
@@ -181,6 +181,17 @@ def test_device_rows_keep_what_the_sequence_state_keeps(arch):
 
     with torch.no_grad():
         check_rows_against_states("mtp", compare, arch)
+
+
+@pytest.mark.parametrize("arch", MTP_ARCHITECTURES)
+@pytest.mark.parametrize("device_step", [False, True])
+def test_a_prompt_shorter_than_the_layers_equals_plain_generate(arch, device_step):
+    """A one-token prompt on a base with three MTP layers: the deepest layer has no verified slot at first."""
+    base = get_base(arch)
+    model = CerberusForCausalLM.from_base(base, head_type="mtp")
+    ids = prompt_ids(4, 1)
+    out = model.generate(ids, max_new_tokens=12, device_step=device_step, draft_tree=[[0], [1], [0, 0], [0, 0, 0]])
+    assert torch.equal(out, base.generate(ids, max_new_tokens=12, do_sample=False))
 
 
 def test_batch_decoded_together_equals_plain_generate(base):
