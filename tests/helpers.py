@@ -77,7 +77,8 @@ def reference(arch: str, max_new_tokens: int = NEW_TOKENS) -> torch.Tensor:
 
 
 # The families any base can have, which the family-parametrised tests run on every tiny architecture; the others
-# (head_type="mtp": the base's own MTP layers) run on the tiny bases that ship their layers (tests/test_mtp.py).
+# (head_type="mtp": the base's own MTP layers) run on the tiny bases that ship their layers (tests/test_mtp.py, and
+# `get_base` of an MTP architecture where a matrix lists them, as tests/test_device_step.py does).
 ANY_BASE_TYPES = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].needs_base_layers)
 
 # Drafter variants that the family-parametrised tests run beside the head types: a name, its head type and options.

@@ -17,7 +17,9 @@ verified slots ``0 .. t - j`` and its output at the newest of them, extended onc
 draft slots ``t - k + 1 .. t`` with the path's drafted tokens and its parent's outputs of layer ``k - 1`` there,
 attending to layer ``k``'s cache and to its own earlier slots; its state is layer ``k``'s outputs at slots
 ``t - k .. t`` (the first from the cache), which its children read. A chain drafts what transformers' generator drafts; a tree
-drafts each depth's top-k the same way, each node over its own path, in one forward of the layer per depth.
+drafts each depth's top-k the same way, each node over its own path, in one forward of the layer per depth. The device
+step keeps the same caches for every row in fixed-shape buffers (`MtpRows`), each layer run over the accepted path once a
+step.
 
 The weights are the base's: they load from the base's own checkpoint (transformers' `MtpModel.from_pretrained`, which
 the base's loading skips) when the drafter is attached, and are held outside the drafter's module tree, so a saved
