@@ -180,18 +180,24 @@ def recorded_drafts(model, ids: torch.Tensor, mask: torch.Tensor, **call) -> lis
     return calls
 
 
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("arch,family", LLAMA_FAMILIES)
-def test_the_step_drafts_what_the_loop_drafts(arch, family):
+def test_the_step_drafts_what_the_loop_drafts(arch, family, rows):
     """The same drafts as the loop's, depth by depth, over the steps both take before the loop cuts its tree near the
-    end: the step's states, windows and caches follow acceptance as the loop's do."""
-    ids, mask = batch(1)
+    end: the step's states, windows and caches follow acceptance as the loop's do; in a batch, each row (prompts of
+    different lengths, left-padded) drafts what the loop drafts for its prompt alone."""
+    ids, mask = batch(rows)
     model = heads(arch, family, "random", ids, mask)
-    loop = recorded_drafts(model, ids, mask, device_step=False)
     step = recorded_drafts(model, ids, mask, device_step=True)
-    compared = len(loop) // 2
-    assert compared >= 6
-    for ours, theirs in zip(step[:compared], loop[:compared]):
-        assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4)
+    for b in range(rows):
+        keep = mask[b].bool()
+        loop = recorded_drafts(model, ids[b: b + 1, keep], mask[b: b + 1, keep], device_step=False)
+        compared = len(loop) // 2
+        assert compared >= 6
+        for ours, theirs in zip(step[:compared], loop[:compared]):
+            per = ours.shape[0] // rows  # the step's nodes come row by row
+            ours = ours[b * per: (b + 1) * per]
+            assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4)
 
 
 def test_eagle3_rows_keep_what_the_sequence_state_keeps():
