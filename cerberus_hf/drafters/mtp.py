@@ -207,9 +207,10 @@ class DraftView(Cache):
 class MtpRows:
     """Each MTP layer's keys and values over every row's verified slots, for the device step (`decoding.device_step`),
     in fixed-shape device buffers (the device step's `RowSlotCache`, one layer per MTP layer): every layer writes a
-    step's new columns right after the row's own (``length``), ``visible[j]`` shows layer ``j`` the slots it has run
-    (not the left padding, not the newest ``j`` slots, whose tokens are not verified yet), ``seen`` counts the row's
-    verified states and ``newest[j]`` is layer ``j``'s output at its newest slot. What `MtpState` keeps for one
+    step's new columns right after the row's own (``length``; the column of verified state ``s`` holds layer ``j``'s
+    slot ``s - j``), ``visible[j]`` shows layer ``j`` its slots (not the left padding, nor the columns of the first
+    ``j`` states, which are no slot of layer ``j``), ``seen`` counts the row's verified states and ``newest[j]`` is
+    layer ``j``'s output at its newest slot. What `MtpState` keeps for one
     sequence, kept for a batch."""
 
     def __init__(self, drafter: MtpDrafter, batch: int, room: int, device: torch.device):
