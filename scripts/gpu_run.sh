@@ -23,10 +23,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt"
 # 1. the device step on CUDA (decoding.device_step, compiled into CUDA graphs): the graph path against plain greedy
-#    generate() token for token on the tiny llama, each family, batch 1 and 4, oracle drafts; its fullgraph compile
-#    and host reads (-v: a run cut short still says what passed)
+#    generate() token for token on the tiny llama, each family, batch 1 and 4, oracle drafts (and a base's own MTP
+#    layers on the tiny DeepSeek-V3 and GLM-4.5); its fullgraph compile and host reads (-v: a run cut short still says
+#    what passed)
 CERBERUS_TEST_DEVICE=cuda timeout 200 python3 -m pytest -v -p no:cacheprovider -m "not slow" tests/test_device_step.py \
-  -k "(equals_plain and llama and oracle) or compiles_whole and llama or reads_nothing or other_lengths" \
+  -k "(equals_plain and (llama or mtp) and oracle) or compiles_whole and llama or reads_nothing or other_lengths" \
   > "$OUT/pytest_device_step_cuda.txt" 2>&1
 # 2. the 8B-shaped base in bf16 with drafts matched to the shipped Hydra's per-depth acceptance, at batch 1, 4 and 16:
 #    plain generate(), the compiled static-cache peer, the loop, and the device step; syncs per step counted by the GPU

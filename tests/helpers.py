@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,9 @@ from cerberus_hf.blocks.gate import entropy
 from cerberus_hf.blocks.ngram import NgramModel
 from cerberus_hf.configuration_cerberus import HEAD_TYPES
 from cerberus_hf.drafters import DRAFTER_CLASSES
-from cerberus_hf.testing import (ARCHITECTURES, EOS, PAD, VOCAB, install_oracle, prompt_ids, randomize_heads,
-                                 tiny_model)
+from cerberus_hf.drafters.eagle3 import FeatureLayersDrafter
+from cerberus_hf.testing import (ARCHITECTURES, EOS, MTP_ARCHITECTURES, PAD, VOCAB, install_oracle, prompt_ids,
+                                 randomize_heads, tiny_model, tiny_mtp_model)
 
 PROMPT_LEN = 8
 NEW_TOKENS = 24
@@ -40,7 +42,10 @@ def here(dtype: torch.dtype = torch.float32) -> str:
 
 @functools.lru_cache(maxsize=None)
 def get_base(arch: str) -> torch.nn.Module:
-    """The session's tiny base of ``arch`` (shared: do not modify it)."""
+    """The session's tiny base of ``arch`` (shared: do not modify it); an MTP architecture's (`MTP_ARCHITECTURES`)
+    ships three MTP layers, one per depth of the family-parametrised tests' heads, in a folder of the session's."""
+    if arch in MTP_ARCHITECTURES:
+        return tiny_mtp_model(arch, tempfile.mkdtemp(prefix=f"cerberus-{arch}-"), num_mtp_layers=3)
     return tiny_model(arch)
 
 
@@ -72,7 +77,8 @@ def reference(arch: str, max_new_tokens: int = NEW_TOKENS) -> torch.Tensor:
 
 
 # The families any base can have, which the family-parametrised tests run on every tiny architecture; the others
-# (head_type="mtp": the base's own MTP layers) run on the tiny bases that ship their layers (tests/test_mtp.py).
+# (head_type="mtp": the base's own MTP layers) run on the tiny bases that ship their layers (tests/test_mtp.py, and
+# `get_base` of an MTP architecture where a matrix lists them, as tests/test_device_step.py does).
 ANY_BASE_TYPES = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].needs_base_layers)
 
 # Drafter variants that the family-parametrised tests run beside the head types: a name, its head type and options.
@@ -167,22 +173,27 @@ def write_greedy_records(base, path: Path, count: int = 16) -> Path:
     return path
 
 
-def check_rows_against_states(family: str, compare) -> None:
-    """A feature-layer family's device rows (`device_rows`) against its sequence state (``state_class``) row by row:
-    two rows, one left-padded, extended by different counts; ``compare(drafter, rows, states, sequences)`` checks each
+def check_rows_against_states(family: str, compare, arch: str = "llama") -> None:
+    """A family's device rows (`device_rows`) against its sequence state (`Drafter.start`) row by row on ``arch``: two
+    rows, one left-padded to a one-token prompt (a single verified state), extended by different counts; ``compare(drafter, rows, states, sequences)`` checks each
     step's drafts (each state brought up to date by ``heads_input`` there)."""
-    drafter = fresh_model("llama", family, num_heads=3).heads
-    width = len(drafter.feature_layers) * drafter.hidden_size
+    drafter = fresh_model(arch, family, num_heads=3).heads
+    feature_layers = isinstance(drafter, FeatureLayersDrafter)
+    width = drafter.hidden_size * (len(drafter.feature_layers) if feature_layers else 1)
+
+    def captured(states: torch.Tensor) -> dict:  # what the drafter's capture records of a forward
+        return {"features" if feature_layers else "normed": states}
+
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(2, 5, width, generator=generator)
     tokens = torch.randint(3, 90, (2, 6), generator=generator)  # each row's prompt, then its first new token
-    valid = torch.tensor([[True] * 5, [False, False, True, True, True]])
+    valid = torch.tensor([[True] * 5, [False] * 4 + [True]])
     rows = drafter.device_rows(2, 32, features.device)
     rows.start(features, tokens[:, 1:], valid)
     states, sequences = [], []
     for b in range(2):
-        state = drafter.state_class(drafter)
-        state.observe({"features": features[b: b + 1, valid[b]]}, None)
+        state = drafter.start(None, None)
+        state.observe(captured(features[b: b + 1, valid[b]]), None)
         states.append(state)
         sequences.append(tokens[b: b + 1, torch.cat([valid[b], torch.tensor([True])])])
     for counts in ([1, 3], [2, 1], [3, 2]):
@@ -191,9 +202,9 @@ def check_rows_against_states(family: str, compare) -> None:
         step_tokens = torch.randint(3, 90, (2, 3), generator=generator)
         rows.extend(step_features, step_tokens, torch.tensor(counts))
         for b, count in enumerate(counts):
-            states[b].observe({"features": step_features[b: b + 1]}, list(range(count)))
+            states[b].observe(captured(step_features[b: b + 1]), list(range(count)))
             sequences[b] = torch.cat([sequences[b], step_tokens[b: b + 1, :count]], dim=1)
-
+    compare(drafter, rows, states, sequences)
 
 __all__ = [
     "ANY_BASE_TYPES", "ARCHITECTURES", "check_rows_against_states", "EOS", "NEW_TOKENS", "PAD", "PROMPT_LEN", "VOCAB", "ForwardCounter",

@@ -1,8 +1,8 @@
 """The device step (`decoding.device_step`): draft, verify, accept and commit as one function of device buffers.
 
 Greedy in float32 every row equals plain `generate()`'s output, for every family with a static tree on every tiny
-architecture the batched path serves, at batch 1 and 4, with untrained, random and oracle drafts (the oracle
-corrupted at some depths, so that rows accept different lengths). The step compiles with ``fullgraph=True`` (no
+architecture the batched path serves (and a base's own MTP layers on the tiny bases that ship them), at batch 1 and 4,
+with untrained, random and oracle drafts (the oracle corrupted at some depths, so that rows accept different lengths). The step compiles with ``fullgraph=True`` (no
 graph break) and gives the eager step's tokens compiled; it reads nothing back to the host; prompts of other lengths
 reuse its graph. Where a call cannot take it, it says so in one line and decodes with the loop.
 """
@@ -20,12 +20,17 @@ from cerberus_hf.blocks.profiling import HostReads
 from cerberus_hf.blocks.tree import TreeSpec
 from cerberus_hf.decoding.device_step import DeviceStep
 from cerberus_hf.decoding.paths import device_step_refusal
+from cerberus_hf.testing import MTP_ARCHITECTURES
 from helpers import PAD, check_rows_against_states, fresh_model, get_base
 from test_batched import heads, model_settings, new_tokens
 from test_generate import padded_batch
 
 BATCH_ARCHS = ("llama", "qwen2", "phi3", "gpt2")  # the tiny mistral and gemma2 have sliding-window layers
 FAMILIES = ("medusa", "cerberus", "hydra", "clover", "hydra+prefix", "eagle3", "dflash")  # every family with a fixed tree
+# each family on each architecture, and the base's own MTP layers (head_type="mtp") on the bases that ship them
+ARCH_FAMILIES = [(arch, family) for arch in BATCH_ARCHS for family in FAMILIES] + [
+    (arch, "mtp") for arch in MTP_ARCHITECTURES]
+LLAMA_FAMILIES = [("llama", family) for family in FAMILIES] + [(arch, "mtp") for arch in MTP_ARCHITECTURES]
 TREES = {"chain": None, "static": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}
 NEW = 20
 
@@ -50,8 +55,7 @@ def took_device_step(model) -> bool:
 
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("drafter", ["untrained", "random", "oracle"])
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("arch", BATCH_ARCHS)
+@pytest.mark.parametrize("arch,family", ARCH_FAMILIES)
 @pytest.mark.parametrize("tree", [pytest.param("chain", marks=pytest.mark.slow), "static"])
 def test_greedy_output_equals_plain_generate(tree, arch, family, drafter, rows):
     ids, mask = batch(rows)
@@ -94,8 +98,8 @@ def decoded(step: DeviceStep, ids: torch.Tensor, mask: torch.Tensor) -> list[lis
     return new
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("arch", [a if a == "llama" else pytest.param(a, marks=pytest.mark.slow) for a in BATCH_ARCHS])
+@pytest.mark.parametrize("arch,family", [pair if pair in LLAMA_FAMILIES else pytest.param(*pair, marks=pytest.mark.slow)
+                                         for pair in ARCH_FAMILIES])
 def test_the_step_compiles_whole_and_gives_the_eager_tokens(arch, family):
     """``fullgraph=True`` raises on any graph break; aot_eager traces and functionalizes the step as inductor does."""
     eager, ids, mask = new_step(arch, family, "random", 4)
@@ -103,16 +107,17 @@ def test_the_step_compiles_whole_and_gives_the_eager_tokens(arch, family):
     assert decoded(compiled, ids, mask) == decoded(eager, ids, mask)
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f != "hydra" else f for f in FAMILIES])
-def test_the_step_compiled_by_inductor_gives_the_eager_tokens(family):
-    eager, ids, mask = new_step("llama", family, "random", 4)
-    compiled, _, _ = new_step("llama", family, "random", 4, backend="inductor")
+@pytest.mark.parametrize("arch,family", [pair if pair == ("llama", "hydra") else pytest.param(*pair, marks=pytest.mark.slow)
+                                         for pair in LLAMA_FAMILIES])
+def test_the_step_compiled_by_inductor_gives_the_eager_tokens(arch, family):
+    eager, ids, mask = new_step(arch, family, "random", 4)
+    compiled, _, _ = new_step(arch, family, "random", 4, backend="inductor")
     assert decoded(compiled, ids, mask) == decoded(eager, ids, mask)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_a_step_reads_nothing_back_to_the_host(family):
-    step, ids, mask = new_step("llama", family, "random", 4)
+@pytest.mark.parametrize("arch,family", LLAMA_FAMILIES)
+def test_a_step_reads_nothing_back_to_the_host(arch, family):
+    step, ids, mask = new_step(arch, family, "random", 4)
     with torch.no_grad():
         step.start(ids, mask, NEW, torch.tensor([2]))
         with HostReads() as reads:
@@ -176,18 +181,24 @@ def recorded_drafts(model, ids: torch.Tensor, mask: torch.Tensor, **call) -> lis
     return calls
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_the_step_drafts_what_the_loop_drafts(family):
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("arch,family", LLAMA_FAMILIES)
+def test_the_step_drafts_what_the_loop_drafts(arch, family, rows):
     """The same drafts as the loop's, depth by depth, over the steps both take before the loop cuts its tree near the
-    end: the step's states, windows and caches follow acceptance as the loop's do."""
-    ids, mask = batch(1)
-    model = heads("llama", family, "random", ids, mask)
-    loop = recorded_drafts(model, ids, mask, device_step=False)
+    end: the step's states, windows and caches follow acceptance as the loop's do; in a batch, each row (prompts of
+    different lengths, left-padded) drafts what the loop drafts for its prompt alone."""
+    ids, mask = batch(rows)
+    model = heads(arch, family, "random", ids, mask)
     step = recorded_drafts(model, ids, mask, device_step=True)
-    compared = len(loop) // 2
-    assert compared >= 6
-    for ours, theirs in zip(step[:compared], loop[:compared]):
-        assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4)
+    for b in range(rows):
+        keep = mask[b].bool()
+        loop = recorded_drafts(model, ids[b: b + 1, keep], mask[b: b + 1, keep], device_step=False)
+        compared = len(loop) // 2
+        assert compared >= 6
+        for ours, theirs in zip(step[:compared], loop[:compared]):
+            per = ours.shape[0] // rows  # the step's nodes come row by row
+            ours = ours[b * per: (b + 1) * per]
+            assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4)
 
 
 def test_eagle3_rows_keep_what_the_sequence_state_keeps():

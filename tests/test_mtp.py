@@ -5,7 +5,9 @@ them (`testing.MTP_CONFIGS`: DeepSeek-V3's latent attention, GLM-4.5's grouped-q
   accepts every number of drafts from none to all (the reference keeps its caches as the drafts it made were kept);
 - a tree's nodes, drafted together, equal each node's path drafted alone;
 - greedy output equals plain `generate()` on every path (chain, static and grown trees, gate, prompt lookup, static
-  cache, a batch together, the device step's refusal);
+  cache, a batch together, the device step);
+- the device step's rows (`MtpRows`) keep and draft what each sequence's state does (the device step's own tests,
+  tests/test_device_step.py, run the family beside the others);
 - a base without MTP layers, and more depths than it ships, are refused in one line; a saved folder holds none of the
   base's weights and loads back to the same drafts.
 """
@@ -28,6 +30,7 @@ from cerberus_hf.checkpoint import HEADS_WEIGHTS_NAME
 from cerberus_hf.decoding import paths
 from cerberus_hf.errors import UserError
 from cerberus_hf.testing import DEVICE, MTP_ARCHITECTURES, prompt_ids, tiny_model, tiny_mtp_model
+from helpers import check_rows_against_states, get_base
 
 NEW = 24
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]][:5]  # two depths: the tiny bases ship two MTP layers
@@ -137,14 +140,58 @@ def test_greedy_equals_plain_generate(base, path):
 
 
 def test_paths_taken(base):
-    """The batch is verified together and the static cache serves; the device step, which keeps drafter state in
-    fixed-shape buffers, refuses the MTP layers' caches in one phrase (the loop decodes instead, exactly as above)."""
+    """The batch is verified together, the static cache serves and so does the device step (`MtpRows`)."""
     model = CerberusForCausalLM.from_base(base, head_type="mtp")
     settings = resolve_settings(model.decoding_settings(), model.config.num_heads)
     assert paths.batch_refusal(model.base, model.heads, settings) is None
     assert paths.static_refusal(model.base, model.heads, settings, 1) is None
-    assert paths.device_step_refusal(model.base, model.heads, settings, GenerationConfig()) == (
-        "mtp keeps a cache per sequence outside the device step's buffers")
+    assert paths.device_step_refusal(model.base, model.heads, settings, GenerationConfig()) is None
+    out = model.generate(prompt_ids(_seeds(base)[0], 8), max_new_tokens=4, device_step=True)
+    assert model.__dict__.get("_cerberus_device_steps") and out.shape[1] == 12
+
+
+def drafted(drafter, hidden: torch.Tensor, last: torch.Tensor, path: torch.Tensor, context) -> list[torch.Tensor]:
+    """Every depth's logits ``[n, V]`` of nodes reading ``hidden`` ``[n, hidden]`` after their newest tokens ``last``
+    ``[n, 1]``, along ``path`` ``[n, depths]`` (the tokens drafted above each depth)."""
+    previous, logits = None, []
+    for k in range(drafter.num_heads):
+        previous, level = drafter.draft_level(k, hidden, torch.cat([last, path[:, :k]], dim=1), previous, context)
+        logits.append(level)
+    return logits
+
+
+@pytest.mark.parametrize("arch", MTP_ARCHITECTURES)
+def test_device_rows_keep_what_the_sequence_state_keeps(arch):
+    """`MtpRows` against `MtpState` row by row (two rows, one left-padded with fewer verified states than the three
+    layers' slots need at first, extended by different counts): what depth 0 reads, and every depth's drafts of two
+    nodes per row drafted together, equal each row's state's, node by node."""
+    def compare(drafter, rows, states, sequences):
+        generator = torch.Generator().manual_seed(sum(sequence.shape[1] for sequence in sequences))
+        paths = torch.randint(3, 90, (2, 2, drafter.num_heads), generator=generator)  # [row, node, depth]
+        last = torch.cat([sequence[:, -1:] for sequence in sequences]).repeat_interleave(2, dim=0)
+        ours = drafted(drafter, rows.read(None).repeat_interleave(2, dim=0), last, paths.reshape(4, -1),
+                       rows.context())
+        for b in range(2):
+            hidden = states[b].heads_input(sequences[b], None)
+            torch.testing.assert_close(rows.read(None)[b: b + 1], hidden, rtol=1e-5, atol=1e-5)
+            for node in range(2):
+                theirs = drafted(drafter, hidden, sequences[b][:, -1:], paths[b, node][None], states[b].context())
+                for k, logits in enumerate(theirs):
+                    torch.testing.assert_close(ours[k][2 * b + node][None], logits, rtol=1e-4, atol=1e-4)
+
+    with torch.no_grad():
+        check_rows_against_states("mtp", compare, arch)
+
+
+@pytest.mark.parametrize("arch", MTP_ARCHITECTURES)
+@pytest.mark.parametrize("device_step", [False, True])
+def test_a_prompt_shorter_than_the_layers_equals_plain_generate(arch, device_step):
+    """A one-token prompt on a base with three MTP layers: the deepest layer has no verified slot at first."""
+    base = get_base(arch)
+    model = CerberusForCausalLM.from_base(base, head_type="mtp")
+    ids = prompt_ids(4, 1)
+    out = model.generate(ids, max_new_tokens=12, device_step=device_step, draft_tree=[[0], [1], [0, 0], [0, 0, 0]])
+    assert torch.equal(out, base.generate(ids, max_new_tokens=12, do_sample=False))
 
 
 def test_batch_decoded_together_equals_plain_generate(base):

@@ -17,7 +17,9 @@ verified slots ``0 .. t - j`` and its output at the newest of them, extended onc
 draft slots ``t - k + 1 .. t`` with the path's drafted tokens and its parent's outputs of layer ``k - 1`` there,
 attending to layer ``k``'s cache and to its own earlier slots; its state is layer ``k``'s outputs at slots
 ``t - k .. t`` (the first from the cache), which its children read. A chain drafts what transformers' generator drafts; a tree
-drafts each depth's top-k the same way, each node over its own path, in one forward of the layer per depth.
+drafts each depth's top-k the same way, each node over its own path, in one forward of the layer per depth. The device
+step keeps the same caches for every row in fixed-shape buffers (`MtpRows`), each layer run over the accepted path once a
+step.
 
 The weights are the base's: they load from the base's own checkpoint (transformers' `MtpModel.from_pretrained`, which
 the base's loading skips) when the drafter is attached, and are held outside the drafter's module tree, so a saved
@@ -32,7 +34,7 @@ from typing import Iterator
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from ..blocks.transfer import positions_index
 from ..configuration_cerberus import CerberusConfig
@@ -107,12 +109,17 @@ def capture_normed_states(model: nn.Module, source: str = "lm_head_input") -> It
             handle.remove()
 
 
-def own_slots_mask(cached: int, nodes: int, slots: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive 4D mask ``[1, 1, nodes * slots, cached + nodes * slots]``: every query sees the ``cached`` keys, and the
-    keys of its own node's slots up to its own."""
-    own = torch.block_diag(*[torch.ones(slots, slots, dtype=torch.bool, device=device).tril()] * nodes)
-    seen = torch.cat([torch.ones(nodes * slots, cached, dtype=torch.bool, device=device), own], dim=1)
-    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+def own_slots(nodes: int, slots: int, device: torch.device) -> torch.Tensor:
+    """``[nodes * slots, nodes * slots]``: which of the nodes' draft slots each one sees (its own node's, up to its
+    own)."""
+    return torch.block_diag(*[torch.ones(slots, slots, dtype=torch.bool, device=device).tril()] * nodes)
+
+
+def own_slots_mask(cached: int, nodes: int, slots: int, device: torch.device) -> torch.Tensor:
+    """4D mask ``[1, 1, nodes * slots, cached + nodes * slots]``: every query sees the ``cached`` keys, and the keys of
+    its own node's slots up to its own."""
+    own = own_slots(nodes, slots, device)
+    return torch.cat([torch.ones(nodes * slots, cached, dtype=torch.bool, device=device), own], dim=1)[None, None]
 
 
 class MtpState(SequenceState):
@@ -146,7 +153,8 @@ class MtpState(SequenceState):
             raise RuntimeError(f"the drafter holds {self.cached[0] + self.pending[0].shape[1]} verified states but the "
                                f"sequence has {verified}; observe() must follow every forward.")
         for j in range(self.drafter.num_heads):
-            count = min(verified - j, self.cached[j] + self.pending[j].shape[1]) - self.cached[j]
+            waiting = 0 if self.pending[j] is None else self.pending[j].shape[1]  # None: no input has reached layer j
+            count = min(verified - j, self.cached[j] + waiting) - self.cached[j]
             if count <= 0:
                 continue
             start = self.cached[j]
@@ -183,6 +191,85 @@ class MtpState(SequenceState):
         return state
 
 
+class DraftView(Cache):
+    """A cache's layers as drafting reads them: each layer's update returns its keys and values over every slot followed
+    by the draft's own, and writes nothing (a draft's keys never enter the cache)."""
+
+    def __init__(self, cache: Cache):
+        super().__init__(layers=cache.layers)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.layers[layer_idx]
+        return torch.cat([layer.keys, key_states], dim=2), torch.cat([layer.values, value_states], dim=2)
+
+
+class MtpRows:
+    """Each MTP layer's keys and values over every row's verified slots, for the device step (`decoding.device_step`),
+    in fixed-shape device buffers (the device step's `RowSlotCache`, one layer per MTP layer): every layer writes a
+    step's new columns right after the row's own (``length``; the column of verified state ``s`` holds layer ``j``'s
+    slot ``s - j``), ``visible[j]`` shows layer ``j`` its slots (not the left padding, nor the columns of the first
+    ``j`` states, which are no slot of layer ``j``), ``seen`` counts the row's verified states and ``newest[j]`` is
+    layer ``j``'s output at its newest slot. What `MtpState` keeps for one
+    sequence, kept for a batch."""
+
+    def __init__(self, drafter: MtpDrafter, batch: int, room: int, device: torch.device):
+        # imported here: the decoding package imports the drafters
+        from ..decoding.device_step import RowSlotCache
+
+        count = drafter.num_heads
+        self.drafter = drafter
+        self.cache = RowSlotCache(count, room)
+        self.view = DraftView(self.cache)
+        self.visible = torch.zeros(count, batch, room, dtype=torch.bool, device=device)
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)
+        self.seen = torch.zeros_like(self.length)
+        self.newest = torch.zeros(count, batch, drafter.hidden_size, dtype=drafter.dtype, device=device)
+        self.slot_range = torch.arange(room, device=device)
+
+    def start(self, states: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        """Every layer over a prefill's states ``[B, W, hidden]`` followed by ``tokens`` ``[B, W]`` (``valid``: not
+        left padding)."""
+        for buffer in (self.visible, self.length, self.seen, self.newest):
+            buffer.zero_()
+        self._extend(states, tokens, valid, valid.shape[1])
+
+    def extend(self, states: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor) -> None:
+        """Every layer over each row's first ``count`` of ``states`` ``[B, n, hidden]`` (the accepted path), with the
+        ``tokens`` after them."""
+        self._extend(states, tokens, torch.arange(tokens.shape[1], device=count.device)[None] < count[:, None], count)
+
+    def _extend(self, states: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, advance) -> None:
+        """Column ``w`` (verified state ``s``, followed by ``tokens[:, w]``) is slot ``s - j`` of layer ``j``, which
+        reads that token at rotary position ``s + 1`` and layer ``j - 1``'s output a column earlier (before the first,
+        its newest); a slot below 0 does not exist."""
+        index = self.seen[:, None] + valid.long().cumsum(-1) - 1  # [B, n]: each valid column's verified state
+        positions = (index + 1).clamp(min=0)
+        slots = self.length[:, None] + torch.arange(tokens.shape[1], device=tokens.device)[None]
+        self.cache.slots = slots
+        earlier = self.slot_range[None, None, :] <= slots[:, :, None]  # [B, n, room]
+        itself = self.slot_range[None, None, :] == slots[:, :, None]
+        for j in range(self.drafter.num_heads):
+            kept = valid & (index >= j)
+            self.visible[j].scatter_(1, slots, kept)
+            out = self.drafter.apply_layer(j, states, tokens, positions, self.cache,
+                                           ((self.visible[j][:, None, :] & earlier) | itself)[:, None])
+            states = torch.cat([self.newest[j][:, None], out[:, :-1]], dim=1)  # the next layer's inputs
+            last = (kept.long().cumsum(-1) * kept).argmax(dim=-1)  # each row's newest kept column
+            newest = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
+            self.newest[j].copy_(torch.where(kept.any(dim=-1)[:, None], newest, self.newest[j]))
+        self.length.add_(advance)
+        self.seen.add_(valid.long().sum(dim=-1))
+
+    def read(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What depth 0 reads (``[B, hidden]``): layer 0's output at the newest verified slot."""
+        return self.newest[0]
+
+    def context(self) -> MtpRows:
+        """What deeper depths attend to: every row's layers (`MtpDrafter.draft_level`)."""
+        return self
+
+
 class MtpDrafter(Drafter):
     """Drafts with the base's own MTP layers (see the module docstring); holds no weights of its own."""
 
@@ -190,7 +277,6 @@ class MtpDrafter(Drafter):
     reads_tokens = True
     trains_on_sequences = True  # its state at a position depends on the positions before it (each layer's cache)
     needs_base_layers = True  # the base's MTP layers
-    steps_on_device = False  # each sequence's layers keep a transformers cache (`MtpState`)
 
     def __init__(self, config: CerberusConfig):
         super().__init__(config)
@@ -236,6 +322,9 @@ class MtpDrafter(Drafter):
     def start(self, model: nn.Module, cache) -> MtpState:
         return MtpState(self)
 
+    def device_rows(self, batch: int, room: int, device: torch.device) -> MtpRows:
+        return MtpRows(self, batch, room, device)
+
     def cache_of(self, cache: DynamicCache, lengths: list[int]) -> DynamicCache:
         """A cache of its own holding the first ``lengths[j]`` slots of each layer ``j`` of ``cache``."""
         kept = DynamicCache(config=self.mtp_layers.config)
@@ -251,44 +340,72 @@ class MtpDrafter(Drafter):
         ``nodes`` 0, ``m`` new verified slots (from rotary ``position`` on), which stay in the layer's cache; else
         ``nodes`` runs of ``m`` draft slots each (every run from ``position`` on), each attending to the cache and
         causally to itself, whose keys leave the cache again."""
-        layers = self.mtp_layers
         runs = max(nodes, 1)
         slots = tokens.shape[1] // runs
         cached = cache.layers[j].get_seq_length()
         positions = (position + torch.arange(slots, device=tokens.device)).repeat(runs)[None]
+        out = self.apply_layer(j, states, tokens, positions, cache, own_slots_mask(cached, runs, slots, tokens.device))
+        if nodes:
+            cache.layers[j].crop(-nodes * slots)
+        return out
+
+    def apply_layer(self, j: int, states: torch.Tensor, tokens: torch.LongTensor, positions: torch.Tensor,
+                    cache: Cache, seen: torch.Tensor) -> torch.Tensor:
+        """MTP layer ``j``'s outputs ``[B, n, hidden]`` over ``states`` ``[B, n, hidden]`` and ``tokens`` ``[B, n]`` at
+        rotary ``positions`` ``[B or 1, n]``, through ``cache`` (which its attention updates and reads), each query
+        attending to the keys ``seen`` (``[B or 1, 1, n, keys]``, True where seen)."""
+        layers = self.mtp_layers
         embeds = layers.embed_tokens(tokens).to(self.dtype)
         rotary = {}
         if layers.has_per_layer_rope:
             rotary["layer_type"] = layers.config.layer_types[j]
         position_embeddings = layers.rotary_emb(embeds, position_ids=positions, **rotary) \
             if layers.rotary_emb is not None else None
+        mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device).masked_fill_(
+            ~seen, torch.finfo(self.dtype).min)
         out = layers.layers[j](embeds, states.to(self.dtype), position_embeddings=position_embeddings,
-                               attention_mask=own_slots_mask(cached, runs, slots, self.dtype, tokens.device),
-                               position_ids=positions, cache=cache)
-        if layers.use_shared_post_norm:
-            out = layers.shared_post_norm(out)
-        if nodes:
-            cache.layers[j].crop(-nodes * slots)
-        return out
+                               attention_mask=mask, position_ids=positions, cache=cache)
+        return layers.shared_post_norm(out) if layers.use_shared_post_norm else out
 
     def draft_level(self, k: int, hidden: torch.Tensor, tokens: torch.LongTensor, previous: torch.Tensor | None,
-                    context: MtpState | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    context: MtpState | MtpRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Depth 0: ``hidden`` is layer 0's output at the newest verified slot ``t`` (`MtpState.heads_input`). Depth
         ``k >= 1``: layer ``k`` over each node's draft slots (the slots of its parent's state ``previous``, layer
         ``k - 1``'s outputs ``[n, m, hidden]``) with the last ``m`` tokens of its path, attending to the layer's cache
-        (``context``). A node's state is layer ``k``'s outputs at its slots, after the newest cached one."""
+        (``context``; every row's in the device step, `MtpRows`, whose nodes come row by row). A node's state is layer
+        ``k``'s outputs at its slots, after the newest cached one."""
         if k == 0:
             state = hidden[:, None]
             return state, self.project(hidden, k)
         if context is None:
             raise RuntimeError("MTP layers draft after the sequence's state (MtpState): decoding passes it as context.")
-        count, slots = previous.shape[:2]
-        verified = context.cached[k]  # layer k's slots 0 .. verified - 1 are cached; its draft slots follow
-        out = self.run_layer(k, previous.reshape(1, count * slots, -1), tokens[:, -slots:].reshape(1, -1),
-                             verified + k + 1, context.cache, count).reshape(count, slots, -1)
-        newest = context.newest[k]
-        state = out if newest is None else torch.cat([newest.expand(count, 1, -1).to(out.dtype), out], dim=1)
+        if isinstance(context, MtpRows):
+            out, newest = self._draft_on_rows(k, previous, tokens, context), context.newest[k]
+            newest = newest.repeat_interleave(out.shape[0] // newest.shape[0], dim=0)
+        else:
+            count, slots = previous.shape[:2]
+            verified = context.cached[k]  # layer k's slots 0 .. verified - 1 are cached; its draft slots follow
+            out = self.run_layer(k, previous.reshape(1, count * slots, -1), tokens[:, -slots:].reshape(1, -1),
+                                 verified + k + 1, context.cache, count).reshape(count, slots, -1)
+            newest = context.newest[k]
+        state = out if newest is None else torch.cat([newest.expand(out.shape[0], -1)[:, None].to(out.dtype), out], 1)
         return state, self.project(out[:, -1], k)
+
+    def _draft_on_rows(self, k: int, previous: torch.Tensor, tokens: torch.LongTensor, rows: MtpRows) -> torch.Tensor:
+        """Layer ``k``'s outputs ``[n, k, hidden]`` at each node's draft slots ``t - k + 1 .. t`` in the device step:
+        always ``k`` of them (``previous`` ``[n, k, hidden]``, zeros before the newest cached output of a layer that has
+        none), those below slot 0 hidden from the others, as the loop's drafting leaves them out."""
+        batch = rows.seen.shape[0]
+        per = previous.shape[0] // batch  # nodes of each row
+        device = tokens.device
+        offsets = torch.arange(k, device=device).repeat(per)[None]  # [1, per * k]: each slot's place in its node's run
+        exists = rows.seen[:, None] - k + offsets >= 0  # slot t - k + 1 + m, with t + 1 = seen
+        itself = torch.eye(per * k, dtype=torch.bool, device=device)
+        own = own_slots(per, k, device)[None] & (exists[:, None, :] | itself)
+        seen = torch.cat([rows.visible[k][:, None, :].expand(-1, per * k, -1), own], dim=-1)[:, None]
+        out = self.apply_layer(k, previous.reshape(batch, per * k, -1), tokens[:, -k:].reshape(batch, per * k),
+                               rows.seen[:, None] + 1 + offsets, rows.view, seen)
+        return out.reshape(batch * per, k, -1)
 
     def teacher_forced(self, captured: dict, ids: torch.LongTensor, first: int):
         """`Drafter.teacher_forced`: every layer over the whole sequence with the true tokens (layer ``j``'s slot ``t``
