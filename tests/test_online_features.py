@@ -100,7 +100,9 @@ def test_online_training_gives_the_cached_weights_and_writes_nothing(base, data_
     assert any((tmp_path / "cache").iterdir())  # where the cached run kept its states
 
 
-def test_online_run_resumes_after_a_kill(base, data_path, tmp_path, monkeypatch):
+@pytest.mark.parametrize("resumed_with", ["online", "cache"])
+def test_online_run_resumes_after_a_kill(base, data_path, tmp_path, monkeypatch, resumed_with):
+    """Resumed online, or from the caches (the mode is not one of the run's settings: both give the same batches)."""
     settings = dict(FAST, max_steps=7, save_every=3, distill_weight=0.5, teacher_topk=8, features="online",
                     cache_dir=tmp_path / "cache")
     uninterrupted = fresh(base, "eagle3")
@@ -114,10 +116,11 @@ def test_online_run_resumes_after_a_kill(base, data_path, tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         train("eagle3", fresh(base, "eagle3"), data_path, tmp_path / "killed", **settings)
     monkeypatch.undo()
-    resumed = fresh(base, "eagle3")
-    assert train("eagle3", resumed, data_path, tmp_path / "killed", **settings)["steps"] == 7
-    assert heads_equal(resumed, uninterrupted)
     assert not (tmp_path / "cache").exists()
+    resumed = fresh(base, "eagle3")
+    metrics = train("eagle3", resumed, data_path, tmp_path / "killed", **dict(settings, features=resumed_with))
+    assert metrics["steps"] == 7 and len(metrics["history"]) == 7
+    assert heads_equal(resumed, uninterrupted)
 
 
 def test_trainers_refuse_an_unknown_feature_mode(base, data_path, tmp_path):
