@@ -180,8 +180,8 @@ def train_chain_drafter(
     ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``distill_weight`` is the share
     of the base's own top-``teacher_topk`` distribution in the target (a hidden-state cache with the
     teacher is built for it when above 0). ``features="online"`` computes the exited states (and the teacher) in
-    each step instead of caching them on disk first (`base_features`). The other arguments are the `HeadTrainingSettings` fields of
-    the same names.
+    each step instead of caching them on disk first (`base_features`). The other arguments are the
+    `HeadTrainingSettings` fields of the same names.
     """
     started = time.perf_counter()
     if num_threads is not None:

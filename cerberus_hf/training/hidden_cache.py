@@ -170,7 +170,8 @@ def _teacher_logits(base: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def teacher_topk_rows(base: nn.Module, head_input: torch.Tensor, teacher_topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_topk_rows(base: nn.Module, head_input: torch.Tensor, teacher_topk: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids ``[rows, k]`` int32, log-probabilities ``[rows, k]`` float16), on the CPU: the base's top-``teacher_topk``
     next-token distribution at each of the lm_head inputs ``head_input`` ``[rows, hidden]``, computed in chunks of
     1,024 rows (the cache's teacher, and the one the sequence trainers compute in the step)."""

@@ -214,10 +214,11 @@ def train_sequence_drafter(
     """Train ``model.heads`` (an `Eagle3Drafter`) with training-time test over ``num_heads`` steps on a frozen base from
     distillation JSONL; returns the metrics, also written to ``output_dir/training_metrics.json``, and saves the
     drafter there. ``features="online"`` computes the base's features (and the teacher) in each step instead of
-    caching them on disk first (`base_features`); ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``compute_dtype`` bfloat16
-    runs the unrolled steps under autocast and the projection in bfloat16 (faster where the processor multiplies bf16
-    natively, docs/training.md), the weights and the optimizer staying float32; ``init_from`` continues from a saved
-    drafter of the same shape with a fresh schedule (more updates for a run that stopped early); the rest are
+    caching them on disk first (`base_features`); ``batch_tokens`` bounds the padded sequence tokens per optimizer
+    step; ``compute_dtype`` bfloat16 runs the unrolled steps under autocast and the projection in bfloat16 (faster
+    where the processor multiplies bf16 natively, docs/training.md), the weights and the optimizer staying float32;
+    ``init_from`` continues from a saved drafter of the same shape with a fresh schedule (more updates for a run that
+    stopped early); the rest are
     `HeadTrainingSettings` fields of the same names."""
     from .trainer import load_initial_heads
 
@@ -291,9 +292,9 @@ def _sequence_inputs(model, data_path, cache_dir: str | os.PathLike | None, max_
                           distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
                           show_progress=show_progress, min_answer=2,  # depth 0 targets the second answer token
                           teacher_in_step=online)
-    layers = model.heads.feature_layers
+    base, layers = model.base, model.heads.feature_layers
     if online:
-        return data, OnlineStates(model.base, data.sequences, data.answers, lambda: capture_features(model.base, layers),
+        return data, OnlineStates(base, data.sequences, data.answers, lambda: capture_features(base, layers),
                                   max(layers), "features", _concatenated, teacher_topk if distill_weight > 0 else 0)
     return data, CachedStates(sequence_features(model.base, data.records, layers, cache_dir, max_seq_len,
                                                 show_progress=show_progress), data.teacher)
