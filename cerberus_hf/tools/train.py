@@ -12,6 +12,7 @@ import torch
 from ..configuration_cerberus import HEAD_TYPES, STATE_SOURCES
 from ..drafters import DRAFTER_CLASSES
 from ..real_models import load_named_model
+from ..training.base_features import FEATURE_MODES
 from ..training.data import read_records
 from ..training.hidden_cache import build_hidden_cache
 from ..training.trainer import HeadTrainingSettings, default_cache_dir, train_heads
@@ -89,6 +90,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start from the heads saved in FOLDER (same head type and shape options) instead of fresh "
                              "ones: train on one data set, then another, or adapt shipped heads to your data")
     parser.add_argument("--no-resume", action="store_true", help="discard checkpoints in --output and start over")
+    parser.add_argument("--features", default="cache", choices=FEATURE_MODES,
+                        help="kangaroo and eagle3: read the base's states from caches filled before training (cache), "
+                             "or run the base in each step and write nothing to disk (online: no cache, a base "
+                             "forward per step)")
     parser.add_argument("--cache-only", action="store_true",
                         help="only compute the hidden-state cache (e.g. while distillation data is still being written)")
     parser.add_argument("--no-progress", action="store_true")
@@ -127,6 +132,10 @@ def run_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.output is None and not args.cache_only:
         raise SystemExit("cerberus-hf train: --output is required (unless --cache-only)")
+    if args.features == "online" and args.head_type not in ("kangaroo", "eagle3", "dflash"):
+        raise SystemExit(f"cerberus-hf train: --features online trains kangaroo, eagle3 and dflash only: --head-type "
+                         f"{args.head_type}'s steps sample single positions across all records, so each step would run "
+                         "the base over whole records; use the hidden-state cache (--cache-dir on a disk with room)")
     base = load_named_model(args.base, getattr(torch, args.dtype), with_tokenizer=False)[0]
     if args.cache_only:
         started = time.perf_counter()
@@ -204,7 +213,8 @@ def _run_chain_cli(args: argparse.Namespace, base) -> int:
         warmup_ratio=args.warmup_ratio, distill_weight=args.distill_weight, teacher_topk=args.teacher_topk,
         eval_every=args.eval_every, save_every=args.save_every or 50, eval_fraction=args.eval_fraction,
         seed=args.seed, max_steps=args.max_steps, cache_dir=args.cache_dir, num_threads=args.num_threads,
-        train_vocab=args.train_vocab, resume=not args.no_resume, show_progress=not args.no_progress,
+        train_vocab=args.train_vocab, features=args.features, resume=not args.no_resume,
+        show_progress=not args.no_progress,
     )
     cost = metrics["cost"]
     if metrics["eval"] is not None:
@@ -232,7 +242,8 @@ def _run_sequence_cli(args: argparse.Namespace, base) -> int:
         teacher_topk=args.teacher_topk, eval_every=args.eval_every, save_every=args.save_every or 50,
         eval_fraction=args.eval_fraction, seed=args.seed, max_steps=args.max_steps, cache_dir=args.cache_dir,
         num_threads=args.num_threads, train_vocab=args.train_vocab, compute_dtype=args.compute_dtype,
-        init_from=args.init_from, resume=not args.no_resume, show_progress=not args.no_progress,
+        init_from=args.init_from, features=args.features, resume=not args.no_resume,
+        show_progress=not args.no_progress,
     )
     cost = metrics["cost"]
     if metrics["eval"] is not None:

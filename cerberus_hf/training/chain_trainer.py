@@ -38,11 +38,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..drafters.kangaroo import capture_exit_states, first_layers
+from .base_features import CachedStates, OnlineStates, checked_feature_mode
 from .data import Record
 from .evaluation import outside_of, top_hits
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
-from .sequences import SequenceLoop, load_sequences, mixed_targets, run_training, sequence_accelerator
+from .sequences import SequenceData, SequenceLoop, load_sequences, mixed_targets, run_training, sequence_accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +205,7 @@ def train_chain_drafter(
     chunk_rows: int = 512,
     num_threads: int | None = None,
     train_vocab: int | None = None,
+    features: str = "cache",
     resume: bool = True,
     show_progress: bool = True,
 ) -> dict:
@@ -212,28 +214,27 @@ def train_chain_drafter(
 
     ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``distill_weight`` is the share
     of the base's own top-``teacher_topk`` distribution in the target (a hidden-state cache with the
-    teacher is built for it when above 0). The other arguments are the `HeadTrainingSettings` fields of
-    the same names.
+    teacher is built for it when above 0). ``features="online"`` computes the exited states (and the teacher) in
+    each step instead of caching them on disk first (`base_features`). The other arguments are the
+    `HeadTrainingSettings` fields of the same names.
     """
     started = time.perf_counter()
     if num_threads is not None:
         torch.set_num_threads(int(num_threads))
+    checked_feature_mode(features)
     accelerator = sequence_accelerator()
     drafter, device = model.heads, accelerator.device
     model.base.to(device)
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if max_seq_len is None:
         max_seq_len = getattr(model.base.config, "max_position_embeddings", None)
     cache_started = time.perf_counter()
-    data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
-                          distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
-                          show_progress=show_progress, accelerator=accelerator)
-    states = exit_states(model.base, data.records, drafter.exit_layer, cache_dir, max_seq_len, show_progress=show_progress,
-                         accelerator=accelerator)
+    data, source = _chain_inputs(model, data_path, cache_dir, max_seq_len, distill_weight, teacher_topk, eval_fraction,
+                                 show_progress, features, accelerator)
     cache_time = time.perf_counter() - cache_started
 
     def make(members: list[int]) -> AdapterBatch:
-        return AdapterBatch(members, states, data.answers, data.records, data.teacher, distill_weight, device)
+        states, teacher = source.take(members)
+        return AdapterBatch(members, states, data.answers, data.records, teacher, distill_weight, device)
 
     run_config = {"head_type": model.config.head_type, "exit_layer": drafter.exit_layer,
                   "adapter_heads": model.config.adapter_heads, "adapter_head_dim": model.config.adapter_head_dim,
@@ -251,3 +252,22 @@ def train_chain_drafter(
         resume=resume, show_progress=show_progress)
     return run_training(model, drafter.adapter, data, Path(output_dir), loop, accelerator=accelerator,
                         started=started, cache_time=cache_time)
+
+
+def _chain_inputs(model, data_path, cache_dir: str | os.PathLike | None, max_seq_len: int | None,
+                  distill_weight: float, teacher_topk: int, eval_fraction: float, show_progress: bool, features: str,
+                  accelerator=None) -> tuple[SequenceData, CachedStates | OnlineStates]:
+    """The records (with their held-out split) and the source of each batch's exited states and of its teacher
+    distribution: the caches in ``cache_dir`` (`exit_states`, filled once over ``accelerator``'s processes), or the
+    base in the step (``features="online"``)."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    online, exit_layer = features == "online", model.heads.exit_layer
+    data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
+                          distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
+                          show_progress=show_progress, teacher_in_step=online, accelerator=accelerator)
+    if online:
+        return data, OnlineStates(model.base, data.sequences, data.answers,
+                                  lambda: capture_exit_states(model.base, exit_layer), exit_layer, "exit",
+                                  lambda states: states, teacher_topk if distill_weight > 0 else 0)
+    return data, CachedStates(exit_states(model.base, data.records, exit_layer, cache_dir, max_seq_len,
+                                          show_progress=show_progress, accelerator=accelerator), data.teacher)

@@ -170,6 +170,22 @@ def _teacher_logits(base: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def teacher_topk_rows(base: nn.Module, head_input: torch.Tensor, teacher_topk: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids ``[rows, k]`` int32, log-probabilities ``[rows, k]`` float16), on the CPU: the base's top-``teacher_topk``
+    next-token distribution at each of the lm_head inputs ``head_input`` ``[rows, hidden]``, computed in chunks of
+    1,024 rows (the cache's teacher, and the one the sequence trainers compute in the step)."""
+    ids_parts, logp_parts = [], []
+    for chunk in head_input.split(1024):
+        logp = torch.log_softmax(_teacher_logits(base, chunk), dim=-1)
+        top = logp.topk(teacher_topk, dim=-1)
+        ids_parts.append(top.indices.to(torch.int32).cpu())
+        logp_parts.append(top.values.to(torch.float16).cpu())
+    empty = (0, teacher_topk)
+    return (torch.cat(ids_parts) if ids_parts else torch.zeros(empty, dtype=torch.int32),
+            torch.cat(logp_parts) if logp_parts else torch.zeros(empty, dtype=torch.float16))
+
+
 # --------------------------------------------------------------------------------------------------------
 # Shards
 # --------------------------------------------------------------------------------------------------------
@@ -289,17 +305,8 @@ def _compute_shard(
                 "tokens": torch.tensor(ids[len(ids) - answer :], dtype=torch.int32),
             }
             if teacher_topk:
-                ids_parts, logp_parts = [], []
-                for chunk in head_input[row, start : start + answer].split(1024):
-                    logp = torch.log_softmax(_teacher_logits(base, chunk), dim=-1)
-                    top = logp.topk(teacher_topk, dim=-1)
-                    ids_parts.append(top.indices.to(torch.int32).cpu())
-                    logp_parts.append(top.values.to(torch.float16).cpu())
-                empty = (0, teacher_topk)
-                entry["teacher_ids"] = torch.cat(ids_parts) if ids_parts else torch.zeros(empty, dtype=torch.int32)
-                entry["teacher_logprobs"] = (
-                    torch.cat(logp_parts) if logp_parts else torch.zeros(empty, dtype=torch.float16)
-                )
+                entry["teacher_ids"], entry["teacher_logprobs"] = teacher_topk_rows(
+                    base, head_input[row, start : start + answer], teacher_topk)
             per_record[i] = entry
         if progress is not None:
             progress.update(sum(len(sequences[i][0]) for i in batch))

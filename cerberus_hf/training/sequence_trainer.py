@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..drafters.eagle3 import capture_features
 from ..drafters.kangaroo import first_layers
+from .base_features import CachedStates, OnlineStates, checked_feature_mode
 from .data import Record
 from .hidden_cache import base_fingerprint, batches_by_length, default_cache_dir, record_sequence, right_padded
 from .loss import projection_loss
@@ -229,15 +230,18 @@ def train_sequence_drafter(
     train_vocab: int | None = None,
     compute_dtype: torch.dtype | str = torch.float32,
     init_from: str | os.PathLike | None = None,
+    features: str = "cache",
     resume: bool = True,
     show_progress: bool = True,
 ) -> dict:
     """Train ``model.heads`` (an `Eagle3Drafter` with training-time test over ``num_heads`` steps, or a `DFlashDrafter`
-    on the block after every position) on a frozen base from distillation JSONL; returns the metrics, also written to ``output_dir/training_metrics.json``, and saves the
-    drafter there. ``batch_tokens`` bounds the padded sequence tokens per optimizer step; ``compute_dtype`` bfloat16
-    runs the unrolled steps under autocast and the projection in bfloat16 (faster where the processor multiplies bf16
-    natively, docs/training.md), the weights and the optimizer staying float32; ``init_from`` continues from a saved
-    drafter of the same shape with a fresh schedule (more updates for a run that stopped early); the rest are
+    on the block after every position) on a frozen base from distillation JSONL; returns the metrics, also written to
+    ``output_dir/training_metrics.json``, and saves the drafter there. ``features="online"`` computes the base's
+    features (and the teacher) in each step instead of caching them on disk first (`base_features`); ``batch_tokens``
+    bounds the padded sequence tokens per optimizer step; ``compute_dtype`` bfloat16 runs the unrolled steps under
+    autocast and the projection in bfloat16 (faster where the processor multiplies bf16 natively, docs/training.md),
+    the weights and the optimizer staying float32; ``init_from`` continues from a saved drafter of the same shape with
+    a fresh schedule (more updates for a run that stopped early); the rest are
     `HeadTrainingSettings` fields of the same names."""
     from .trainer import load_initial_heads
 
@@ -246,6 +250,7 @@ def train_sequence_drafter(
         torch.set_num_threads(int(num_threads))
     drafter = model.heads
     compute_dtype = _checked_dtype(drafter, compute_dtype)
+    checked_feature_mode(features)
     if init_from is not None:  # before the features, so that a wrong folder fails at once
         load_initial_heads(model, init_from)
     accelerator = sequence_accelerator()
@@ -254,12 +259,13 @@ def train_sequence_drafter(
     if max_seq_len is None:
         max_seq_len = getattr(model.base.config.get_text_config(), "max_position_embeddings", None)
     cache_started = time.perf_counter()
-    data, features, starts = _sequence_inputs(model, data_path, cache_dir, max_seq_len, distill_weight, teacher_topk,
-                                              eval_fraction, show_progress, accelerator)
+    data, source = _sequence_inputs(model, data_path, cache_dir, max_seq_len, distill_weight, teacher_topk,
+                                    eval_fraction, show_progress, features, accelerator)
     cache_time = time.perf_counter() - cache_started
 
     def make(members: list[int]) -> UnrolledBatch:
-        return UnrolledBatch(members, features, starts, data.sequences, data.answers, drafter.num_heads, data.teacher,
+        (rows, starts), teacher = source.take(members)
+        return UnrolledBatch(members, rows, starts, data.sequences, data.answers, drafter.num_heads, teacher,
                              distill_weight, device)
 
     run_config = {"head_type": model.config.head_type, "num_heads": drafter.num_heads,
@@ -301,18 +307,29 @@ def _checked_dtype(drafter, compute_dtype: torch.dtype | str) -> torch.dtype:
 
 
 def _sequence_inputs(model, data_path, cache_dir: str | os.PathLike | None, max_seq_len: int | None,
-                     distill_weight: float, teacher_topk: int, eval_fraction: float, show_progress: bool, accelerator
-                     ) -> tuple[SequenceData, np.ndarray, list[int]]:
-    """The records (with their held-out split and the base's teacher distribution) and the base's features over them
-    with each record's first row (`sequence_features`), both cached in ``cache_dir`` once over ``accelerator``'s
-    processes."""
+                     distill_weight: float, teacher_topk: int, eval_fraction: float, show_progress: bool,
+                     features: str, accelerator=None) -> tuple[SequenceData, CachedStates | OnlineStates]:
+    """The records (with their held-out split) and the source of each batch's base features with each record's first
+    row and of its teacher distribution: the caches in ``cache_dir`` (`sequence_features`, filled once over
+    ``accelerator``'s processes), or the base in the step (``features="online"``)."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    online = features == "online"
     data = load_sequences(model.base, data_path, cache_dir=cache_dir, max_seq_len=max_seq_len,
                           distill_weight=distill_weight, teacher_topk=teacher_topk, eval_fraction=eval_fraction,
-                          show_progress=show_progress, min_answer=2, accelerator=accelerator)  # depth 0 targets the second answer token
-    features, starts = sequence_features(model.base, data.records, model.heads.feature_layers, cache_dir, max_seq_len,
-                                         show_progress=show_progress, accelerator=accelerator)
-    return data, features, starts
+                          show_progress=show_progress, min_answer=2,  # depth 0 targets the second answer token
+                          teacher_in_step=online, accelerator=accelerator)
+    base, layers = model.base, model.heads.feature_layers
+    if online:
+        return data, OnlineStates(base, data.sequences, data.answers, lambda: capture_features(base, layers),
+                                  max(layers), "features", _concatenated, teacher_topk if distill_weight > 0 else 0)
+    return data, CachedStates(sequence_features(model.base, data.records, layers, cache_dir, max_seq_len,
+                                                show_progress=show_progress, accelerator=accelerator), data.teacher)
+
+
+def _concatenated(states: dict[int, torch.Tensor]) -> tuple[np.ndarray, dict[int, int]]:
+    """Records' features as `sequence_features` gives them: one float16 array of their rows, and each one's first."""
+    starts = dict(zip(states, np.cumsum([0] + [len(rows) for rows in states.values()]).tolist()))
+    return torch.cat(list(states.values())).numpy(), starts
 
 
 class _UnrolledLoss:

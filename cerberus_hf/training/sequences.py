@@ -71,10 +71,11 @@ def heldout_members(records: Sequence[Record], answers: Sequence[int], held_out:
 
 def load_sequences(base, data_path, *, cache_dir: Path, max_seq_len: int | None, distill_weight: float,
                    teacher_topk: int, eval_fraction: float, show_progress: bool, min_answer: int = 1,
-                   accelerator=None) -> SequenceData:
+                   teacher_in_step: bool = False, accelerator=None) -> SequenceData:
     """The records of ``data_path`` (one file or several) and, with ``distill_weight > 0``, the base's top-``teacher_topk``
-    distribution from the hidden-state cache (its missing shards split between ``accelerator``'s processes); records
-    with fewer than ``min_answer`` answer tokens are not trained on."""
+    distribution from the hidden-state cache (its missing shards split between ``accelerator``'s processes; none with
+    ``teacher_in_step``: each step computes its own, `base_features.OnlineStates`); records with fewer than
+    ``min_answer`` answer tokens are not trained on."""
     if not 0.0 <= distill_weight <= 1.0:
         raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
     paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
@@ -84,7 +85,7 @@ def load_sequences(base, data_path, *, cache_dir: Path, max_seq_len: int | None,
     cut = [record_sequence(r, max_seq_len) for r in records]
     sequences, answers = [ids for ids, _ in cut], [answer for _, answer in cut]
     teacher = None
-    if distill_weight > 0:
+    if distill_weight > 0 and not teacher_in_step:
         cache = build_hidden_cache(base, records, cache_dir, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
                                    accelerator=accelerator, show_progress=show_progress)
         teacher = {"ids": cache.teacher_ids, "logprobs": cache.teacher_logprobs, "offsets": cache.record_offsets}
