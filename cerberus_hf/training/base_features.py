@@ -1,9 +1,9 @@
 """Where a sequence trainer's batches get the frozen base's states: from disk, or computed in the step.
 
-The sequence trainers (Kangaroo's `chain_trainer`, EAGLE-3's `sequence_trainer`) read, for each batch of sequences, the
-base's states at every position (the states entering EAGLE-3's feature layers, or Kangaroo's exited states) and, with
-``distill_weight > 0``, the base's top-k distribution at every answer position. A feature source hands them over for a
-batch's members, in the form the family's batch reads (``take``):
+The sequence trainers (Kangaroo's `chain_trainer`, EAGLE-3's and DFlash's `sequence_trainer`) read, for each batch of
+sequences, the base's states at every position (the states entering the fused feature layers, or Kangaroo's exited
+states) and, with ``distill_weight > 0``, the base's top-k distribution at every answer position. A feature source
+hands them over for a batch's members, in the form the family's batch reads (``take``):
 
 * `CachedStates` (``features="cache"``, the default): the trainer fills its disk caches once before training
   (`sequence_features` / `exit_states`, and the hidden-state cache's teacher) and every step reads its rows there;
