@@ -107,6 +107,7 @@ def test_two_processes_killed_mid_run_resume_to_the_same_weights(setup, tmp_path
 # or 1 and 2 (Kangaroo, 95 tokens): two processes split most steps' groups, and on a group of one the second has none.
 SEQUENCE_STEPS = ["--max-steps", "8", "--save-every", "4", "--lr", "3e-3", "--eval-every", "4", "--eval-fraction", "0.25"]
 EAGLE3 = ["--head-type", "eagle3", "--batch-tokens", "150", "--distill-weight", "0.5", *SEQUENCE_STEPS]
+DFLASH = ["--head-type", "dflash", "--batch-tokens", "150", *SEQUENCE_STEPS]  # EAGLE-3's trainer, its own batches
 KANGAROO = ["--head-type", "kangaroo", "--exit-layer", "1", "--batch-tokens", "95", *SEQUENCE_STEPS]
 # Two processes pad each share to its own longest sequence and sum the gradients in another order; after 8 AdamW steps
 # the largest difference measured was 3.6e-6 (EAGLE-3) and 4.8e-8 (Kangaroo), and the last 4 steps move the weights by
@@ -119,7 +120,7 @@ def batches_computed(output: Path, processes: int) -> list[int]:
     return [json.loads((output / f"batches-{rank}.json").read_text())["computed"] for rank in range(processes)]
 
 
-@pytest.mark.parametrize("recipe", [EAGLE3, KANGAROO], ids=["eagle3", "kangaroo"])
+@pytest.mark.parametrize("recipe", [EAGLE3, DFLASH, KANGAROO], ids=["eagle3", "dflash", "kangaroo"])
 def test_sequence_trainers_on_two_processes(setup, tmp_path, recipe):
     """Two processes train the weights of one, fill the feature file once between them (the hidden-state cache too
     with a teacher), and resume after both are killed to the weights of the run they were killed in."""
