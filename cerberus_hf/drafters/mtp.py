@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from transformers import Cache, DynamicCache
 
+from ..blocks.row_cache import RowSlotCache
 from ..blocks.transfer import positions_index
 from ..configuration_cerberus import CerberusConfig
 from ..errors import UserError
@@ -206,17 +207,14 @@ class DraftView(Cache):
 
 class MtpRows:
     """Each MTP layer's keys and values over every row's verified slots, for the device step (`decoding.device_step`),
-    in fixed-shape device buffers (the device step's `RowSlotCache`, one layer per MTP layer): every layer writes a
-    step's new columns right after the row's own (``length``; the column of verified state ``s`` holds layer ``j``'s
-    slot ``s - j``), ``visible[j]`` shows layer ``j`` its slots (not the left padding, nor the columns of the first
-    ``j`` states, which are no slot of layer ``j``), ``seen`` counts the row's verified states and ``newest[j]`` is
-    layer ``j``'s output at its newest slot. What `MtpState` keeps for one
-    sequence, kept for a batch."""
+    in fixed-shape device buffers (`blocks.row_cache.RowSlotCache`, the device step's cache, one layer per MTP layer):
+    every layer writes a step's new columns right after the row's own (``length``; the column of verified state ``s``
+    holds layer ``j``'s slot ``s - j``), ``visible[j]`` shows layer ``j`` its slots (not the left padding, nor the
+    columns of the first ``j`` states, which are no slot of layer ``j``), ``seen`` counts the row's verified states and
+    ``newest[j]`` is layer ``j``'s output at its newest slot. What `MtpState` keeps for one sequence, kept for a
+    batch."""
 
     def __init__(self, drafter: MtpDrafter, batch: int, room: int, device: torch.device):
-        # imported here: the decoding package imports the drafters
-        from ..decoding.device_step import RowSlotCache
-
         count = drafter.num_heads
         self.drafter = drafter
         self.cache = RowSlotCache(count, room)
