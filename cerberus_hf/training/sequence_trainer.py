@@ -268,17 +268,12 @@ def train_sequence_drafter(
         return UnrolledBatch(members, rows, starts, data.sequences, data.answers, drafter.num_heads, teacher,
                              distill_weight, device)
 
-    run_config = {"head_type": model.config.head_type, "num_heads": drafter.num_heads,
-                  "feature_layers": drafter.feature_layers, "adapter_heads": model.config.adapter_heads,
-                  "adapter_head_dim": model.config.adapter_head_dim, "adapter_kv_heads": model.config.adapter_kv_heads,
-                  "lr": lr, "batch_tokens": batch_tokens, "warmup_ratio": warmup_ratio,
+    run_config = {**_drafter_shape(model), "lr": lr, "batch_tokens": batch_tokens, "warmup_ratio": warmup_ratio,
                   "step_weight_decay": step_weight_decay, "distill_weight": distill_weight,
                   "teacher_topk": teacher_topk if distill_weight > 0 else 0, "seed": seed,
                   "max_grad_norm": max_grad_norm, "eval_fraction": eval_fraction, "max_seq_len": max_seq_len,
                   "train_vocab": train_vocab, "compute_dtype": str(compute_dtype).replace("torch.", ""),
-                  "init_from": str(init_from) if init_from is not None else None,
-                  **({"num_layers": len(drafter.layers), "mask_token_id": drafter.mask_token_id,
-                      "intermediate_size": model.config.intermediate_size} if drafter.drafter_type == "dflash" else {})}
+                  "init_from": str(init_from) if init_from is not None else None}
     loop = SequenceLoop(
         make_batch=make, batch_loss=_UnrolledLoss(drafter, chunk_rows, compute_dtype, device),
         depth_weights=tuple(step_weight_decay ** j for j in range(drafter.num_heads)),
@@ -290,6 +285,18 @@ def train_sequence_drafter(
         resume=resume, show_progress=show_progress)
     return run_training(model, drafter, data, Path(output_dir), loop, accelerator=accelerator, started=started,
                         cache_time=cache_time)
+
+
+def _drafter_shape(model) -> dict:
+    """The drafter's shape in the run's settings (a resumed run must have the same)."""
+    config, drafter = model.config, model.heads
+    shape = {"head_type": config.head_type, "num_heads": drafter.num_heads, "feature_layers": drafter.feature_layers,
+             "adapter_heads": config.adapter_heads, "adapter_head_dim": config.adapter_head_dim,
+             "adapter_kv_heads": config.adapter_kv_heads}
+    if drafter.drafter_type == "dflash":
+        shape.update(num_layers=len(drafter.layers), mask_token_id=drafter.mask_token_id,
+                     intermediate_size=config.intermediate_size)
+    return shape
 
 
 def _checked_dtype(drafter, compute_dtype: torch.dtype | str) -> torch.dtype:
