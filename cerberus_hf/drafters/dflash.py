@@ -28,10 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..blocks.transfer import positions_index
 from ..configuration_cerberus import CerberusConfig
-from .base import SequenceState
-from .eagle3 import FeatureLayersDrafter, attend
+from .eagle3 import FeatureLayersDrafter, PendingFeaturesState, attend
 from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotary, rotate
 
 # (keys, values) ``[R or 1, KVH, T, D]`` of the context at one layer
@@ -130,7 +128,7 @@ class BlockLayer(nn.Module):
         return out.reshape(heads, rows, count, dim).transpose(0, 1)
 
 
-class DFlashState(SequenceState):
+class DFlashState(PendingFeaturesState):
     """Every layer's keys and values of the context over one sequence's verified positions, and the fused states of the
     newest ones (`DFlashDrafter.capture`), which wait for the next drafting step."""
 
@@ -143,24 +141,12 @@ class DFlashState(SequenceState):
     def cached(self) -> int:
         return 0 if self.layers is None else self.layers[0][0].shape[2]
 
-    def observe(self, captured: dict, keep: list[int] | None) -> None:
-        features = captured["features"]
-        if keep is None:  # the prefill: a new sequence
-            self.layers, self.pending = None, features
-            return
-        if self.pending is None:
-            raise RuntimeError("the decoding loop must call observe() with the prefill first.")
-        self.pending = torch.cat([self.pending, features[:, positions_index(keep, features.device)]], dim=1)
+    def forget(self) -> None:
+        self.layers = None
 
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
-        if self.pending is None:
-            raise RuntimeError("the decoding loop must call observe() with the prefill before drafting.")
-        count = self.pending.shape[1]
-        if self.cached + count != input_ids.shape[1] - 1:
-            raise RuntimeError(f"the drafter holds {self.cached + count} verified states but the sequence has "
-                               f"{input_ids.shape[1] - 1}; observe() must follow every forward.")
-        if count:  # new copies, never written in place: calibration copies this state to repeat a step
-            positions = torch.arange(self.cached, self.cached + count, device=input_ids.device)
+        positions = self.pending_positions(input_ids)
+        if positions.numel():  # new copies, never written in place: calibration copies this state to repeat a step
             new = self.drafter.context(self.pending, positions)
             self.layers = new if self.layers is None else [
                 (torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.layers, new)]

@@ -161,7 +161,43 @@ class FeatureLayer(nn.Module):
         return mixed + self.mlp(self.post_norm(mixed))
 
 
-class Eagle3State(SequenceState):
+class PendingFeaturesState(SequenceState):
+    """What the sequence states of drafters fed by the base's fused layers (EAGLE-3, DFlash) share: a cache over the
+    verified positions (``cached`` of them; `forget` drops it), and the fused states of the newest verified positions
+    (``pending``), which wait for the next drafting step to enter it."""
+
+    pending: torch.Tensor | None  # [1, k, features]: verified, not in the cache yet
+
+    @property
+    def cached(self) -> int:
+        raise NotImplementedError
+
+    def forget(self) -> None:
+        """Drop the cache: a new sequence begins."""
+        raise NotImplementedError
+
+    def observe(self, captured: dict, keep: list[int] | None) -> None:
+        features = captured["features"]
+        if keep is None:  # the prefill: a new sequence
+            self.forget()
+            self.pending = features
+            return
+        if self.pending is None:
+            raise RuntimeError("the decoding loop must call observe() with the prefill first.")
+        self.pending = torch.cat([self.pending, features[:, positions_index(keep, features.device)]], dim=1)
+
+    def pending_positions(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """The positions ``[k]`` of the pending states, once they are known to be the sequence's verified ones."""
+        if self.pending is None:
+            raise RuntimeError("the decoding loop must call observe() with the prefill before drafting.")
+        count = self.pending.shape[1]
+        if self.cached + count != input_ids.shape[1] - 1:
+            raise RuntimeError(f"the drafter holds {self.cached + count} verified states but the sequence has "
+                               f"{input_ids.shape[1] - 1}; observe() must follow every forward.")
+        return torch.arange(self.cached, self.cached + count, device=input_ids.device)
+
+
+class Eagle3State(PendingFeaturesState):
     """The decoder layer's KV cache over one sequence's verified positions, and the fused states of the newest ones,
     which wait for the token after them (known once the next step starts)."""
 
@@ -176,28 +212,14 @@ class Eagle3State(SequenceState):
     def cached(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
-    def observe(self, captured: dict, keep: list[int] | None) -> None:
-        features = captured["features"]
-        if keep is None:  # the prefill: a new sequence
-            self.keys = self.values = self.newest = None
-            self.pending = features
-            return
-        if self.pending is None:
-            raise RuntimeError("the decoding loop must call observe() with the prefill first.")
-        self.pending = torch.cat([self.pending, features[:, positions_index(keep, features.device)]], dim=1)
+    def forget(self) -> None:
+        self.keys = self.values = self.newest = None
 
     def heads_input(self, input_ids: torch.LongTensor, hidden: torch.Tensor) -> torch.Tensor:
-        if self.pending is None:
-            raise RuntimeError("the decoding loop must call observe() with the prefill before drafting.")
-        count = self.pending.shape[1]
-        if self.cached + count != input_ids.shape[1] - 1:
-            raise RuntimeError(f"the drafter holds {self.cached + count} verified states but the sequence has "
-                               f"{input_ids.shape[1] - 1}; observe() must follow every forward.")
-        if count:  # the tokens after the pending states, the sequence's newest, are known now
-            drafter = self.drafter
-            positions = torch.arange(self.cached, self.cached + count, device=input_ids.device)
-            outputs, self.keys, self.values = drafter.extend(self.pending, input_ids[:, -count:], positions,
-                                                             self.keys, self.values)
+        positions = self.pending_positions(input_ids)
+        if positions.numel():  # the tokens after the pending states, the sequence's newest, are known now
+            outputs, self.keys, self.values = self.drafter.extend(self.pending, input_ids[:, -positions.numel():],
+                                                                  positions, self.keys, self.values)
             self.newest, self.pending = outputs[:, -1], self.pending[:, :0]
         return self.newest
 
