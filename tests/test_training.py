@@ -532,34 +532,25 @@ def test_cli_trains_from_a_base_folder(base, data_path, tmp_path, capsys, monkey
     assert "0 of 1 shards computed" in capsys.readouterr().out  # the training run already cached everything
 
 
-def test_cli_trains_a_kangaroo_adapter(base, data_path, cache_dir, tmp_path, capsys):
-    """`train --head-type kangaroo` reaches its trainer (it once failed on an import)."""
+@pytest.mark.parametrize("head_type, options, said, config", [
+    ("kangaroo", ["--exit-layer", "1"], "adapter saved to", {"head_type": "kangaroo"}),
+    ("dflash", ["--num-heads", "3", "--feature-layers", "1"], "drafter saved to",
+     {"head_type": "dflash", "num_heads": 3, "feature_layers": [1]}),
+])
+def test_cli_trains_a_sequence_drafter(base, data_path, cache_dir, tmp_path, capsys, head_type, options, said, config):
+    """`train --head-type kangaroo` and `dflash` reach their trainers (Kangaroo's once failed on an import)."""
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     parser = argparse.ArgumentParser()
     train_cli.add_cli(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", "kangaroo", "--exit-layer", "1",
+    args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", head_type, *options,
                               "--data", str(data_path), "--output", str(tmp_path / "out"), "--max-steps", "2",
                               "--batch-tokens", "256", "--eval-fraction", "0.25", "--cache-dir", str(cache_dir),
                               "--no-progress"])
     assert args.func(args) == 0
-    assert "adapter saved to" in capsys.readouterr().out
-    assert CerberusForCausalLM.from_pretrained(tmp_path / "out").config.head_type == "kangaroo"
-
-
-def test_cli_trains_a_dflash_drafter(base, data_path, cache_dir, tmp_path, capsys):
-    base_dir = tmp_path / "base"
-    base.save_pretrained(base_dir)
-    parser = argparse.ArgumentParser()
-    train_cli.add_cli(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["train", "--base", str(base_dir), "--head-type", "dflash", "--num-heads", "3",
-                              "--data", str(data_path), "--output", str(tmp_path / "out"), "--max-steps", "2",
-                              "--batch-tokens", "256", "--eval-fraction", "0.25", "--cache-dir", str(cache_dir),
-                              "--feature-layers", "1", "--no-progress"])
-    assert args.func(args) == 0
-    assert "drafter saved to" in capsys.readouterr().out
-    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out")
-    assert (loaded.config.head_type, loaded.config.num_heads, loaded.config.feature_layers) == ("dflash", 3, [1])
+    assert said in capsys.readouterr().out
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out").config
+    assert {key: getattr(loaded, key) for key in config} == config
 
 
 # ------------------------------------------------------------------------------------------------ kangaroo
