@@ -50,6 +50,22 @@ def _private_hf_home(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="module")
+def base():
+    """A tiny random Llama, one per module, for the modules that do not build their own base."""
+    from tiny_models import tiny_model
+
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def data_path(base, tmp_path_factory):
+    """16 records in the distill format: random prompts and the module's base's own greedy answers."""
+    from helpers import write_greedy_records
+
+    return write_greedy_records(base, tmp_path_factory.mktemp("data") / "selfdistill.jsonl")
+
+
 @pytest.fixture
 def tokenizer():
     """The tiny word-level tokenizer ('w5 w17 ...'), able to serve stop_strings."""

@@ -24,11 +24,6 @@ from tiny_models import CONFIGS, tiny_model
 HEADS_FILE = "cerberus_heads.safetensors"
 
 
-@pytest.fixture(scope="module")
-def base():
-    return tiny_model("llama")
-
-
 def variant_base(**overrides):
     """A tiny llama with some config fields changed."""
     kwargs = dict(CONFIGS["llama"])

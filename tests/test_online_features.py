@@ -13,20 +13,9 @@ from cerberus_hf.tools import train as train_cli
 from cerberus_hf.training import chain_trainer, checkpointing, sequence_trainer
 from cerberus_hf.training.sequences import epoch_groups
 
-from helpers import family_options, write_greedy_records
-from tiny_models import tiny_model
+from helpers import family_options
 
 FAST = dict(batch_tokens=128, lr=3e-3, eval_every=3, eval_fraction=0.25, show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def base():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def data_path(base, tmp_path_factory):
-    return write_greedy_records(base, tmp_path_factory.mktemp("data") / "selfdistill.jsonl")
 
 
 def fresh(base, family: str):

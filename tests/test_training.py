@@ -20,23 +20,12 @@ from cerberus_hf.training.evaluation import evaluate_heads
 from cerberus_hf.training.loss import projection_loss
 from cerberus_hf.training.trainer import HeadTrainingSettings, train_heads
 
-from tiny_models import VOCAB, prompt_ids, tiny_model
-from helpers import family_options, write_greedy_records
+from tiny_models import VOCAB, prompt_ids
+from helpers import family_options
 
 NUM_HEADS = 3
 # The tiny problem wants a larger step than the real one (1e-3); everything else is the real recipe.
 FAST = HeadTrainingSettings(batch_size=32, lr=3e-2, eval_every=0, show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def base():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def data_path(base, tmp_path_factory):
-    """16 records in the distill format: random prompts and the tiny model's own greedy answers."""
-    return write_greedy_records(base, tmp_path_factory.mktemp("data") / "selfdistill.jsonl")
 
 
 @pytest.fixture(scope="module")
