@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from torch import nn
 
+from .compat import ATTN_IMPLEMENTATION_FIELD
+
 
 def module_view(module: nn.Module, children: dict[str, nn.Module] | None = None, **attributes: Any) -> nn.Module:
     """A copy of ``module`` that shares its parameters, buffers, hooks and submodules, except for the
@@ -73,3 +75,23 @@ def _changed_children(module: nn.Module, rebuild: Callable[[nn.Module], nn.Modul
             if new is not child:
                 changed[name] = new
     return changed
+
+
+def model_configs(model: nn.Module) -> list:
+    """The model's config and its text config (where they differ): the ones its attention layers read."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return [config] if text is config else [config, text]
+
+
+def attention_view(model: nn.Module, implementation: str) -> nn.Module:
+    """A view of ``model`` whose attention layers call the attention function registered as ``implementation``
+    (transformers' `AttentionInterface`); the model itself, which other threads may be running, is left as it is."""
+    originals = model_configs(model)
+    configs = {id(config): config_view(config, **{ATTN_IMPLEMENTATION_FIELD: implementation}) for config in originals}
+    for config in originals:  # a config's sub-config (the text config) is viewed with it
+        for name, value in config.__dict__.items():
+            if id(value) in configs and value is not config:
+                configs[id(config)].__dict__[name] = configs[id(value)]
+    return with_configs(model, configs)
+

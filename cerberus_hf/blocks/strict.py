@@ -38,8 +38,8 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.pytorch_utils import Conv1D
 
-from ..compat import ATTN_IMPLEMENTATION_FIELD, attn_implementation
-from ..module_views import config_view, with_configs
+from ..compat import attn_implementation
+from ..module_views import attention_view, model_configs
 
 STRICT_ATTENTION = "cerberus_strict_sdpa"
 MAX_STRICT_ROWS = 64  # the tallest verification whose row invariance is measured
@@ -115,13 +115,6 @@ def strict_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
 AttentionInterface.register(STRICT_ATTENTION, strict_attention_forward)
 
 
-def _configs(model: nn.Module) -> list:
-    """The base's config and its text config (where they differ): the ones its attention layers read."""
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return [config] if text is config else [config, text]
-
-
 def check_strict_support(model: nn.Module) -> None:
     """Refuse a base whose one-token forward is not what `strict_attention_forward` reproduces."""
     implementation = attn_implementation(model.config)
@@ -131,7 +124,7 @@ def check_strict_support(model: nn.Module) -> None:
             "recomputes each verified position's attention with the call a one-token sdpa forward makes. Load the "
             "base with attn_implementation='sdpa'."
         )
-    for config in _configs(model):
+    for config in model_configs(model):
         layer_types = getattr(config, "layer_types", None) or []
         if getattr(config, "sliding_window", None) is not None or "sliding_attention" in layer_types:
             raise ValueError(
@@ -192,10 +185,4 @@ def strict_view(model: nn.Module) -> nn.Module:
     """A view of ``model`` (`module_views`) whose attention layers run `strict_attention_forward`; the base
     itself, which other threads may be running, is left as it is. The view builds no mask of its own (a tree's
     4D mask passes through; a chain arrives as None, read as causal)."""
-    originals = _configs(model)
-    configs = {id(config): config_view(config, **{ATTN_IMPLEMENTATION_FIELD: STRICT_ATTENTION}) for config in originals}
-    for config in originals:  # a config's sub-config (the text config) is viewed with it
-        for name, value in config.__dict__.items():
-            if id(value) in configs and value is not config:
-                configs[id(config)].__dict__[name] = configs[id(value)]
-    return with_configs(model, configs)
+    return attention_view(model, STRICT_ATTENTION)
