@@ -25,7 +25,7 @@ from cerberus_hf.training.checkpointing import (
 )
 from cerberus_hf.training.trainer import train_heads
 
-from test_training import FAST, KANGAROO_FAST, base, cache_dir, data_path, fresh, fresh_kangaroo  # noqa: F401
+from test_training import FAST, KANGAROO_FAST, cache_dir, fresh, fresh_kangaroo  # noqa: F401 - a fixture
 
 SETTINGS = replace(FAST, max_steps=2, save_every=2)
 STEP = "step-00000002"

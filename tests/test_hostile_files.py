@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.hardware import HardwareKey
-from test_errors import HEADS_FILE, base, base_loads, save_heads  # noqa: F401 - fixtures
+from test_errors import HEADS_FILE, base_loads, save_heads  # noqa: F401 - a fixture
 from tiny_models import VOCAB
 
 
