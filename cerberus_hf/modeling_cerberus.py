@@ -48,6 +48,7 @@ from .blocks.gate import EntropyGate
 from .blocks.lookup import DEFAULT_MAX_NGRAM
 from .decoding.paths import DecodingPath, LoopDecoding, choose_path
 from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .blocks.grouped_attention import grouped_attention_view
 from .blocks.packed import PackedWeights, packed_views, packing_available, packing_unavailable_reason
 from .blocks.profiling import StepProfiler, phase_timer
 from .blocks.rescoring import Rescoring
@@ -542,8 +543,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         """This model as `generate()` runs it with these arguments: a view (`module_views`) whose base and drafter
         compute through packed weights (`blocks.packed`) where ``packed_weights`` asks for them or, when None, where
         packing can apply, ``strict`` is off and the calibration entry used (`decoding_settings`, ``calibrate`` as
-        there) did not find the unpacked layers faster; else the model itself. Calibration measures this view, so its
-        costs are decoding's."""
+        there) did not find the unpacked layers faster, and whose attention on a CPU groups query heads without copying
+        the cache (`blocks.grouped_attention`) unless ``strict``; else the model itself. Calibration measures this view,
+        so its costs are decoding's."""
         if packed_weights and strict:
             raise ValueError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
                              "how this base's own linear layers compute each row.")
@@ -556,11 +558,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                              f"{self.base.dtype} on {self.device}" + (f", and {unavailable}." if unavailable else "."))
         if unavailable and packed_weights is None and not strict:
             logger.warning_once(f"cerberus-hf: linear layers run unpacked: {unavailable}.")
+        base, heads = self.base, self.heads
         if packed_weights or (packed_weights is None and available and not strict):
             base, heads = packed_views(self.packed_weights, self.base, self.heads)
             heads = module_view(heads, linear=self.packed_weights.linear)  # the draft vocabulary's rows too
-            return module_view(self, {"base": base, "heads": heads})
-        return self
+        if not strict:
+            base = grouped_attention_view(base)
+        if base is self.base and heads is self.heads:
+            return self
+        return module_view(self, {"base": base, "heads": heads})
 
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                           strict: bool = False, calibrate: bool | None = None) -> dict:
