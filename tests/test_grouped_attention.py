@@ -9,7 +9,7 @@ import torch
 import transformers.integrations.sdpa_attention as sdpa_attention
 from transformers import DynamicCache
 
-from cerberus_hf.blocks.grouped_attention import GROUPED_ATTENTION, grouped_attention_view
+from cerberus_hf.blocks.grouped_attention import GROUPED_ATTENTION, _kernel_groups_heads, grouped_attention_view
 from cerberus_hf.compat import attn_implementation, cache_argument
 
 from helpers import NEW_TOKENS, fresh_model, get_prompt, reference
@@ -68,6 +68,8 @@ def test_the_grouped_view_computes_the_same_bits(arch, block):
         assert torch.equal(layer.keys, expected_layer.keys) and torch.equal(layer.values, expected_layer.values)
 
 
+@pytest.mark.skipif(not _kernel_groups_heads(torch.float32, 8, torch.bool),
+                    reason="this torch groups heads under a mask only in its math kernel (torch 2.6 does)")
 def test_the_grouped_view_copies_no_keys(monkeypatch):
     """Through the base, a masked block over grouped heads repeats the keys and values; through the view it does not."""
     calls = []
