@@ -46,8 +46,9 @@ def forward_after_prompt(model, tokens: torch.Tensor, past: int, **kwargs) -> tu
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("block", ["tree", "causal"])
-def test_the_grouped_view_computes_the_same_bits(arch, block):
-    base = tiny_model(arch)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_grouped_view_computes_the_same_bits(arch, block, dtype):
+    base = tiny_model(arch).to(dtype)
     view = grouped_attention_view(base)
     if attn_implementation(base.config) != "sdpa":
         assert view is base  # eager attention (the tiny gemma2) is left as it is
