@@ -17,7 +17,6 @@ from ..compat import cache_argument
 from ..decoding.drafting import StepDrafts, dynamic_selection, static_draft
 from ..blocks.profiling import synchronize
 from ..blocks.rescoring import Rescoring, lattice_rescore
-from ..blocks.reserved_cache import reserve_room
 from ..blocks.strict import strict_view
 from ..blocks.tree import DynamicTree, TreeSpec
 from .positions import rescorer_state
@@ -82,8 +81,6 @@ def _forward_timer(base, context: int, strict: bool) -> Callable[[int], float]:
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
     cache = DynamicCache(config=base.config)
-    if device.type == "cpu":
-        reserve_room(cache)  # as decoding's cache grows there (`static_cache.with_room`)
     base(input_ids=prefix, **cache_argument(cache), use_cache=True)
     verifier = strict_view(base) if strict else base
 

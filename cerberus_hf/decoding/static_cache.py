@@ -50,7 +50,6 @@ from transformers import DynamicCache, GenerationConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.utils import logging
 
-from ..blocks.reserved_cache import reserve_room
 from ..compat import auto_compile, cache_argument, handed_cache, set_handed_cache
 from .proposer import Draft
 from .verification import Verification, keep_cache_positions, step_inputs
@@ -77,25 +76,18 @@ def verification_for(model: nn.Module, compile_base: nn.Module, generation_confi
     """How this call verifies: through generate()'s dynamic cache, or, when the call asked for a static one, a static
     cache with room for the drafts (`StaticVerification`) where the call's path allows one (``no_static``: why not,
     `paths.static_refusal`), and the dynamic cache with a one-line warning where it does not. Called before the
-    prefill, which fills the cache chosen. A dynamic cache on a CPU grows in place (`with_room`)."""
+    prefill, which fills the cache chosen."""
     cache = handed_cache(model_kwargs)
     if not isinstance(cache, StaticCache):
-        return Verification(with_room(model, cache))
+        return Verification(cache)
     if no_static is not None:
-        return Verification(with_room(model, dynamic_instead(model, model_kwargs, no_static)))
+        return Verification(dynamic_instead(model, model_kwargs, no_static))
     verification = StaticVerification.prepare(model, compile_base, generation_config)
     if any(type(layer) is not StaticLayer for layer in verification.cache.layers):
         return Verification(dynamic_instead(model, model_kwargs, "the base's static cache has layers other than "
                                             "plain attention, which cannot be rolled back in place"))
     set_handed_cache(model_kwargs, verification.cache)
     return verification
-
-
-def with_room(model: nn.Module, cache: DynamicCache) -> DynamicCache:
-    """``cache``, whose plain layers grow in place on a CPU (`blocks.reserved_cache`: no copy of the cache a step)."""
-    if model.device.type == "cpu":
-        reserve_room(cache)
-    return cache
 
 
 def bucket(size: int) -> int:
