@@ -1,6 +1,6 @@
 """generate() with the grouped-query attention view (`blocks.grouped_attention`) against the same call with
 transformers' sdpa copying the cache per query head (the view switched off in this process only), SmolLM2 fp32 with
-the shipped EAGLE-3 and Hydra folders, 128 new tokens, every 8th MT-Bench question, one interleaved run
+the shipped EAGLE-3 and Hydra folders, 128 new tokens, every 8th MT-Bench question (or every Nth: argument 2), one interleaved run
 (`bench.run_methods`: every row warmed up, the order rotating) beside plain generate() and the packed plain peer."""
 import json
 import sys
@@ -45,7 +45,7 @@ for family in ("eagle3", "hydra"):
     run = lambda x, model=model: (model.generate(x, **call), model.generation_stats)
     methods += [Method(f"{family} default, grouped attention", run),
                 Method(f"{family} default, sdpa copying keys per head", copying(run))]
-prompts = load_bench_prompts("../shared/bench/mt_bench.jsonl", every=8)
+prompts = load_bench_prompts("../shared/bench/mt_bench.jsonl", every=int(sys.argv[2]) if len(sys.argv) > 2 else 8)
 result = run_methods(methods, encode_prompts(tokenizer, prompts), base.device, warmup=1,
                      eos={base.generation_config.eos_token_id})
 print(markdown_table(result))

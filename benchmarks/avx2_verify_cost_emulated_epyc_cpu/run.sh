@@ -13,4 +13,5 @@ done
 cd ../..
 D=benchmarks/avx2_verify_cost_emulated_epyc_cpu
 python $D/grouped_bench.py $D/grouped_native.json
+python $D/grouped_bench.py $D/grouped_native_40.json 2
 env $CAP TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_avx2 HF_HOME=/tmp/hf_emul3 python $D/grouped_bench.py $D/grouped_capped.json
