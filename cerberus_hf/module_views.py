@@ -94,4 +94,3 @@ def attention_view(model: nn.Module, implementation: str) -> nn.Module:
             if id(value) in configs and value is not config:
                 configs[id(config)].__dict__[name] = configs[id(value)]
     return with_configs(model, configs)
-

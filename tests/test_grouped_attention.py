@@ -75,7 +75,8 @@ def test_the_grouped_view_copies_no_keys(monkeypatch):
     """Through the base, a masked block over grouped heads repeats the keys and values; through the view it does not."""
     calls = []
     real = sdpa_attention.repeat_kv
-    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda hidden, groups: calls.append(groups) or real(hidden, groups))
+    monkeypatch.setattr(sdpa_attention, "repeat_kv",
+                        lambda hidden, groups: calls.append(groups) or real(hidden, groups))
     base = tiny_model("llama")
     tokens = torch.randint(0, VOCAB, (1, len(PARENTS)), generator=torch.Generator().manual_seed(2))
     mask = dict(attention_mask=tree_mask(40, base.dtype))
