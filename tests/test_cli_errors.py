@@ -201,6 +201,19 @@ def test_subcommand_refusals_are_one_line_too(capsys, tmp_path):
     assert line == "cerberus-hf train: error: --output is required (unless --cache-only)"
 
 
+def test_train_leaves_the_process_group_of_torchrun(capsys, tmp_path):
+    """A `train` process leaves its process group before it exits, however the command ended: an interpreter that
+    exits inside a gloo group aborts now and then (SIGABRT after the run finished)."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        line = one_line_error(capsys, "train", "--data", "d.jsonl")
+    finally:
+        left = not torch.distributed.is_initialized()
+        if not left:
+            torch.distributed.destroy_process_group()
+    assert line.endswith("--output is required (unless --cache-only)") and left
+
+
 # ---------------------------------------------------------------------------------------------- --debug, bugs
 def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
     prompts = write(tmp_path / "prompts.jsonl", "not json\n")

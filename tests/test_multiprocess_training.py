@@ -57,8 +57,10 @@ def launch(setup: Path, processes: int, output: Path, *, kill_at: int = 0, cache
 
 
 def errors(run: subprocess.CompletedProcess) -> str:
-    """The lines of a failed launch that say why."""
-    return "\n".join(line for line in run.stderr.splitlines() if "error" in line.lower())[-3000:]
+    """The lines of a failed launch that say why, the processes' own first (torchrun's summary comes last): those
+    naming an error, an exception, an abort or a signal."""
+    words = ("error", "exception", "terminate", "abort", "fatal", "signal")
+    return "\n".join([line for line in run.stderr.splitlines() if any(w in line.lower() for w in words)][:40])
 
 
 def heads(output: Path, step: int = 12) -> dict[str, torch.Tensor]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import time
 
@@ -126,7 +127,19 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    """Run the ``train`` subcommand from parsed arguments."""
+    """Run the ``train`` subcommand from parsed arguments, then end the process group of a ``torchrun`` run (if any)
+    while the interpreter is whole: a gloo worker thread that frees the last collective's tensors once the interpreter
+    is being torn down aborts the process (SIGABRT, "terminate called without an active exception") after a finished
+    run. The run's DDP wrappers hold the group, so they are collected first and destroying it joins its threads."""
+    try:
+        return _run(args)
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            gc.collect()
+            torch.distributed.destroy_process_group()
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..modeling_cerberus import CerberusForCausalLM
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
