@@ -10,6 +10,7 @@ import transformers.integrations.sdpa_attention as sdpa_attention
 from transformers import DynamicCache
 
 from cerberus_hf.blocks.grouped_attention import GROUPED_ATTENTION, _kernel_groups_heads, grouped_attention_view
+from cerberus_hf.blocks.tree import TreeSpec
 from cerberus_hf.compat import attn_implementation, cache_argument
 
 from helpers import NEW_TOKENS, fresh_model, get_prompt, reference
@@ -18,20 +19,8 @@ from tiny_models import ARCHITECTURES, DEVICE, VOCAB, tiny_model
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="the grouped view applies on the CPU only")
 
 # a tree fed after the cache: the root, two children of it, a child of the first child, a child of that
-PARENTS = [None, 0, 0, 1, 3]
-
-
-def tree_mask(past: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive 4D mask verification passes for `PARENTS`: the cache visible to all, the tree by ancestry."""
-    n = len(PARENTS)
-    mask = torch.full((1, 1, n, past + n), torch.finfo(dtype).min, dtype=dtype)
-    mask[..., :past] = 0
-    for row in range(n):
-        node = row
-        while node is not None:
-            mask[0, 0, row, past + node] = 0
-            node = PARENTS[node]
-    return mask
+TREE = TreeSpec.from_paths([[0], [1], [0, 0], [0, 0, 0]])
+NODES = len(TREE) + 1  # the root and the tree's nodes
 
 
 def forward_after_prompt(model, tokens: torch.Tensor, past: int, **kwargs) -> tuple[torch.Tensor, DynamicCache]:
@@ -53,15 +42,12 @@ def test_the_grouped_view_computes_the_same_bits(arch, block, dtype):
     if attn_implementation(base.config) != "sdpa":
         assert view is base  # eager attention (the tiny gemma2) is left as it is
         return
-    tokens = torch.randint(0, VOCAB, (1, len(PARENTS)), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, VOCAB, (1, NODES), generator=torch.Generator().manual_seed(2))
     kwargs, past = {}, 40  # a causal block past the sliding window (16) of the tiny mistral and gemma2
     if block == "tree":  # a tree within the window, as a 4D mask covers the whole cache
         past = 10
-        depth = [0] * len(PARENTS)
-        for node, parent in enumerate(PARENTS[1:], start=1):
-            depth[node] = depth[parent] + 1
-        kwargs = dict(attention_mask=tree_mask(past, base.dtype),
-                      position_ids=torch.tensor([[past + d for d in depth]]))
+        kwargs = dict(attention_mask=TREE.attention_mask(past, base.dtype, base.device),
+                      position_ids=(past + TREE.position_offsets)[None])
     expected, expected_cache = forward_after_prompt(base, tokens, past, **kwargs)
     logits, cache = forward_after_prompt(view, tokens, past, **kwargs)
     assert torch.equal(logits, expected)
@@ -78,8 +64,8 @@ def test_the_grouped_view_copies_no_keys(monkeypatch):
     monkeypatch.setattr(sdpa_attention, "repeat_kv",
                         lambda hidden, groups: calls.append(groups) or real(hidden, groups))
     base = tiny_model("llama")
-    tokens = torch.randint(0, VOCAB, (1, len(PARENTS)), generator=torch.Generator().manual_seed(2))
-    mask = dict(attention_mask=tree_mask(40, base.dtype))
+    tokens = torch.randint(0, VOCAB, (1, NODES), generator=torch.Generator().manual_seed(2))
+    mask = dict(attention_mask=TREE.attention_mask(40, base.dtype, base.device))
     forward_after_prompt(base, tokens, 40, **mask)
     assert calls, "transformers' sdpa no longer repeats key/value heads under a mask: the grouped view may be moot"
     calls.clear()
