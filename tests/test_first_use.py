@@ -33,8 +33,10 @@ MEASURED = " (measured here)"
 
 @pytest.fixture
 def hf_home(tmp_path, monkeypatch):
-    """A Hugging Face home of the test's own, and first use as the environment leaves it by default."""
+    """A Hugging Face home of the test's own, and first use as the environment leaves it by default; the process
+    remembers no entry yet (a passed test's folder is removed, and the next test's may take its name)."""
     monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(CalibrationCache, "_remembered", {})
     monkeypatch.delenv(ENVIRONMENT_SWITCH, raising=False)
     return tmp_path / "hf_home"
 
