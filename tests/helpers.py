@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -41,11 +42,17 @@ def here(dtype: torch.dtype = torch.float32) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _session_folder() -> tempfile.TemporaryDirectory:
+    """A folder for the session's saved bases, removed when the process exits."""
+    return tempfile.TemporaryDirectory(prefix="cerberus-tests-")
+
+
+@functools.lru_cache(maxsize=None)
 def get_base(arch: str) -> torch.nn.Module:
     """The session's tiny base of ``arch`` (shared: do not modify it); an MTP architecture's (`MTP_ARCHITECTURES`)
     ships three MTP layers, one per depth of the family-parametrised tests' heads, in a folder of the session's."""
     if arch in MTP_ARCHITECTURES:
-        return tiny_mtp_model(arch, tempfile.mkdtemp(prefix=f"cerberus-{arch}-"), num_mtp_layers=3)
+        return tiny_mtp_model(arch, os.path.join(_session_folder().name, arch), num_mtp_layers=3)
     return tiny_model(arch)
 
 
