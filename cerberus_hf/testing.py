@@ -82,10 +82,8 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
 
 # Tiny bases that ship multi-token-prediction layers (`drafters.mtp`), in the layout transformers' ``use_mtp`` reads:
 # DeepSeek-V3 (multi-head latent attention) and GLM-4.5 (grouped-query attention), dense (their MoE layers start
-# after ``first_k_dense_replace``), with two MTP layers each.
-# Their mixtures of experts (the MTP layers', and any layer past first_k_dense_replace) tiny too: at the configs'
-# defaults (128 or 256 experts of width 1408 or 2048) one MTP layer weighs 200 MB, and every folder holding one is
-# written to disk.
+# after ``first_k_dense_replace``), with two MTP layers each. The MTP layers are mixtures of experts, kept tiny too:
+# at the configs' defaults (128 or 256 experts of width 1408 or 2048) one weighs 200 MB in every folder holding it.
 _TINY_MOE = dict(n_routed_experts=4, moe_intermediate_size=32, num_experts_per_tok=2, n_group=1, topk_group=1)
 MTP_CONFIGS = {
     "deepseek_v3": dict(model_type="deepseek_v3", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
