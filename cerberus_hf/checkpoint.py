@@ -12,8 +12,10 @@ import torch
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers.utils import cached_file
+
+from .files import save_safetensors
 
 HEADS_WEIGHTS_NAME = "cerberus_heads.safetensors"
 PICKLE_WEIGHT_NAMES = ("cerberus_heads.bin", "pytorch_model.bin", "cerberus_heads.pt", "heads.pt", "medusa_lm_head.pt",
@@ -101,5 +103,5 @@ def load_heads_state_dict(path: str) -> dict[str, torch.Tensor]:
 def save_heads_state_dict(state_dict: dict[str, torch.Tensor], folder: str) -> str:
     """Write heads as safetensors (contiguous copies, so tied or strided tensors save cleanly)."""
     path = os.path.join(folder, HEADS_WEIGHTS_NAME)
-    save_file({k: v.detach().contiguous() for k, v in state_dict.items()}, path, metadata={"format": "pt"})
+    save_safetensors({k: v.detach().contiguous() for k, v in state_dict.items()}, path, metadata={"format": "pt"})
     return path

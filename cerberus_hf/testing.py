@@ -25,6 +25,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from .files import save_safetensors
+
 if TYPE_CHECKING:
     from .modeling_cerberus import CerberusForCausalLM
 
@@ -104,7 +106,7 @@ def tiny_mtp_model(arch: str, folder: str, seed: int = 0, **config_overrides) ->
     transformers' MTP loader searches; the tiny base names its own (layer 2 on) on the loaded model. A folder that any
     loader reads as it is (``cerberus-hf bench --base FOLDER --mtp``) takes the published depths: ``num_hidden_layers``
     61 (DeepSeek-V3) or 46 (GLM-4.5-Air), ``num_mtp_layers`` 1 (``config_overrides`` replace `MTP_CONFIGS` fields)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from transformers.modeling_layers import MtpModel
 
     kwargs = {**MTP_CONFIGS[arch], **config_overrides}
@@ -127,7 +129,7 @@ def tiny_mtp_model(arch: str, folder: str, seed: int = 0, **config_overrides) ->
             value[:, config.hidden_size:] += torch.eye(config.hidden_size)  # token often, as fresh heads do
             value[:, :config.hidden_size] *= 4.0
         weights[f"model.layers.{first + int(index)}.{name.removeprefix('mtp_block.')}"] = value.contiguous()
-    save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     with _quiet_loading():  # the base's own loading skips the MTP layers (and would list them all)
         model = AutoModelForCausalLM.from_pretrained(folder)
     model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{first + j}\." for j in range(config.num_mtp_layers)]

@@ -21,7 +21,8 @@ from typing import Iterable, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+
+from ..files import save_safetensors
 
 NGRAM_WEIGHTS_NAME = "ngram.safetensors"
 NGRAM_FORMAT_VERSION = "1"
@@ -152,7 +153,7 @@ class NgramModel:
     def save(self, path: str | os.PathLike) -> None:
         metadata = {"format": "pt", "cerberus_ngram": NGRAM_FORMAT_VERSION, "vocab_size": str(self.vocab_size),
                     "order": str(self.order), "tokens": str(self.tokens)}
-        save_file({name: t.contiguous().cpu() for name, t in self.tables.items()}, str(path), metadata=metadata)
+        save_safetensors({name: t.contiguous().cpu() for name, t in self.tables.items()}, path, metadata=metadata)
 
     @classmethod
     def load(cls, path: str | os.PathLike, vocab_size: int | None = None) -> "NgramModel":

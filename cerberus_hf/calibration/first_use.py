@@ -10,9 +10,9 @@ in ``<HF_HOME>/cerberus_hf/calibration/<checkpoint hash>.json`` under the hardwa
 ahead of time, with every repeat. ``generate(calibrate=False)``, or ``CERBERUS_HF_CALIBRATE=0`` in the environment,
 keeps the stored entries and the config's settings.
 
-The cache file is written whole to a temporary file and moved into place (`os.replace`), under a lock per file in
-this process and a file lock (`filelock`) across processes, held while measuring too: two processes starting at once
-measure once, and neither reads a half-written file.
+The cache file is written whole to a temporary file and moved into place (`files.write_atomically`, with the mode
+any file of the user gets), under a lock per file in this process and a file lock (`filelock`) across processes, held
+while measuring too: two processes starting at once measure once, and neither reads a half-written file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 import weakref
@@ -33,6 +32,7 @@ from huggingface_hub import constants
 from transformers.utils import logging
 
 from ..blocks.settings import check_entry
+from ..files import write_atomically
 from ..hardware import HardwareKey, describe_device
 from .machine import Fitted, MeasurePlan, measure_and_fit
 
@@ -133,16 +133,7 @@ class CalibrationCache:
         except (OSError, ValueError, KeyError, TypeError):
             data = {"format": _FORMAT, "checkpoint": self.checkpoint, "entries": {}}
         data["entries"][self.label(key)] = {"settings": settings, **record}
-        handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w") as file:
-                json.dump(data, file, indent=1, sort_keys=True)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        write_atomically(self.path, json.dumps(data, indent=1, sort_keys=True))
         self.remember(key, settings)
 
     def lock(self) -> threading.Lock:

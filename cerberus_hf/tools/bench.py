@@ -24,6 +24,7 @@ from ..hardware import describe_device, reduced_precision_note
 from ..blocks.packed import PackedWeights, packed_view, packing_available
 from ..blocks.profiling import PHASES, synchronize
 from ..errors import UserError
+from ..files import write_atomically
 from ..importing import transformers_dflash
 from ..training.data import read_prompt_file
 from . import arguments
@@ -349,7 +350,8 @@ def run_methods(
         for method in methods:
             method.records[-1]["identical"] = identical_share(outputs[method.name], reference, width, eos)
         if checkpoint:
-            _write_atomically(checkpoint, {"identity": identity, "records": {m.name: m.records for m in methods}})
+            write_atomically(checkpoint, json.dumps({"identity": identity,
+                                                     "records": {m.name: m.records for m in methods}}))
     if checkpoint:
         Path(checkpoint).unlink(missing_ok=True)
     return summarize(methods)
@@ -393,13 +395,6 @@ def _load_checkpoint(path: str | Path, identity: dict, methods: list[Method]) ->
     if len(done) != 1:
         raise UserError(f"{path} holds different numbers of prompts per method; delete it to start afresh")
     return done.pop()
-
-
-def _write_atomically(path: str | Path, payload: dict) -> None:
-    path = Path(path)
-    scratch = path.with_name(path.name + ".tmp")
-    scratch.write_text(json.dumps(payload))
-    scratch.replace(path)
 
 
 def summarize(methods: list[Method]) -> dict:

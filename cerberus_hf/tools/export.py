@@ -30,10 +30,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from transformers.utils import logging
 
+from ..files import save_safetensors
 from ..importing import eagle3_keys, medusa_keys, medusa_projection_key
 
 logger = logging.get_logger(__name__)
@@ -160,7 +160,7 @@ def export_speculators(model, output: Path, verifier: str | None = None, dtype: 
     """Write ``model``'s EAGLE-3 heads as a speculators Eagle3 checkpoint in ``output``; returns the files written."""
     tensors = speculators_tensors(model, dtype)  # refuses other families before anything is written
     output.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(output / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(tensors, output / "model.safetensors", metadata={"format": "pt"})
     (output / "config.json").write_text(json.dumps(speculators_config(model, verifier, dtype), indent=2) + "\n")
     return ["config.json", "model.safetensors"]
 
@@ -202,6 +202,6 @@ def export_vllm_medusa(model, output: Path, dtype: torch.dtype = torch.float32) 
                        "vLLM 0.32's loader does not load (it builds each lm_heads.{h} over the whole vocabulary); "
                        "heads that project through the base lm_head load there.")
     output.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(output / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(tensors, output / "model.safetensors", metadata={"format": "pt"})
     (output / "config.json").write_text(json.dumps(vllm_config, indent=2) + "\n")
     return ["config.json", "model.safetensors"]

@@ -33,11 +33,12 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..drafters.kangaroo import capture_exit_states, first_layers
+from ..files import save_safetensors
 from .base_features import CachedStates, OnlineStates, checked_feature_mode
 from .data import Record
 from .evaluation import outside_of, top_hits
@@ -78,7 +79,7 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
         _save_atomically({"states": torch.cat(out)}, path)
         return out
     parts = [path.with_suffix(f".part-{r}-of-{processes}") for r in range(processes)]
-    save_file({str(i): states for i, states in enumerate(out) if states is not None}, str(parts[rank]))
+    save_safetensors({str(i): states for i, states in enumerate(out) if states is not None}, parts[rank])
     accelerator.wait_for_everyone()
     if rank == 0:  # every sequence is in one part
         joined = {int(i): states for part in parts for i, states in load_file(part).items()}
@@ -96,7 +97,7 @@ def _read_states(path: Path, sequences: list[list[int]]) -> list[torch.Tensor]:
 def _save_atomically(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Save under a temporary name and rename: a killed run leaves no incomplete file at ``path``."""
     partial = path.with_suffix(".partial")
-    save_file(tensors, str(partial))
+    save_safetensors(tensors, partial)
     os.replace(partial, path)
 
 

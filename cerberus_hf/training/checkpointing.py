@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
 from ..checkpoint import PICKLE_SUFFIXES
+from ..files import give_user_mode, save_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -177,12 +178,13 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict, keep:
         tmp.mkdir()
     accelerator.wait_for_everyone()
     rng_tensors, rng_json = _rng_state()
-    save_file(rng_tensors, str(tmp / RNG_TENSORS_NAME.format(accelerator.process_index)))
+    save_safetensors(rng_tensors, tmp / RNG_TENSORS_NAME.format(accelerator.process_index))
     (tmp / RNG_JSON_NAME.format(accelerator.process_index)).write_text(json.dumps(rng_json) + "\n")
     if accelerator.is_main_process:
         save_model(module, str(tmp / WEIGHTS_NAME), force_contiguous=True)
+        give_user_mode(tmp / WEIGHTS_NAME)
         optimizer_tensors, optimizer_json = _optimizer_to_files(optimizer)
-        save_file(optimizer_tensors, str(tmp / OPTIMIZER_NAME))
+        save_safetensors(optimizer_tensors, tmp / OPTIMIZER_NAME)
         payload = dict(state, step=step, optimizer=optimizer_json, scheduler=_scheduler_state(scheduler))
         (tmp / STATE_NAME).write_text(json.dumps(payload, indent=1) + "\n")
     accelerator.wait_for_everyone()  # every process's RNG files are in before the folder is renamed

@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from ..errors import UserError
+from ..files import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -413,12 +414,7 @@ def read_records(path: str | os.PathLike, *, repair: bool = False, allow_empty: 
     if truncated and repair:
         if path.suffix == ".gz":
             raise ValueError(f"{path}: cannot repair a compressed file; decompress it first")
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write("".join(line + "\n" for line in lines[:-1] if line.strip()))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_atomically(path, "".join(line + "\n" for line in lines[:-1] if line.strip()))
     if not records and not allow_empty:
         raise UserError(f"{path} holds no records.")
     return records

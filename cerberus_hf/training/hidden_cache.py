@@ -46,11 +46,11 @@ from typing import Iterable, Sequence
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..drafters.base import capture_states
+from ..files import save_safetensors, write_atomically
 from .data import Record, read_records
 
 logger = logging.getLogger(__name__)
@@ -435,9 +435,10 @@ def build_hidden_cache(
         folder.mkdir(parents=True, exist_ok=True)
         manifest = folder / MANIFEST_NAME
         if is_main and not manifest.is_file():
-            _write_json(manifest, {"format": CACHE_FORMAT_VERSION, "base": fingerprint, "teacher_topk": teacher_topk,
-                                   "max_seq_len": max_seq_len, "state_source": state_source,
-                                   "layout": "see cerberus_hf/training/hidden_cache.py"})
+            layout = {"format": CACHE_FORMAT_VERSION, "base": fingerprint, "teacher_topk": teacher_topk,
+                      "max_seq_len": max_seq_len, "state_source": state_source,
+                      "layout": "see cerberus_hf/training/hidden_cache.py"}
+            write_atomically(manifest, json.dumps(layout, indent=2, sort_keys=True) + "\n")
         if is_main:
             _check_room(base, records, missing, folder, teacher_topk, len(plans))
         if accelerator is not None and accelerator.num_processes > 1:
@@ -492,7 +493,7 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
             metadata = {"format": str(CACHE_FORMAT_VERSION), "digest": plan.digest,
                         "record_ids": json.dumps([records[i].id for i in plan.records])}
             tmp = folder / f".{plan.filename}.tmp-{os.getpid()}"
-            save_file({k: v.contiguous() for k, v in shard.items()}, str(tmp), metadata=metadata)
+            save_safetensors({k: v.contiguous() for k, v in shard.items()}, tmp, metadata=metadata)
             os.replace(tmp, folder / plan.filename)
             if number == 0 and len(plans) > 1:
                 rate = plan.tokens / (time.perf_counter() - started)
@@ -533,12 +534,6 @@ def load_hidden_cache(folder: str | os.PathLike, plans: list[ShardPlan], records
         record_offsets=offsets,
         record_modes=record_modes,
     )
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def cache_bytes_per_token(hidden_size: int, teacher_topk: int) -> int:

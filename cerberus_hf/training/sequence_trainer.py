@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..drafters.eagle3 import capture_features
+from ..files import write_atomically
 from ..drafters.kangaroo import first_layers
 from .base_features import CachedStates, OnlineStates, checked_feature_mode
 from .data import Record
@@ -89,9 +90,7 @@ def sequence_features(base, records: Sequence[Record], feature_layers: list[int]
 def _mark_done(done_path: Path, done: set[int], batch: int) -> None:
     """Add ``batch`` to ``done`` and write it to this process's ``done_path`` (atomically: a kill leaves the last)."""
     done.add(batch)
-    partial = done_path.with_name(f".{done_path.name}.tmp")
-    partial.write_text(json.dumps(sorted(done)))
-    os.replace(partial, done_path)
+    write_atomically(done_path, json.dumps(sorted(done)))
 
 
 def _fill_features(base, feature_layers: list[int], sequences: list[list[int]], batches: list[list[int]],

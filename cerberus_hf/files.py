@@ -1,0 +1,74 @@
+"""Files the package writes for the user, in one place.
+
+- `save_safetensors`, `write_atomically`, `give_user_mode`: what the library writes gets the permissions any other
+  file of the user gets (``0o666`` less the umask, as `open` gives a new file). safetensors (0.8) writes through a
+  temporary file created ``0o600`` and renames it, and `tempfile.mkstemp` creates ``0o600`` too: left as
+  they are, heads, exports, n-gram models and caches would be unreadable by a serving engine running as another user
+  or by the other users of a shared model folder.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+_PROC_STATUS = "/proc/self/status"  # Linux (4.7 and later) reports the umask there: reading it changes nothing
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's umask. Read from `_PROC_STATUS` where the system reports it; elsewhere `os.umask` can only set
+    it, so it is set and put back under a lock, set to ``0o077`` meanwhile: a file another thread creates in that
+    instant is private, never more open than the user asked."""
+    try:
+        with open(_PROC_STATUS, encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        umask = os.umask(0o077)
+        os.umask(umask)
+    return umask
+
+
+def user_file_mode() -> int:
+    """The mode a new file of this process gets from `open`: ``0o666`` less the umask (read at each call, so a
+    umask changed after import is respected)."""
+    return 0o666 & ~_umask()
+
+
+def give_user_mode(path: str | os.PathLike) -> None:
+    """Set ``path``'s mode to `user_file_mode`: for a file a writer created with a mode of its own (safetensors'
+    ``0o600``)."""
+    os.chmod(path, user_file_mode())
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
+                     metadata: dict[str, str] | None = None) -> None:
+    """`safetensors.torch.save_file`, the file then given `user_file_mode`."""
+    save_file(tensors, str(path), metadata=metadata)
+    give_user_mode(path)
+
+
+def write_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it (flushed to disk, given
+    `user_file_mode`), then moved into place, so that a reader or a killed run never sees half a file."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        give_user_mode(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
