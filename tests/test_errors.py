@@ -300,6 +300,33 @@ def test_generate_refuses_bad_numbers_in_one_line(base, option, value, message):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("option, value, says", [
+    ("dynamic_tree", {"nodes": 4}, ["dynamic_tree is missing 'depth'", "e.g. dynamic_tree={'nodes': 16, 'depth': 3"]),
+    ("dynamic_tree", "wide", ["dynamic_tree must be a dict", "got 'wide'", "e.g. dynamic_tree={"]),
+    ("dynamic_tree", {"nodes": 4, "depth": "2"}, ["dynamic_tree depth must be an integer >= 1, got '2'", "e.g. "]),
+    ("dynamic_tree", {"nodes": 4, "depth": 2, "width": 3}, ["dynamic_tree has unknown keys ['width']", "e.g. "]),
+    ("rescoring", {"weight": 0.5}, ["rescoring is missing 'nodes', 'depth'", "e.g. rescoring={'nodes': 16, "]),
+    ("rescoring", [5, 3], ["rescoring must be a dict, a Rescoring or None", "got [5, 3]", "e.g. rescoring={"]),
+    ("rescoring", {"nodes": 4, "depth": 2, "weight": "high"}, ["rescoring weight must be a number >= 0", "e.g. "]),
+    ("draft_tree", "abc", ["draft_tree must be a list of paths", "got 'abc'", "e.g. draft_tree=[[0], [0, 0], [1]]"]),
+    ("draft_tree", [0, 1], ["draft_tree must be a list of paths", "got [0, 1]", "e.g. draft_tree=[["]),
+    ("draft_tree", [[0], [0.5]], ["draft_tree must be a list of paths", "ranks (integers >= 0)"]),
+    ("draft_tree", [[0, 1]], ["draft_tree path [0, 1] has no parent path [0]", "e.g. draft_tree=[["]),
+    ("typical_acceptance", {"epsilon": 0.1}, ["typical_acceptance must be True, False or a TypicalAcceptance",
+                                              "e.g. typical_acceptance=TypicalAcceptance("]),
+], ids=["dynamic_missing_key", "dynamic_not_a_dict", "dynamic_wrong_type", "dynamic_unknown_key",
+        "rescoring_missing_keys", "rescoring_not_a_dict", "rescoring_wrong_type", "tree_string", "tree_flat",
+        "tree_float_rank", "tree_orphan", "typical_dict"])
+def test_generate_refuses_a_bad_option_in_one_line_with_an_example(base, option, value, says):
+    """A malformed dict or tree option is refused before decoding, as one `UserError` that names the option, says
+    what is wrong and shows a valid value."""
+    model = CerberusForCausalLM.from_base(base, num_heads=3)
+    with pytest.raises(UserError) as error:
+        model.generate(get_prompt("llama"), max_new_tokens=3, **{option: value})
+    message = str(error.value)
+    assert "\n" not in message and all(part in message for part in says), message
+
+
 def test_a_bad_value_in_a_saved_config_names_the_file(base, tmp_path):
     folder = save_heads(base, tmp_path)
     edit_config(folder, gate_threshold="high")

@@ -162,7 +162,7 @@ def test_generate_rescoring_switch_and_files(tmp_path):
     settings = {"nodes": 5, "depth": 3, "top_k": 2, "candidates": 4, "weight": 0.5}
     with pytest.raises(ValueError, match="n-gram model"):
         model.generate(get_prompt("llama"), max_new_tokens=4, rescoring=settings)
-    with pytest.raises(TypeError, match="rescoring must be"):
+    with pytest.raises(ValueError, match="rescoring must be a dict"):
         model.generate(get_prompt("llama"), max_new_tokens=4, rescoring=[5, 3])
     model.ngram = tiny_ngram(model.config.vocab_size, sequences=[reference("llama")[0].tolist()])
     calls = []

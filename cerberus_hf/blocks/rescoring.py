@@ -27,7 +27,7 @@ Rescoring only chooses what is verified: the emitted tokens are still the base's
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 
@@ -50,6 +50,7 @@ class Rescoring:
     candidates: int = 8
     weight: float = 0.5
     lm_weight: float = 0.0
+    EXAMPLE: ClassVar[dict] = {"nodes": 16, "depth": 4, "weight": 0.5}  # quoted by the errors of a bad dict
 
     @classmethod
     def from_dict(cls, value: dict, num_heads: int | None = None) -> "Rescoring":

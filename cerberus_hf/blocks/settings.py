@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import check_int, check_number
+from ..errors import UserError, check_int, check_number
 from .acceptance import TypicalAcceptance
 from .gate import EntropyGate
 from .lookup import DEFAULT_MAX_NGRAM
@@ -101,17 +101,11 @@ def resolve_settings(
         use = draft_tree is UNSET and dynamic_tree is UNSET and stored["tree_kind"] == "rescored"
         rescoring = stored["rescoring"] if use and stored["rescoring"] is not None and has_rescorers(
             stored["rescoring"]) else None
-    if isinstance(rescoring, dict):
-        rescoring = Rescoring.from_dict(rescoring, num_heads)
-    elif rescoring is not None and not isinstance(rescoring, Rescoring):
-        raise TypeError(f"rescoring must be a dict, a Rescoring or None, got {type(rescoring).__name__}.")
+    rescoring = _grown_tree(Rescoring, rescoring, num_heads)
     if dynamic_tree is UNSET:
         use = draft_tree is UNSET and stored["tree_kind"] == "dynamic"
         dynamic_tree = stored["dynamic_tree"] if use else None
-    if isinstance(dynamic_tree, dict):
-        dynamic_tree = DynamicTree.from_dict(dynamic_tree, num_heads)
-    elif dynamic_tree is not None and not isinstance(dynamic_tree, DynamicTree):
-        raise TypeError(f"dynamic_tree must be a dict, a DynamicTree or None, got {type(dynamic_tree).__name__}.")
+    dynamic_tree = _grown_tree(DynamicTree, dynamic_tree, num_heads)
     return DecodingSettings(
         calibration=stored["calibration"],
         gate=gate,
@@ -120,9 +114,25 @@ def resolve_settings(
         lookup_tokens=(stored["prompt_lookup_num_tokens"] if lookup_tokens is None else lookup_tokens) or 0,
         lookup_ngram=lookup_ngram,
         exit_confidence=float(exit_confidence if exit_confidence is not None else stored["exit_confidence"] or 0.0),
-        typical=TypicalAcceptance() if typical is True else (typical or None),
+        typical=_typical(typical),
         strict_rows=strict_rows,
     )
+
+
+def _grown_tree(cls: type, value: Any, num_heads: int) -> Any:
+    """``value`` (a call's or a stored ``dynamic_tree`` / ``rescoring``) as a ``cls``: None and a ``cls`` as they
+    are, anything else checked as a dict (`tree.tree_settings_from_dict`, one line with a valid example)."""
+    return value if value is None or isinstance(value, cls) else cls.from_dict(value, num_heads)
+
+
+def _typical(value: Any) -> TypicalAcceptance | None:
+    """A call's ``typical_acceptance`` (True, False, None or a `TypicalAcceptance`) as the setting it means."""
+    if value is True:
+        return TypicalAcceptance()
+    if value is None or value is False or isinstance(value, TypicalAcceptance):
+        return value or None
+    raise UserError(f"typical_acceptance must be True, False or a TypicalAcceptance, e.g. "
+                    f"typical_acceptance=TypicalAcceptance(epsilon=0.09, alpha=0.3); got {value!r}.")
 
 
 def check_entry(entry: Any, config: Any) -> None:

@@ -13,15 +13,19 @@ trees are built per step by `graft_chain` and are never stored in a config.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
 from functools import cached_property, lru_cache
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
+from ..errors import UserError
 from .transfer import to_device
 
 CONTEXT_RANK = -1  # path entry of a token copied from the context rather than guessed by a head
+TREE_EXAMPLE = "draft_tree=[[0], [0, 0], [1]]"  # a valid tree, quoted by the errors of a bad one
 
 
 @dataclass(frozen=True)
@@ -32,17 +36,25 @@ class TreeSpec:
 
     @classmethod
     def from_paths(cls, paths, num_heads: int | None = None) -> "TreeSpec":
+        """The tree of ``paths`` (a ``draft_tree`` from a call, a config or a calibration), checked before use: a
+        malformed one is a `UserError` naming ``draft_tree`` and showing a valid tree."""
+        if not _is_list(paths) or not all(_is_list(p) and all(_is_rank(r) for r in p) for p in paths):
+            raise UserError(f"draft_tree must be a list of paths, each a list of ranks (integers >= 0), e.g. "
+                            f"{TREE_EXAMPLE}; got {paths!r}.")
         normalized = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
         if not normalized:
-            raise ValueError("A draft tree needs at least one path, e.g. [[0]].")
+            raise UserError("draft_tree needs at least one path, e.g. draft_tree=[[0]].")
         known = set(normalized)
         for path in normalized:
             if not path or min(path) < 0:
-                raise ValueError(f"Tree path {list(path)} is invalid: paths are non-empty lists of ranks >= 0.")
+                raise UserError(f"draft_tree path {list(path)} is invalid: paths are non-empty lists of ranks >= 0, "
+                                f"e.g. {TREE_EXAMPLE}.")
             if len(path) > 1 and path[:-1] not in known:
-                raise ValueError(f"Tree path {list(path)} has no parent path {list(path[:-1])} in the tree.")
+                raise UserError(f"draft_tree path {list(path)} has no parent path {list(path[:-1])} in the tree: every "
+                                f"prefix of a path is a path too, e.g. {TREE_EXAMPLE}.")
             if num_heads is not None and len(path) > num_heads:
-                raise ValueError(f"Tree path {list(path)} is {len(path)} deep but there are only {num_heads} heads.")
+                raise UserError(f"draft_tree path {list(path)} is {len(path)} deep but there are only {num_heads} "
+                                "heads.")
         return cls(tuple(normalized))
 
     @classmethod
@@ -214,13 +226,14 @@ class DynamicTree:
     top_k: int = 4
     top_p: float = 1.0
     min_ratio: float = 0.0
+    EXAMPLE: ClassVar[dict] = {"nodes": 16, "depth": 4, "top_k": 4}  # quoted by the errors of a bad dict
 
     def __post_init__(self):
         # non-numbers are left to tree_settings_from_dict's messages
         if isinstance(self.top_p, (int, float)) and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"dynamic_tree top_p must be in (0, 1], got {self.top_p!r}.")
+            raise UserError(f"dynamic_tree top_p must be in (0, 1], got {self.top_p!r}.")
         if isinstance(self.min_ratio, (int, float)) and not 0.0 <= self.min_ratio <= 1.0:
-            raise ValueError(f"dynamic_tree min_ratio must be in [0, 1], got {self.min_ratio!r}.")
+            raise UserError(f"dynamic_tree min_ratio must be in [0, 1], got {self.min_ratio!r}.")
 
     @property
     def budgeted(self) -> bool:
@@ -239,24 +252,46 @@ class DynamicTree:
         return values
 
 
-def tree_settings_from_dict(cls: type, label: str, value: dict, num_heads: int | None = None):
+def tree_settings_from_dict(cls: type, label: str, value, num_heads: int | None = None):
     """``cls(**value)`` for a dataclass of grown-tree settings (`DynamicTree`, `rescoring.Rescoring`) read
-    from a config or a call, named ``label`` in errors: unknown keys, an ``int`` field below 1, a
-    ``float`` field below 0 and a depth beyond ``num_heads`` heads are refused."""
+    from a config or a call, named ``label`` in errors. A value that is no dict, a missing or unknown key, an
+    ``int`` field below 1, a ``float`` field below 0 and a depth beyond ``num_heads`` heads are refused with a
+    `UserError` that quotes a valid dict (``cls.EXAMPLE``), so a call fails before it decodes, in one line."""
+    example = f"e.g. {label}={_example(cls, num_heads)}"
+    if not isinstance(value, Mapping):
+        raise UserError(f"{label} must be a dict, a {cls.__name__} or None, {example}; got {value!r}.")
     names = [f.name for f in fields(cls)]
     unknown = set(value) - set(names)
     if unknown:
-        raise ValueError(f"{label} has unknown keys {sorted(unknown)}; expected {', '.join(names)}.")
-    settings = cls(**value)
+        raise UserError(f"{label} has unknown keys {sorted(unknown)}; expected {', '.join(names)}, {example}.")
+    missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in value]
+    if missing:
+        raise UserError(f"{label} is missing {', '.join(map(repr, missing))}, {example}.")
     for f in fields(cls):  # the annotations are strings (postponed evaluation)
-        number = getattr(settings, f.name)
+        number = value.get(f.name, f.default)
         if f.type == "int" and (isinstance(number, bool) or not isinstance(number, int) or number < 1):
-            raise ValueError(f"{label} {f.name} must be an integer >= 1, got {number!r}.")
+            raise UserError(f"{label} {f.name} must be an integer >= 1, got {number!r}, {example}.")
         if f.type == "float" and (isinstance(number, bool) or not isinstance(number, (int, float)) or not number >= 0):
-            raise ValueError(f"{label} {f.name} must be a number >= 0, got {number!r}.")
+            raise UserError(f"{label} {f.name} must be a number >= 0, got {number!r}, {example}.")
+    settings = cls(**value)
     if num_heads is not None and settings.depth > num_heads:
-        raise ValueError(f"{label} depth {settings.depth} exceeds the {num_heads} heads.")
+        raise UserError(f"{label} depth {settings.depth} exceeds the {num_heads} heads, {example}.")
     return settings
+
+
+def _example(cls: type, num_heads: int | None) -> dict:
+    """``cls.EXAMPLE``, no deeper than ``num_heads`` heads (when known)."""
+    return {**cls.EXAMPLE, "depth": min(cls.EXAMPLE["depth"], num_heads or cls.EXAMPLE["depth"])}
+
+
+def _is_list(value) -> bool:
+    """Whether ``value`` is a list-like sequence (a tuple too), not a string."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _is_rank(value) -> bool:
+    """Whether ``value`` is an integer (not a bool): a rank of a tree path (its range is checked by the caller)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @lru_cache(maxsize=1024)
