@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..blocks.rescoring import Rescoring
 from ..blocks.strict import check_strict_support, row_invariant_rows
 from ..blocks.tree import DynamicTree
+from ..errors import UserError
 from ..hardware import HardwareKey, bf16_matmul, describe_device
 from ..training.data import Record
 from ..training.hidden_cache import split_record_ids
@@ -56,6 +57,9 @@ def calibrate(model, sequences: list[tuple[list[int], int]], top_k: int = 10, ma
     # drafted as decoding drafts (through packed weights where it packs), which the positions do not depend on
     statistics.records = collect_positions(model.decoding_view(strict, calibrate=False), sequences, top_k=top_k,
                                            dynamic=probe, rescorings=probes, budgets=statistics.budget_trees)
+    if not statistics.records:
+        raise UserError(f"the {len(sequences)} answer(s) calibration read are too short to draft after "
+                        f"({model.config.num_heads} heads need answers longer than that): use more answers (--limit)")
     fitted = measure_and_fit(model, statistics, MeasurePlan(repeats=repeats), strict)
     key = _store_fitted(model, fitted.settings, strict, rows)
     if not strict:  # strict positions stop at the trees strict verification can verify

@@ -30,6 +30,7 @@ from ..training.data import read_prompt_file
 from . import arguments
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "bench" / "mt_bench.jsonl"
+PACKED_PEER = "plain generate(), packed weights"  # the row of plain decoding through packed weights
 
 
 @dataclass
@@ -178,7 +179,7 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
         # the same kernels as the head rows' verification (`blocks.packed`): what drafting adds on top of them; the
         # view is built once here, not inside the timed call
         packed = packed_view(base, PackedWeights())
-        methods.append(Method("plain generate(), packed weights", lambda inputs: (
+        methods.append(Method(PACKED_PEER, lambda inputs: (
             packed.generate(**_arguments(inputs), **call), None)))
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (

@@ -19,7 +19,7 @@ from ..errors import UserError
 # Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
 SUBCOMMAND_MODULES = (
     "tools.demo", "tools.distill", "tools.train", "tools.calibrate", "tools.ngram", "tools.model_card",
-    "tools.bench", "tools.divergence", "tools.refresh_folder", "tools.export",
+    "tools.bench", "tools.divergence", "tools.refresh_folder", "tools.export", "tools.make_heads",
 )
 DEBUG_VARIABLE = "CERBERUS_HF_DEBUG"
 EXIT_USER_ERROR = 2  # as argparse exits on a bad argument

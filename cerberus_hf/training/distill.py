@@ -421,7 +421,8 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
                                temperature: float = 0.7, top_p: float = 0.9, seed: int = 0,
                                system_prompt: str | None = None, progress: bool = True,
                                engine: str = "auto", answers: str = "base",
-                               max_prompt_tokens: int | None = None) -> Path:
+                               max_prompt_tokens: int | None = None, token_budget: int | None = None,
+                               seconds_budget: float | None = None) -> Path:
     """Write answers to ``prompts`` to ``output_path`` (JSONL; see the module doc).
 
     ``prompts`` is a list of dicts with ``id`` and ``prompt`` and optionally ``messages`` / ``reference``
@@ -432,7 +433,9 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
     cut at ``max_new_tokens``) is written as a ``"text"`` record, for training on the base's soft targets.
     ``system_prompt`` adds a system message to chats without one (``None`` keeps the chat template's
     default). Prompts longer than ``max_prompt_tokens`` are skipped (and counted). Records already in the
-    file are skipped. Returns the path.
+    file are skipped. Generation stops after the answer that brings this call's new answer tokens to
+    ``token_budget``, or once ``seconds_budget`` seconds have passed (the progress bar then counts tokens
+    against the budget); a later call continues where it stopped. Returns the path.
     """
     if answers not in ANSWERS:
         raise ValueError(f"answers must be one of {ANSWERS}, not {answers!r}")
@@ -471,7 +474,7 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
                    key=lambda t: (-len(t[3]), t[1], t[0]))
     answered = _engine_answers(model, queue, pad_id, eos, engine, batch_size=batch_size,
                                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    _append_answers(output_path, answered, total, progress)
+    _append_answers(output_path, answered, total, progress, token_budget, seconds_budget)
     return output_path
 
 
@@ -618,12 +621,15 @@ def _vllm_folder(model, tmp: Path) -> str:
     return str(tmp)
 
 
-def _append_answers(output_path: Path, answers, total: int, progress: bool) -> None:
+def _append_answers(output_path: Path, answers, total: int, progress: bool, token_budget: int | None = None,
+                    seconds_budget: float | None = None) -> None:
     """Append the ``answers`` (lists of ``(task, output_ids, finished)``) to ``output_path`` as they come, each list
-    synced to disk, with a progress bar of the ``total`` expected."""
+    synced to disk, with a progress bar of the ``total`` expected (of ``token_budget`` tokens where one is given),
+    until the budgets are spent."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, desc="distill", unit="answer", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=token_budget or total, desc="distill", unit="tok" if token_budget else "answer",
+               disable=not progress, dynamic_ncols=True)
     new_tokens, started = 0, time.perf_counter()
     with output_path.open("a", encoding="utf-8") as handle:
         for results in answers:
@@ -631,6 +637,9 @@ def _append_answers(output_path: Path, answers, total: int, progress: bool) -> N
                 _write_record(handle, pid, mode, text, input_ids, output_ids, finished)
                 new_tokens += len(output_ids)
             _sync(handle)
-            bar.update(len(results))
-            bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - started, 1e-9):.1f}")
+            bar.update(min(new_tokens, bar.total) - bar.n if token_budget else len(results))
+            elapsed = time.perf_counter() - started
+            bar.set_postfix(tok_s=f"{new_tokens / max(elapsed, 1e-9):.1f}")
+            if (token_budget and new_tokens >= token_budget) or (seconds_budget and elapsed >= seconds_budget):
+                break
     bar.close()

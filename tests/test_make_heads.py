@@ -1,0 +1,114 @@
+"""`cerberus-hf make-heads` end to end on a tiny random base: distill, train, calibrate, bench, card into one folder
+that loads with from_pretrained; a run stopped in a stage and run again ends with the same data and heads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.testing import tiny_model, tiny_tokenizer
+from cerberus_hf.tools import make_heads
+from cerberus_hf.tools.cli import main
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
+                 "{% if add_generation_prompt %}<s> w4 {% endif %}")
+HEADS_FILE = "cerberus_heads.safetensors"
+
+
+@pytest.fixture(scope="module")
+def base_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("base")
+    tiny_model("llama").save_pretrained(folder)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    g = torch.Generator().manual_seed(3)
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    lines = []
+    for i in range(40):
+        words = " ".join(f"w{int(t)}" for t in torch.randint(5, 90, (int(torch.randint(2, 8, (1,), generator=g)),),
+                                                             generator=g))
+        lines.append(json.dumps({"id": f"p{i:02d}", "turns": [words]}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def command(base_folder, prompts_file, output, *extra: str) -> list[str]:
+    return ["make-heads", "--base", str(base_folder), "--head-type", "medusa", "--output", str(output),
+            "--prompts", str(prompts_file), "--budget-tokens", "600", "--dtype", "float32", "--max-new-tokens", "24",
+            "--batch-size", "8", "--train-vocab", "64", "--train-args", "--max-steps 6 --batch-size 32 --save-every 3",
+            "--calibration-limit", "6", "--held-out-prompts", "2", "--bench-tokens", "8", "--no-progress", *extra]
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CERBERUS_HF_CACHE", str(tmp_path / "cache"))
+
+
+def test_one_command_makes_a_folder_that_loads_and_says_its_speedup(base_folder, prompts_file, tmp_path, hf_cache,
+                                                                     capsys):
+    out = tmp_path / "heads"
+    assert main(command(base_folder, prompts_file, out)) == 0
+    said = capsys.readouterr().out.strip().splitlines()
+    assert "plain generate()" in said[-1] and "held-out prompts" in said[-1] and "from_pretrained" in said[-1]
+    state = json.loads((out / make_heads.STATE).read_text())
+    assert list(state["stages"]) == list(make_heads.STAGES)
+    assert state["stages"]["distill"]["answer_tokens"] >= 600
+    assert (out / "README.md").is_file() and (out / make_heads.BENCH).is_file()
+    model = CerberusForCausalLM.from_pretrained(out)
+    assert model.config.head_type == "medusa" and model.config.prompt_lookup_num_tokens == 5
+
+    assert main(command(base_folder, prompts_file, out)) == 0  # done: every stage skipped
+    assert capsys.readouterr().out.count("skipped") == len(make_heads.STAGES)
+    assert main(command(base_folder, prompts_file, out, "--epochs", "3")) == 2  # other settings: refused in one line
+    assert "was made with" in capsys.readouterr().err
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.slow  # three runs of the recipe each: `make test-slow`
+@pytest.mark.parametrize("stage", ["distill", "train"])
+def test_a_run_stopped_in_a_stage_resumes_to_the_same_data_and_heads(base_folder, prompts_file, tmp_path, hf_cache,
+                                                                     monkeypatch, stage):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert main(command(base_folder, prompts_file, whole)) == 0
+    if stage == "distill":  # killed after its first answers were written
+        from cerberus_hf.training import distill
+
+        original = distill._sync
+        calls = []
+
+        def stop_after_two(handle):
+            original(handle)
+            calls.append(1)
+            if len(calls) == 2:
+                raise Stop
+        monkeypatch.setattr(distill, "_sync", stop_after_two)
+    else:  # killed after training's first checkpoint
+        from cerberus_hf.training import trainer
+
+        original = trainer.save_checkpoint
+
+        def stop_after_saving(*args, **kwargs):
+            original(*args, **kwargs)
+            raise Stop
+        monkeypatch.setattr(trainer, "save_checkpoint", stop_after_saving)
+    with pytest.raises(Stop):
+        main(command(base_folder, prompts_file, resumed))
+    monkeypatch.undo()
+    assert main(command(base_folder, prompts_file, resumed)) == 0
+    data = "data/answers-prompts.jsonl"
+    assert (resumed / data).read_text() == (whole / data).read_text()
+    ours, theirs = load_file(resumed / HEADS_FILE), load_file(whole / HEADS_FILE)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
