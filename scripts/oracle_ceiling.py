@@ -1,6 +1,6 @@
 # Reproduces: the README's ceiling, "with perfect drafts the loop would reach 2.91x (4 heads)" on the 2-core AMD EPYC
 #   in fp32 (3.72x with 7; docs/benchmarks.md, "The oracle ceiling"; benchmarks/oracle_ceiling_cpu/).
-# Run: python scripts/oracle_ceiling.py 5      (the first 5 MT-Bench prompts; ../shared/bench/mt_bench.jsonl)
+# Run: python scripts/oracle_ceiling.py 5      (the first 5 MT-Bench prompts: bench's default, the packaged questions)
 """The ceiling of the draft-verify loop on this machine: the heads are replaced by an oracle that drafts the
 base's own greedy continuation (`cerberus_hf.testing.install_oracle`), so every draft is accepted, while the loop,
 the verification forward and the (full-vocabulary) head projection are the real ones.

@@ -13,7 +13,7 @@ DATA=${DATA:-data/smollm2_selfdistill.jsonl}
 # file has 10,058 since 2026-11-27 and grows only at its end): to reproduce one, pass a copy cut with head -n 8752
 SHAREGPT=${SHAREGPT:-data/sharegpt_selfdistill.jsonl}
 FULL="--data $DATA --data $SHAREGPT"                    # 2.05M answer tokens then: the families retrained on it use both
-PROMPTS_EVAL=${PROMPTS_EVAL:-../shared/bench/mt_bench.jsonl}
+PROMPTS_EVAL=${PROMPTS_EVAL:-cerberus_hf/data/mt_bench_questions.jsonl}  # MT-Bench's 80 questions, as the package ships them
 STEPS=${STEPS:-"distill cache train ngram calibrate calibrate-bf16 bench card"}
 FAMILIES=${FAMILIES:-benchmarks/mt_bench_families_cpu/mt_bench_families_cpu}    # every family's trees, gate and lookup (JSON, PNG, Markdown)
 RESCORING=${RESCORING:-benchmarks/mt_bench_rescoring_cpu/mt_bench_rescoring_cpu} # the n-gram-rescored trees against the same lattice without it
