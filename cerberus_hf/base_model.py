@@ -8,6 +8,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from .configuration_cerberus import CerberusConfig
+from .errors import UserError
 
 # from_pretrained keywords that concern how the base is loaded (the rest of what AutoModel passes is its own).
 BASE_LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "low_cpu_mem_usage")
@@ -17,7 +18,7 @@ def load_base_model(config: CerberusConfig, **kwargs) -> nn.Module:
     """Load the base decoder that ``config`` names, with a message that says what to do when it cannot."""
     name = config.base_model_source or config.base_model_name_or_path
     if not name:
-        raise ValueError("This CerberusConfig names no base model: pass base_model=<a loaded model> instead.")
+        raise UserError("This CerberusConfig names no base model: pass base_model=<a loaded model> instead.")
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOADING_KWARGS}
     from .real_models import resolve_source  # the packaged-base loader, off the package's import path
 
@@ -51,7 +52,7 @@ def base_shape(base: nn.Module) -> tuple[str, int, int]:
     """(model_type, hidden size, vocabulary rows) of a base, read from its output projection."""
     lm_head = base.get_output_embeddings()
     if lm_head is None or not hasattr(lm_head, "weight"):
-        raise ValueError(f"{type(base).__name__} has no output embedding (lm_head) for draft heads to project through.")
+        raise UserError(f"{type(base).__name__} has no output embedding (lm_head) for draft heads to project through.")
     vocab_size, hidden_size = lm_head.weight.shape
     return base.config.model_type, hidden_size, vocab_size
 
@@ -67,7 +68,7 @@ def check_base_compatible(config: CerberusConfig, base: nn.Module) -> None:
     if config.base_model_type is not None and config.base_model_type != model_type:
         problems.append(f"model type {config.base_model_type!r} (heads) vs {model_type!r} (base)")
     if problems:
-        raise ValueError(
+        raise UserError(
             f"These heads were built for {config.base_model_name_or_path or 'another base'} and do not fit "
             f"{type(base).__name__}: " + "; ".join(problems) + "."
         )

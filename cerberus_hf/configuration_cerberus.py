@@ -142,9 +142,9 @@ class CerberusConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         if self.head_type not in HEAD_TYPES:
-            raise ValueError(f"Unknown head_type {self.head_type!r}; expected one of {', '.join(HEAD_TYPES)}.")
+            raise UserError(f"Unknown head_type {self.head_type!r}; expected one of {', '.join(HEAD_TYPES)}.")
         if self.head_projection not in HEAD_PROJECTIONS:
-            raise ValueError(
+            raise UserError(
                 f"Unknown head_projection {self.head_projection!r}; expected one of {', '.join(HEAD_PROJECTIONS)}."
             )
         optional = ("prompt_lookup_num_tokens", "max_matching_ngram_size", "adapter_kv_heads", "intermediate_size")
@@ -154,39 +154,39 @@ class CerberusConfig(PreTrainedConfig):
             if value is None and name in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+                raise UserError(f"{name} must be an integer >= 1, got {value!r}.")
         if not isinstance(self.draft_vocab_trained, bool):
-            raise ValueError(f"draft_vocab_trained must be true or false, got {self.draft_vocab_trained!r}.")
+            raise UserError(f"draft_vocab_trained must be true or false, got {self.draft_vocab_trained!r}.")
         if self.draft_vocab_trained and not self.draft_vocab_size:
-            raise ValueError("draft_vocab_trained needs the draft vocabulary it names: set draft_vocab_size.")
+            raise UserError("draft_vocab_trained needs the draft vocabulary it names: set draft_vocab_size.")
         if not isinstance(self.prefix_layer, bool):
-            raise ValueError(f"prefix_layer must be true or false, got {self.prefix_layer!r}.")
+            raise UserError(f"prefix_layer must be true or false, got {self.prefix_layer!r}.")
         if self.prefix_layer and self.head_type != "hydra":
-            raise ValueError(f"prefix_layer is Hydra++'s prefix layer: head_type must be 'hydra', not "
-                             f"{self.head_type!r}.")
+            raise UserError(f"prefix_layer is Hydra++'s prefix layer: head_type must be 'hydra', not "
+                            f"{self.head_type!r}.")
         self.head_dropout = check_number("head_dropout", self.head_dropout)
         if not 0.0 <= self.head_dropout < 1.0:
-            raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout!r}.")
+            raise UserError(f"head_dropout must be in [0, 1), got {self.head_dropout!r}.")
         self.exit_confidence = check_number("exit_confidence", self.exit_confidence)
         if not 0.0 <= self.exit_confidence <= 1.0:
-            raise ValueError(f"exit_confidence must be a probability in [0, 1], got {self.exit_confidence!r}.")
+            raise UserError(f"exit_confidence must be a probability in [0, 1], got {self.exit_confidence!r}.")
         if self.state_source not in STATE_SOURCES:
-            raise ValueError(f"Unknown state_source {self.state_source!r}; expected one of {', '.join(STATE_SOURCES)}.")
+            raise UserError(f"Unknown state_source {self.state_source!r}; expected one of {', '.join(STATE_SOURCES)}.")
         if self.head_type == "kangaroo" and self.state_source != "lm_head_input":
-            raise ValueError("Kangaroo drafts from a shallow layer of the base: state_source must be 'lm_head_input'.")
+            raise UserError("Kangaroo drafts from a shallow layer of the base: state_source must be 'lm_head_input'.")
         if self.head_type == "kangaroo" and self.head_projection != "shared":
-            raise ValueError("Kangaroo drafts through the base's own lm_head: head_projection must be 'shared'.")
+            raise UserError("Kangaroo drafts through the base's own lm_head: head_projection must be 'shared'.")
         if self.feature_layers is not None:
             if (not isinstance(self.feature_layers, (list, tuple)) or not self.feature_layers
                     or any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in self.feature_layers)):
-                raise ValueError(f"feature_layers must be a list of layer indices >= 1, got {self.feature_layers!r}.")
+                raise UserError(f"feature_layers must be a list of layer indices >= 1, got {self.feature_layers!r}.")
             self.feature_layers = list(self.feature_layers)
         if self.adapter_kv_heads is not None and self.adapter_heads % self.adapter_kv_heads:
-            raise ValueError(f"adapter_heads ({self.adapter_heads}) must be a multiple of adapter_kv_heads "
-                             f"({self.adapter_kv_heads}).")
+            raise UserError(f"adapter_heads ({self.adapter_heads}) must be a multiple of adapter_kv_heads "
+                            f"({self.adapter_kv_heads}).")
         self._check_eagle3_layer()
         if self.gate_signal not in GATE_SIGNALS:
-            raise ValueError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
+            raise UserError(f"Unknown gate_signal {self.gate_signal!r}; expected one of {', '.join(GATE_SIGNALS)}.")
         if self.draft_tree is not None:
             spec = TreeSpec.from_paths(self.draft_tree, self.num_heads)
             self.draft_tree = [list(path) for path in spec.paths]
@@ -194,8 +194,8 @@ class CerberusConfig(PreTrainedConfig):
             self.dynamic_tree = DynamicTree.from_dict(self.dynamic_tree, self.num_heads).to_dict()
         if self.head_type == "kangaroo" and (self.dynamic_tree is not None or (
                 self.draft_tree is not None and not TreeSpec.from_paths(self.draft_tree).is_chain)):
-            raise ValueError("Kangaroo drafts a chain token by token: set draft_tree to a chain (or None) and "
-                             "dynamic_tree to None.")
+            raise UserError("Kangaroo drafts a chain token by token: set draft_tree to a chain (or None) and "
+                            "dynamic_tree to None.")
         if self.gate_threshold is not None:
             self.gate_threshold = check_number("gate_threshold", self.gate_threshold, optional=True)
             if math.isinf(self.gate_threshold) and self.gate_threshold > 0:
@@ -208,14 +208,14 @@ class CerberusConfig(PreTrainedConfig):
         for name in ("rms_norm_eps", "rope_theta"):
             value = check_number(name, getattr(self, name), optional=True)
             if value is not None and value <= 0:
-                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}.")
+                raise UserError(f"{name} must be a number > 0 or None, got {value!r}.")
             setattr(self, name, value)
         if not isinstance(self.norm_before_residual, bool):
-            raise ValueError(f"norm_before_residual must be true or false, got {self.norm_before_residual!r}.")
+            raise UserError(f"norm_before_residual must be true or false, got {self.norm_before_residual!r}.")
         if (self.head_type == "eagle3" and self.head_projection == "own" and self.draft_vocab_size
                 and not self.draft_vocab_trained):
-            raise ValueError("EAGLE-3 heads with their own lm_head over a draft vocabulary hold that vocabulary's rows: "
-                             "set draft_vocab_trained.")
+            raise UserError("EAGLE-3 heads with their own lm_head over a draft vocabulary hold that vocabulary's rows: "
+                            "set draft_vocab_trained.")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "CerberusConfig":

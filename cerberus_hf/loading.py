@@ -11,6 +11,7 @@ from .checkpoint import load_heads_state_dict, resolve_heads_file
 from .configuration_cerberus import CerberusConfig
 from .blocks.settings import check_entry
 from .drafters import build_drafter
+from .errors import UserError
 
 
 def read_heads(path: str, config: CerberusConfig, hub_kwargs: dict) -> dict[str, torch.Tensor]:
@@ -49,8 +50,8 @@ def check_heads_state_dict(config: CerberusConfig, state_dict: dict[str, torch.T
             problems.append(f"draft_vocab lists {vocab.numel() - vocab.unique().numel()} token ids twice")
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise ValueError(f"{path} does not match its config ({config.head_type}, {config.num_heads} heads, "
-                         f"hidden {config.hidden_size}, vocab {config.vocab_size}): {shown}.")
+        raise UserError(f"{path} does not match its config ({config.head_type}, {config.num_heads} heads, "
+                        f"hidden {config.hidden_size}, vocab {config.vocab_size}): {shown}.")
 
 
 def check_calibration(generation_config: GenerationConfig, config: CerberusConfig, path: str) -> None:
@@ -61,7 +62,7 @@ def check_calibration(generation_config: GenerationConfig, config: CerberusConfi
     if entries is None:
         return
     if not isinstance(entries, dict):
-        raise ValueError(f"{path}: cerberus_calibration must map device keys to settings, got {type(entries).__name__}.")
+        raise UserError(f"{path}: cerberus_calibration must map device keys to settings, got {type(entries).__name__}.")
     for key, entry in entries.items():
         for label, settings in ((key, entry), (f"{key} (strict)", (entry or {}).get("strict") if isinstance(entry, dict) else None)):
             if settings is None and label != key:
@@ -69,4 +70,4 @@ def check_calibration(generation_config: GenerationConfig, config: CerberusConfi
             try:
                 check_entry(settings, config)
             except (ValueError, TypeError) as error:
-                raise ValueError(f"{path}: calibration entry {label!r}: {error}") from None
+                raise UserError(f"{path}: calibration entry {label!r}: {error}") from None

@@ -64,7 +64,7 @@ from .blocks.tree import DynamicTree, TreeSpec
 from .calibration.first_use import first_use_enabled, machine_entry
 from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
-from .errors import check_int
+from .errors import UserError, check_int
 from .hardware import HardwareKey, note_no_entry, select_calibration
 from .importing import foreign_config, import_drafter
 from .loading import check_calibration, read_heads
@@ -223,7 +223,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         modules and ``custom_generate/``), ``generation_config.json`` and the calibration positions where the model
         holds them (`calibration.statistics`). The base's weights are never written."""
         if kwargs.get("push_to_hub"):
-            raise ValueError("Use model.push_to_hub(repo_id) to upload; save_pretrained only writes a folder.")
+            raise UserError("Use model.push_to_hub(repo_id) to upload; save_pretrained only writes a folder.")
         if not is_main_process:
             return
         os.makedirs(save_directory, exist_ok=True)
@@ -259,15 +259,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             state_dict = read_heads(where, config, hub_kwargs)
         drafter_class = DRAFTER_CLASSES[config.head_type]
         if not drafter_class.drafts_chains:
-            raise ValueError(f"{where} holds {config.head_type} heads, which guess from the base's state alone; a "
-                             "neural rescorer must read tokens on its own: use a kangaroo checkpoint.")
+            raise UserError(f"{where} holds {config.head_type} heads, which guess from the base's state alone; a "
+                            "neural rescorer must read tokens on its own: use a kangaroo checkpoint.")
         mine, theirs = self.config.base_model_name_or_path, config.base_model_name_or_path
         if (config.hidden_size, config.vocab_size) != (self.config.hidden_size, self.config.vocab_size) or (
                 mine and theirs and mine != theirs):
-            raise ValueError(f"{where} was made for another base ({theirs or config.base_model_type}, hidden size "
-                             f"{config.hidden_size}, vocabulary {config.vocab_size}) than these heads' "
-                             f"({mine or self.config.base_model_type}, {self.config.hidden_size}, "
-                             f"{self.config.vocab_size}).")
+            raise UserError(f"{where} was made for another base ({theirs or config.base_model_type}, hidden size "
+                            f"{config.hidden_size}, vocabulary {config.vocab_size}) than these heads' "
+                            f"({mine or self.config.base_model_type}, {self.config.hidden_size}, "
+                            f"{self.config.vocab_size}).")
         lm_weight = self.base.get_output_embeddings().weight
         rescorer = build_drafter(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
         rescorer.attach(self.base)
@@ -352,11 +352,11 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         the heads were trained over exactly these tokens (the trainer's ``train_vocab``); such heads refuse
         another vocabulary afterwards, since their other projection rows never learned anything."""
         if self.config.draft_vocab_trained:
-            raise ValueError(f"These heads were trained over their own {self.config.draft_vocab_size}-token draft "
-                             "vocabulary (train --train-vocab); their rows outside it are untrained, so they keep "
-                             "drafting among those tokens.")
+            raise UserError(f"These heads were trained over their own {self.config.draft_vocab_size}-token draft "
+                            "vocabulary (train --train-vocab); their rows outside it are untrained, so they keep "
+                            "drafting among those tokens.")
         if trained and token_ids is None:
-            raise ValueError("trained=True names the vocabulary the heads were trained over: give its token ids.")
+            raise UserError("trained=True names the vocabulary the heads were trained over: give its token ids.")
         self.heads.set_draft_vocab(token_ids)
         self.config.draft_vocab_size = None if token_ids is None else int(self.heads.draft_vocab.numel())
         self.config.draft_vocab_trained = trained
@@ -531,12 +531,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     def _check_rescorers(self, rescoring: Rescoring | None) -> None:
         """Refuse rescoring that weighs a rescorer this model does not have, saying how to get it."""
         if rescoring is not None and rescoring.weight > 0 and self.ngram is None:
-            raise ValueError("rescoring with an n-gram weight needs an n-gram model next to the heads "
-                             "(ngram.safetensors): build one with `cerberus-hf ngram --heads FOLDER --data DATA`, or "
-                             "load it with model.load_ngram(path).")
+            raise UserError("rescoring with an n-gram weight needs an n-gram model next to the heads "
+                            "(ngram.safetensors): build one with `cerberus-hf ngram --heads FOLDER --data DATA`, or "
+                            "load it with model.load_ngram(path).")
         if rescoring is not None and rescoring.lm_weight > 0 and self.rescorer is None:
-            raise ValueError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
-                             "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
+            raise UserError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
+                            "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
 
     def decoding_view(self, strict: bool = False, packed_weights: bool | None = None,
                       calibrate: bool | None = None) -> "CerberusForCausalLM":
@@ -547,15 +547,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         the cache (`blocks.grouped_attention`) unless ``strict``; else the model itself. Calibration measures this view,
         so its costs are decoding's."""
         if packed_weights and strict:
-            raise ValueError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
-                             "how this base's own linear layers compute each row.")
+            raise UserError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
+                            "how this base's own linear layers compute each row.")
         if packed_weights is None and not strict:
             packed_weights = self.decoding_settings(calibrate=calibrate)["packed_weights"]
         available = packing_available(self.device, self.base.dtype)
         unavailable = packing_unavailable_reason(self.device, self.base.dtype)
         if packed_weights and not available:
-            raise ValueError(f"packed_weights=True needs a CPU, float32 or bfloat16 and oneDNN; this base is "
-                             f"{self.base.dtype} on {self.device}" + (f", and {unavailable}." if unavailable else "."))
+            raise UserError(f"packed_weights=True needs a CPU, float32 or bfloat16 and oneDNN; this base is "
+                            f"{self.base.dtype} on {self.device}" + (f", and {unavailable}." if unavailable else "."))
         if unavailable and packed_weights is None and not strict:
             logger.warning_once(f"cerberus-hf: linear layers run unpacked: {unavailable}.")
         base, heads = self.base, self.heads
@@ -637,7 +637,7 @@ def _stopping_criteria(effective: GenerationConfig, criteria: StoppingCriteriaLi
     tokenizer = kwargs.pop("tokenizer", None)
     if effective.stop_strings:
         if tokenizer is None:
-            raise ValueError("stop_strings needs the tokenizer: call generate(..., tokenizer=tokenizer).")
+            raise UserError("stop_strings needs the tokenizer: call generate(..., tokenizer=tokenizer).")
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=effective.stop_strings))
         kwargs["stop_strings"] = None
     return criteria
@@ -648,13 +648,13 @@ def _call_rows(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | No
     """Each sequence a call decodes without its left padding (``num_return_sequences`` copies of each prompt); what
     a batch cannot do is refused."""
     if input_ids is None or input_ids.dim() != 2:
-        raise ValueError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
+        raise UserError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
     copies = effective.num_return_sequences or 1
     rows = [row for row in unpadded_rows(input_ids, attention_mask, effective) for _ in range(copies)]
     if len(rows) > 1 and streamer is not None:
-        raise ValueError("A streamer takes one sequence: stream with batch size 1.")
+        raise UserError("A streamer takes one sequence: stream with batch size 1.")
     if len(rows) > 1 and effective.return_dict_in_generate and (effective.output_scores or effective.output_logits):
-        raise ValueError(
+        raise UserError(
             "output_scores / output_logits with batch size > 1 are not supported yet (rows are decoded one "
             "at a time); generate each row on its own to get its scores."
         )
@@ -674,15 +674,15 @@ def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:
     """Refuse, in one line, what a call asks for that drafting cannot do or that is malformed."""
     check_int("max_matching_ngram_size", config.max_matching_ngram_size, 1, optional=True)
     if config.num_beams and config.num_beams > 1:
-        raise ValueError("Beam search is not supported with draft heads; use greedy or sampling (num_beams=1).")
+        raise UserError("Beam search is not supported with draft heads; use greedy or sampling (num_beams=1).")
     if model_kwargs.get("assistant_model") is not None or config.assistant_early_exit is not None:
-        raise ValueError("assistant_model / assistant_early_exit cannot be combined with draft heads (they are the drafter).")
+        raise UserError("assistant_model / assistant_early_exit cannot be combined with draft heads (they are the drafter).")
     if model_kwargs.get("custom_generate") is not None:
-        raise ValueError("CerberusForCausalLM.generate supplies its own decoding loop; custom_generate is not accepted.")
+        raise UserError("CerberusForCausalLM.generate supplies its own decoding loop; custom_generate is not accepted.")
     if config.cache_implementation not in (None, "dynamic", "static"):
-        raise ValueError(
+        raise UserError(
             f"cache_implementation={config.cache_implementation!r} is not supported: the draft-verify loop rolls the "
             "cache back after each step; use the default dynamic cache or 'static'."
         )
     if model_kwargs.get("inputs_embeds") is not None:
-        raise ValueError("inputs_embeds is not supported with draft heads: pass input_ids.")
+        raise UserError("inputs_embeds is not supported with draft heads: pass input_ids.")

@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ..errors import UserError
 from ..files import save_safetensors
 
 NGRAM_WEIGHTS_NAME = "ngram.safetensors"
@@ -61,15 +62,15 @@ class NgramModel:
         ``order - 1`` tokens before it (earlier tokens of the same sequence, e.g. the prompt's end) as its
         context. Positions with a shorter history are counted at the orders they have."""
         if order < 1:
-            raise ValueError(f"order must be >= 1, got {order}.")
+            raise UserError(f"order must be >= 1, got {order}.")
         if vocab_size < 2 or float(vocab_size) ** order >= 2.0**63:
-            raise ValueError(f"An order-{order} model over {vocab_size} tokens cannot be coded in int64; lower the order.")
+            raise UserError(f"An order-{order} model over {vocab_size} tokens cannot be coded in int64; lower the order.")
         grams: list[list[torch.Tensor]] = [[] for _ in range(order + 1)]
         total = 0
         for tokens, start in sequences:
             ids = torch.as_tensor(list(tokens), dtype=torch.long)
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-                raise ValueError(f"A sequence holds token ids outside [0, {vocab_size}): wrong vocabulary?")
+                raise UserError(f"A sequence holds token ids outside [0, {vocab_size}): wrong vocabulary?")
             start = max(int(start), 0)
             if start >= ids.numel():
                 continue
@@ -82,7 +83,7 @@ class NgramModel:
                 if ends.numel():
                     grams[m].append(ids[ends[:, None] + torch.arange(1 - m, 1)])
         if total == 0:
-            raise ValueError("No target tokens to count: the data is empty.")
+            raise UserError("No target tokens to count: the data is empty.")
         tables: dict[str, torch.Tensor] = {}
         # occurrences of m-grams that are counted raw (the top order, and shorter histories at the start)
         raw = [torch.cat(g) if g else torch.zeros(0, m, dtype=torch.long) for m, g in enumerate(grams)]
@@ -173,6 +174,6 @@ class NgramModel:
         if missing:
             raise OSError(f"{path} lacks tables {missing[:3]}: the file is incomplete; build it again.")
         if vocab_size is not None and model.vocab_size != vocab_size:
-            raise ValueError(f"{path} was counted over a {model.vocab_size}-token vocabulary, the base has {vocab_size}: "
-                             "it belongs to another tokenizer.")
+            raise UserError(f"{path} was counted over a {model.vocab_size}-token vocabulary, the base has {vocab_size}: "
+                            "it belongs to another tokenizer.")
         return model

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
+from ..errors import UserError
 from .eagle3 import FeatureLayersDrafter, PendingFeaturesState, attend
 from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotary, rotate
 
@@ -56,7 +57,7 @@ class BlockLayer(nn.Module):
                  rope_theta: float):
         super().__init__()
         if head_dim % 2:
-            raise ValueError(f"adapter_head_dim must be even (rotary embeddings), got {head_dim}.")
+            raise UserError(f"adapter_head_dim must be even (rotary embeddings), got {head_dim}.")
         self.num_heads, self.kv_heads, self.head_dim, self.rope_theta = num_heads, kv_heads, head_dim, rope_theta
         self.input_layernorm = nn.RMSNorm(hidden_size, eps=eps)
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
@@ -220,7 +221,7 @@ class DFlashDrafter(FeatureLayersDrafter):
         self.feature_layers = list(config.feature_layers) if config.feature_layers else None
         hidden = config.hidden_size
         if config.mask_token_id is None or not 0 <= config.mask_token_id < config.vocab_size:
-            raise ValueError(f"DFlash needs a mask_token_id in [0, {config.vocab_size}), got {config.mask_token_id!r}.")
+            raise UserError(f"DFlash needs a mask_token_id in [0, {config.vocab_size}), got {config.mask_token_id!r}.")
         self.mask_token_id = config.mask_token_id
         count = len(self.feature_layers) if self.feature_layers else 1
         self.fc = nn.Linear(count * hidden, hidden, bias=False)
@@ -256,8 +257,8 @@ class DFlashDrafter(FeatureLayersDrafter):
 
     def check_layers(self) -> None:
         if self.fc.in_features != len(self.feature_layers) * self.hidden_size:
-            raise ValueError(f"this DFlash drafter fuses {self.fc.in_features // self.hidden_size} layers, but "
-                             f"feature_layers names {len(self.feature_layers)}.")
+            raise UserError(f"this DFlash drafter fuses {self.fc.in_features // self.hidden_size} layers, but "
+                            f"feature_layers names {len(self.feature_layers)}.")
 
     # ------------------------------------------------------------------------------ the block
     def context(self, features: torch.Tensor, positions: torch.Tensor) -> list[LayerContext]:

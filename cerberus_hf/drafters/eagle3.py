@@ -45,6 +45,7 @@ from torch import nn
 
 from ..configuration_cerberus import CerberusConfig
 from ..blocks.transfer import positions_index
+from ..errors import UserError
 from .base import Drafter, SequenceState, capture_states, decoder_layers, in_this_thread
 from .layers import GatedMLP, init_from_fixed_seed, llama_mlp_width, rotary, rotate
 
@@ -58,8 +59,8 @@ def default_feature_layers(num_layers: int) -> list[int]:
 def check_feature_layers(feature_layers: list[int], count: int) -> None:
     """Refuse layers a base of ``count`` decoder layers cannot give: each state read enters layer 1 to ``count - 1``."""
     if not 1 <= min(feature_layers) <= max(feature_layers) < count:
-        raise ValueError(f"feature_layers must lie between 1 and {count - 1} for this base ({count} layers), got "
-                         f"{feature_layers}.")
+        raise UserError(f"feature_layers must lie between 1 and {count - 1} for this base ({count} layers), got "
+                        f"{feature_layers}.")
 
 
 @contextmanager
@@ -120,7 +121,7 @@ class FeatureLayer(nn.Module):
                  width: int | None = None, rope_theta: float = 10000.0, norm_before_residual: bool = False):
         super().__init__()
         if head_dim % 2:
-            raise ValueError(f"adapter_head_dim must be even (rotary embeddings), got {head_dim}.")
+            raise UserError(f"adapter_head_dim must be even (rotary embeddings), got {head_dim}.")
         self.num_heads, self.kv_heads, self.head_dim = num_heads, kv_heads, head_dim
         self.rope_theta, self.norm_before_residual = rope_theta, norm_before_residual
         self.embed_norm = nn.RMSNorm(hidden_size, eps=eps)

@@ -33,8 +33,9 @@ import torch
 
 from transformers.utils import logging
 
+from ..errors import UserError
 from ..files import save_safetensors
-from ..importing import eagle3_keys, medusa_keys, medusa_projection_key
+from ..importing import eagle3_keys, foreign_config, medusa_keys, medusa_projection_key
 
 logger = logging.get_logger(__name__)
 
@@ -60,11 +61,14 @@ def add_cli(subparsers):
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run the ``export`` subcommand from parsed arguments."""
+    from ..configuration_cerberus import CerberusConfig
     from ..modeling_cerberus import CerberusForCausalLM
 
     output = Path(args.output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise SystemExit(f"cerberus-hf export: {output} exists and is not an empty folder")
+    if foreign_config(args.heads, {}) is None:  # a cerberus-hf folder: a family no format writes is refused unloaded
+        check_family(args.format, CerberusConfig.from_pretrained(args.heads).head_type)
     model = CerberusForCausalLM.from_pretrained(args.heads)
     dtype = getattr(torch, args.dtype)
     if args.format == "speculators":
@@ -73,6 +77,15 @@ def run_cli(args: argparse.Namespace) -> int:
         written = export_vllm_medusa(model, output, dtype=dtype)
     print(f"{args.format} checkpoint written to {output}: {', '.join(sorted(written))}")
     return 0
+
+
+def check_family(written: str, head_type: str) -> None:
+    """Refuse heads of a family the format ``written`` cannot write (a `UserError`: the user chose the format and the heads)."""
+    if written == "speculators" and head_type != "eagle3":
+        raise UserError(f"--format speculators writes EAGLE-3 heads; these are {head_type}.")
+    if written == "vllm-medusa" and head_type != "medusa":
+        raise UserError(f"--format vllm-medusa writes Medusa heads (independent heads on the base's last state); "
+                        f"these are {head_type}, which no serving engine's Medusa runs.")
 
 
 def _draft_rows(model) -> torch.Tensor:
@@ -125,12 +138,11 @@ def speculators_config(model, verifier: str | None, dtype: torch.dtype) -> dict:
 def speculators_tensors(model, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The tensors of a speculators Eagle3 checkpoint for ``model``'s EAGLE-3 heads (see the module docstring)."""
     heads = model.heads
-    if heads.drafter_type != "eagle3":
-        raise ValueError(f"--format speculators writes EAGLE-3 heads; these are {heads.drafter_type}.")
+    check_family("speculators", heads.drafter_type)
     layer = heads.layer
     for norm in (layer.embed_norm, layer.hidden_norm, layer.post_norm):
         if norm.eps != heads.norm.eps:  # one rms_norm_eps in the layer config
-            raise ValueError("the drafter's norms use different epsilons; the Llama layer config has one.")
+            raise UserError("the drafter's norms use different epsilons; the Llama layer config has one.")
     rows = _draft_rows(model)
     t2d = torch.zeros(model.config.vocab_size, dtype=torch.bool)
     t2d[rows] = True
@@ -168,9 +180,7 @@ def export_speculators(model, output: Path, verifier: str | None = None, dtype: 
 def vllm_medusa_tensors(model, dtype: torch.dtype = torch.float32) -> tuple[dict, dict[str, torch.Tensor]]:
     """(``config.json``, tensors) of vLLM's Medusa layout for ``model``'s Medusa heads (see the module docstring)."""
     heads, config = model.heads, model.config
-    if heads.drafter_type != "medusa":
-        raise ValueError(f"--format vllm-medusa writes Medusa heads (independent heads on the base's last state); "
-                         f"these are {heads.drafter_type}, which no serving engine's Medusa runs.")
+    check_family("vllm-medusa", heads.drafter_type)
     rows = heads.draft_vocab.cpu() if heads.draft_vocab is not None else None
     state = heads.state_dict()
     tensors = {theirs: state[ours] for ours, theirs in medusa_keys("vllm-medusa", config.num_heads,

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
 from ..checkpoint import PICKLE_SUFFIXES
+from ..errors import UserError
 from ..files import give_user_mode, save_safetensors
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def refuse_pickles(folder: Path) -> None:
     """Raise if anything in ``folder`` is a pickle (`is_pickle_file`), before any of it is read."""
     for path in sorted(folder.rglob("*")):
         if path.is_file() and is_pickle_file(path):
-            raise ValueError(
+            raise UserError(
                 f"{path} is a pickle; cerberus-hf never unpickles files (they can run code), so checkpoints written "
                 "by cerberus-hf before it kept its own safetensors and JSON files (through accelerate's save_state) "
                 "cannot be resumed safely. Delete it or start a fresh run (resume=False, --no-resume).")
@@ -220,16 +221,16 @@ def resume_checkpoint(accelerator, output_dir: Path, run_config: dict, resume: b
     saved = json.loads((path / STATE_NAME).read_text())
     differences = {k: (saved["run_config"].get(k), v) for k, v in run_config.items() if saved["run_config"].get(k) != v}
     if differences:
-        raise ValueError(
+        raise UserError(
             f"{path} was written by a run with other settings or data "
             f"({', '.join(f'{k}: {a!r} there, {b!r} now' for k, (a, b) in differences.items())}). "
             "Resume with the same arguments, pass resume=False (--no-resume) to start over, or use another "
             "output directory."
         )
     if not (path / OPTIMIZER_NAME).is_file():
-        raise ValueError(f"{path} has no {OPTIMIZER_NAME}: it was written by an older cerberus-hf, whose checkpoints "
-                         "this one cannot resume; pass resume=False (--no-resume) to start over, or use another "
-                         "output directory.")
+        raise UserError(f"{path} has no {OPTIMIZER_NAME}: it was written by an older cerberus-hf, whose checkpoints "
+                        "this one cannot resume; pass resume=False (--no-resume) to start over, or use another "
+                        "output directory.")
     load_model(module, str(path / WEIGHTS_NAME))
     _optimizer_from_files(optimizer, load_file(str(path / OPTIMIZER_NAME)), saved["optimizer"])
     _load_scheduler_state(scheduler, saved["scheduler"])

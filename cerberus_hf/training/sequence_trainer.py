@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..drafters.eagle3 import capture_features
+from ..errors import UserError
 from ..files import write_atomically
 from ..drafters.kangaroo import first_layers
 from .base_features import CachedStates, OnlineStates, checked_feature_mode
@@ -303,12 +304,12 @@ def _checked_dtype(drafter, compute_dtype: torch.dtype | str) -> torch.dtype:
     sequences, and the dtype is float32 or bfloat16."""
     dtype = getattr(torch, compute_dtype) if isinstance(compute_dtype, str) else compute_dtype
     if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"compute_dtype must be float32 or bfloat16, got {dtype}.")
+        raise UserError(f"compute_dtype must be float32 or bfloat16, got {dtype}.")
     if not hasattr(drafter, "unrolled_outputs"):
-        raise ValueError(f"{drafter.drafter_type} heads do not unroll over sequences; train them with train_heads.")
+        raise UserError(f"{drafter.drafter_type} heads do not unroll over sequences; train them with train_heads.")
     if drafter.own_projection:
-        raise ValueError("these EAGLE-3 heads project through an lm_head of their own (a drafter trained elsewhere); "
-                         "training here fits heads that project through the base's lm_head: start from fresh heads.")
+        raise UserError("these EAGLE-3 heads project through an lm_head of their own (a drafter trained elsewhere); "
+                        "training here fits heads that project through the base's lm_head: start from fresh heads.")
     return dtype
 
 

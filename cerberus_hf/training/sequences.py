@@ -24,11 +24,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import UserError
 from ..hardware import describe_device
 from . import checkpointing  # its on_step_end is looked up at each step (tests replace it)
 from .checkpointing import METRICS_NAME, cosine_with_warmup, earlier_run, resume_checkpoint, save_checkpoint
 from .data import Record, frequent_tokens, read_records
-from .hidden_cache import build_hidden_cache, record_sequence, split_record_ids
+from .hidden_cache import build_hidden_cache, check_token_ids, record_sequence, split_record_ids
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -77,11 +78,12 @@ def load_sequences(base, data_path, *, cache_dir: Path, max_seq_len: int | None,
     ``teacher_in_step``: each step computes its own, `base_features.OnlineStates`); records with fewer than
     ``min_answer`` answer tokens are not trained on."""
     if not 0.0 <= distill_weight <= 1.0:
-        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}.")
+        raise UserError(f"distill_weight must be in [0, 1], got {distill_weight}.")
     paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
     records = [r for path in paths for r in read_records(path)]
+    check_token_ids(records, base)
     if len({(r.id, r.mode) for r in records}) != len(records):
-        raise ValueError("a (prompt id, mode) pair appears more than once; combine files whose prompt ids are distinct")
+        raise UserError("a (prompt id, mode) pair appears more than once; combine files whose prompt ids are distinct")
     cut = [record_sequence(r, max_seq_len) for r in records]
     sequences, answers = [ids for ids, _ in cut], [answer for _, answer in cut]
     teacher = None
@@ -92,7 +94,7 @@ def load_sequences(base, data_path, *, cache_dir: Path, max_seq_len: int | None,
     held_out = split_record_ids([r.id for r in records], eval_fraction)
     train_members = [i for i, r in enumerate(records) if r.id not in held_out and answers[i] >= min_answer]
     if not train_members:
-        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
+        raise UserError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
     return SequenceData(paths, records, sequences, answers, held_out, train_members,
                         heldout_members(records, answers, held_out), teacher)
 

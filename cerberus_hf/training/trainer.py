@@ -41,6 +41,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ..errors import UserError
 from ..hardware import describe_device
 from . import checkpointing
 from .batches import HeadStates, Rows, head_losses, lm_head_projection
@@ -86,9 +87,9 @@ def load_initial_heads(model, folder: str | os.PathLike) -> None:
     differences = {name: (getattr(saved, name), getattr(model.config, name)) for name in INIT_FIELDS
                    if getattr(saved, name) != getattr(model.config, name)}
     if differences:
-        raise ValueError(f"{folder} holds other heads than this run trains ("
-                         + ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in differences.items())
-                         + "); give the same head type and shape options it was trained with.")
+        raise UserError(f"{folder} holds other heads than this run trains ("
+                        + ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in differences.items())
+                        + "); give the same head type and shape options it was trained with.")
     state = read_heads(str(folder), saved, {})
     state.pop("draft_vocab", None)
     model.heads.load_state_dict(state, strict=False)  # checked above; only the draft vocabulary stays the model's
@@ -186,12 +187,12 @@ class HeadTrainingSettings:
     def __post_init__(self) -> None:
         for name in ("distill_weight", "text_distill_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}.")
+                raise UserError(f"{name} must be in [0, 1], got {getattr(self, name)}.")
         if not 0.0 < self.train_fraction <= 1.0:
-            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}.")
+            raise UserError(f"train_fraction must be in (0, 1], got {self.train_fraction}.")
         if isinstance(self.projection_dtype, str) and not isinstance(getattr(torch, self.projection_dtype, None),
                                                                      torch.dtype):
-            raise ValueError(f"projection_dtype must name a torch dtype, got {self.projection_dtype!r}.")
+            raise UserError(f"projection_dtype must name a torch dtype, got {self.projection_dtype!r}.")
 
     @property
     def projection_torch_dtype(self) -> torch.dtype:
@@ -242,7 +243,7 @@ def train_heads(
         torch.set_num_threads(int(settings.num_threads))
     accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())  # cpu: torchrun's processes, gloo
     if settings.batch_size < accelerator.num_processes:
-        raise ValueError(f"batch_size {settings.batch_size} is smaller than the number of processes.")
+        raise UserError(f"batch_size {settings.batch_size} is smaller than the number of processes.")
     if settings.init_from is not None:  # before the cache, so that a wrong folder fails at once
         load_initial_heads(model, settings.init_from)
     model.base.to(accelerator.device)
@@ -294,8 +295,8 @@ def _prepare_data(model, data_path, settings: HeadTrainingSettings, accelerator)
     paths = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
     records = [record for path in paths for record in read_records(path)]
     if len({(r.id, r.mode) for r in records}) != len(records):
-        raise ValueError(f"{', '.join(map(str, paths))}: a (prompt id, mode) pair appears more than once; "
-                         "combine data files whose prompt ids are distinct")
+        raise UserError(f"{', '.join(map(str, paths))}: a (prompt id, mode) pair appears more than once; "
+                        "combine data files whose prompt ids are distinct")
     cache = build_hidden_cache(
         model.base, records, settings.cache_dir if settings.cache_dir is not None else default_cache_dir(),
         teacher_topk=settings.teacher_topk, max_seq_len=settings.max_seq_len,
@@ -307,7 +308,7 @@ def _prepare_data(model, data_path, settings: HeadTrainingSettings, accelerator)
     trained_below = settings.eval_fraction + settings.train_fraction * (1.0 - settings.eval_fraction)
     train_positions = cache.positions(exclude=held_out | {r for r in cache.record_ids if id_bucket(r) >= trained_below})
     if train_positions.numel() == 0:
-        raise ValueError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
+        raise UserError(f"{data_path} has no answer positions to train on (answers too short, or all held out).")
     is_text = cache.position_modes("text")
     eval_positions = cache.positions(record_ids=held_out)
     if not bool(is_text.all()):  # score the base's own answers, which is what decoding meets
