@@ -24,6 +24,7 @@ from ..configuration_cerberus import CerberusConfig
 from ..blocks.tree import DynamicTree
 from ..errors import UserError
 from ..training.data import Record, frequent_tokens, read_records
+from ..training.hidden_cache import check_token_ids
 from . import arguments
 
 
@@ -92,6 +93,7 @@ def run_cli(args: argparse.Namespace) -> int:
                             "leave out --draft-vocab")
     records = read_records(args.data)  # before the model: a bad data file fails fast
     model = _load_for_calibration(args, records)
+    check_token_ids(records, model.base)
     sequences = load_sequences(records, args.limit, args.held_out_fraction)
     if model.heads.drafts_chains:
         given = [name for name, default in args.tree_defaults.items() if getattr(args, name) != default]

@@ -29,7 +29,9 @@ def add_cli(subparsers):
         set_types,  # bad counts and sizes: one-line errors while parsing
     )
 
-    set_types(parser, model_source=("base",), positive_float=("epochs", "lr"), non_negative_int=("teacher_topk",),
+    set_types(parser, model_source=("base",), positive_float=("epochs", "lr", "head_weight_decay"),
+              non_negative_int=("teacher_topk",), probability=("distill_weight", "text_distill_weight"),
+              fraction=("warmup_ratio", "eval_fraction", "head_dropout"), open_probability=("train_fraction",),
               positive_int=("num_heads", "num_layers", "batch_size", "max_steps", "eval_every", "save_every",
                             "num_threads", "train_vocab", "exit_layer", "batch_tokens", "adapter_heads",
                             "adapter_head_dim", "context_window"))

@@ -50,6 +50,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..drafters.base import capture_states
+from ..errors import UserError
 from ..files import save_safetensors, write_atomically
 from .data import Record, read_records
 
@@ -387,6 +388,18 @@ def cache_key(fingerprint: dict, teacher_topk: int, max_seq_len: int | None,
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def check_token_ids(records: Sequence[Record], base: nn.Module) -> None:
+    """Refuse records holding a token id ``base`` has no embedding for (data written with another tokenizer)
+    before the base runs over them: one line naming the record, not an IndexError from inside the embedding."""
+    vocab = base.get_input_embeddings().num_embeddings
+    for record in records:
+        ids = (*record.input_ids, *record.output_ids)
+        low, high = min(ids, default=0), max(ids, default=0)
+        if low < 0 or high >= vocab:
+            raise UserError(f"record {record.id!r} holds token id {low if low < 0 else high}, outside the base's "
+                            f"vocabulary [0, {vocab}): was the data written with another tokenizer?")
+
+
 def build_hidden_cache(
     base: nn.Module,
     data: str | os.PathLike | Sequence[Record],
@@ -419,6 +432,7 @@ def build_hidden_cache(
             final norm. The teacher's log-probabilities always come from the lm_head's input.
     """
     records = read_records(data) if isinstance(data, (str, os.PathLike)) else list(data)
+    check_token_ids(records, base)
     if max_seq_len is None:
         max_seq_len = getattr(base.config, "max_position_embeddings", None)
     vocab = base.get_output_embeddings().weight.shape[0]
