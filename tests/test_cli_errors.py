@@ -4,6 +4,7 @@ its traceback. Each case fails before any model is loaded (models are refused ou
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -14,7 +15,7 @@ import cerberus_hf.real_models as real_models
 from cerberus_hf import CerberusConfig
 from cerberus_hf.errors import UserError
 from cerberus_hf.tools import ngram
-from cerberus_hf.tools.cli import main
+from cerberus_hf.tools.cli import build_parser, main
 from cerberus_hf.tools import distill as distill_cli
 from cerberus_hf.tools import train as train_cli
 
@@ -244,3 +245,51 @@ def test_a_bug_keeps_its_traceback(tmp_path, heads, monkeypatch):
     monkeypatch.setattr(ngram, "build_ngram", bug)
     with pytest.raises(KeyError, match="a bug"):
         main(["ngram", "--heads", heads, "--data", data])
+
+
+# ---------------------------------------------------------------------------------------------- every subcommand
+def saved_hydra(tmp_path) -> str:
+    """A saved Hydra checkpoint whose base is a tiny Llama saved beside it (what `export` loads)."""
+    from helpers import fresh_model
+    from tiny_models import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    fresh_model("llama", "hydra", num_heads=2, base_model_name_or_path=str(tmp_path / "base")).save_pretrained(
+        tmp_path / "hydra")
+    return str(tmp_path / "hydra")
+
+
+def wrong_input(command: str, tmp_path, heads: str) -> list[str]:
+    """One wrong input of ``command``: an argument, a file or a checkpoint it must refuse in one line."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    cases = {
+        "demo": lambda: ["--max-new-tokens", "0"],
+        "distill": lambda: ["--output", str(tmp_path / "o.jsonl"), "--sample-fraction", "2"],
+        "train": lambda: ["--data", "d.jsonl", "--output", "o", "--eval-fraction", "2"],
+        "calibrate": lambda: ["--heads", heads, "--data", "d.jsonl", "--dynamic-budgets", "2:0"],
+        "ngram": lambda: ["--heads", heads, "--data", write(tmp_path / "records.jsonl", json.dumps(
+            {"id": "a", "input_ids": [1, 2], "output_ids": [500, 3, 4]}) + "\n")],  # a token outside the vocabulary
+        "card": lambda: ["--heads", heads, "--reuse-evaluation"],
+        "bench": lambda: ["--prompts", write(tmp_path / "p.jsonl", "[]\n")],
+        "divergence": lambda: ["--prompts", str(tmp_path / "missing.jsonl")],
+        "refresh-folder": lambda: [str(foreign)],
+        "export": lambda: ["--format", "speculators", saved_hydra(tmp_path), str(tmp_path / "out")],
+        "make-heads": lambda: ["--base", str(tmp_path / "no_such_base"), "--output", str(tmp_path / "made")],
+    }
+    return cases[command]()
+
+
+def subcommands() -> list[str]:
+    parser = build_parser()
+    return sorted(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+@pytest.mark.parametrize("command", subcommands())
+def test_every_subcommand_refuses_wrong_input_in_one_line(capsys, tmp_path, heads, command):
+    """Each subcommand, given wrong input, prints one line ``cerberus-hf COMMAND: error: ...`` and exits with status
+    2, without a traceback (a subcommand added without a case here fails: `wrong_input` raises KeyError)."""
+    argv = wrong_input(command, tmp_path, heads)
+    capsys.readouterr()  # what preparing the case printed
+    one_line_error(capsys, command, *argv)
