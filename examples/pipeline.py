@@ -1,21 +1,22 @@
-"""A saved head checkpoint in `pipeline("text-generation")`, loaded as remote code.
+"""The shipped Hydra heads in `pipeline("text-generation")`, loaded as remote code: the folder holds the heads,
+their config and stubs importing cerberus_hf, and finds its base from the config.
 
-    python examples/pipeline.py /tmp/my-heads
+    python examples/pipeline.py [HEADS_FOLDER]
 """
 
 import sys
+from pathlib import Path
 
 from transformers import pipeline
 
-from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.real_models import load_packaged_model
 
-folder = sys.argv[1] if len(sys.argv) > 1 else "/tmp/cerberus-smollm2-heads"
-base, tokenizer = load_packaged_model()
-CerberusForCausalLM.from_base(base).save_pretrained(folder)  # heads, config, stubs importing cerberus_hf; no base weights
-tokenizer.save_pretrained(folder)  # so the pipeline finds a tokenizer next to the heads
+HEADS = Path(__file__).resolve().parents[1] / "model_cards" / "hydra-smollm2-135m-instruct"
+folder = sys.argv[1] if len(sys.argv) > 1 else str(HEADS)
+tokenizer = load_packaged_model()[1]  # the heads' folder has no tokenizer of its own: the base's
 
-generator = pipeline("text-generation", model=folder, trust_remote_code=True)
+generator = pipeline("text-generation", model=folder, tokenizer=tokenizer, trust_remote_code=True)
 messages = [{"role": "user", "content": "Name two uses of a paperclip."}]
 print(generator(messages, max_new_tokens=48)[0]["generated_text"][-1]["content"])
-print(generator.model.generation_stats.as_dict())
+stats = generator.model.generation_stats
+print(f"{stats.new_tokens} tokens in {stats.steps} base forward passes (tau {stats.tau:.2f})")
