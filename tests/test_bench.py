@@ -109,6 +109,8 @@ def test_variants_select_configurations_and_skip_what_the_checkpoint_lacks():
                                                    "m (calibrated default)"]
     assert [m.name for m in build_methods(base, models, 4, ["default"], prompt_lookup=False, packed_peer=False)] == [
         "plain generate()", "c (calibrated default)", "m (calibrated default)"]
+    assert names(["default", "stored"]) == ["c (calibrated default)", "c (stored entry, nothing fitted here)",
+                                            "m (calibrated default)", "m (stored entry, nothing fitted here)"]
     assert names(["default", "tree+gate+strict", "medusa:chain+strict"]) == [
         "c (calibrated default)", "c (tree, gate on, strict)", "m (calibrated default)", "m (chain, gate off, strict)"]
     with pytest.raises(ValueError, match="Unknown variants"):

@@ -102,13 +102,16 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # output bit-identical to plain generate() in reduced precision too; "default+strict" takes the checkpoint's
 # strict calibration where it has one).
 STRICT = "+strict"
-NAMED_ONLY = ("default", "unpacked", "default-lookup", "loop")  # variants run only where a list names them
+NAMED_ONLY = ("default", "unpacked", "stored", "default-lookup", "loop")  # variants run only where a list names them
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
     "default": ("calibrated default", {}, ()),
     "unpacked": ("calibrated default, weights unpacked", {"packed_weights": False}, ()),
+    # the checkpoint's stored entries only (the closest of this instruction class, else the config's): what a default
+    # row decodes with when nothing is fitted to this machine (generate(calibrate=False))
+    "stored": ("stored entry, nothing fitted here", {"calibrate": False}, ()),
     # on CUDA the default runs as the device step (`decoding.device_step`); this row is the loop it replaces
     "loop": ("calibrated default, the loop", {"device_step": False}, ()),
     # the heads alone in their calibrated tree and gate: a checkpoint's config may copy prompt tokens into each draft
