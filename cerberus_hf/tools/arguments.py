@@ -118,6 +118,16 @@ def model_source(text: str) -> str:
     return heads_source(text)
 
 
+def add_model_option(parser: argparse.ArgumentParser, flag: str = "--base") -> None:
+    """Add ``flag`` (``--base``; ``distill``: ``--model``): the base model, by a packaged model's name (listed in its
+    help, so a user sees which names load without a download), a folder or a Hub id; checked while parsing."""
+    from ..real_models import PACKAGED_MODELS
+
+    parser.add_argument(flag, default="smollm2-135m-instruct", type=model_source,
+                        help=f"the base model: a packaged model ({', '.join(PACKAGED_MODELS)}), a folder with "
+                             "config.json or a Hub id")
+
+
 def output_file(text: str) -> str:
     """A file to write: its folder exists (so a long run does not fail when it saves), and it is no folder."""
     if os.path.isdir(text):
@@ -126,6 +136,22 @@ def output_file(text: str) -> str:
     if not os.path.isdir(parent):
         raise argparse.ArgumentTypeError(f"no folder {parent} to write {os.path.basename(text)} in")
     return text
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """``--help`` that ends each option's help with its default, ``(default: 8)`` (lists spaced, none as ``none``),
+    unless the help already says it, the option is required or it is a flag (off unless given), so no default goes
+    unsaid."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or action.required or action.default is argparse.SUPPRESS
+                or "default" in text):
+            return text
+        value = action.default
+        shown = ("none" if value is None or value == [] else
+                 " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value))
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
 
 
 def set_types(parser: argparse.ArgumentParser, **types: tuple[str, ...]) -> None:

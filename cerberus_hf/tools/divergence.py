@@ -152,19 +152,22 @@ def save_plot(result: dict, path: str | Path) -> None:
 
 def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("divergence", help="measure where reduced precision changes greedy output "
-                                                      "(drafted and plain, against plain and against float32)")
+                                                      "(drafted and plain, against plain and against float32)",
+                                   description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", action="append", default=[], type=arguments.heads_source,
                         help="head checkpoint folder or Hub id (repeatable)")
     parser.add_argument("--prompts", required=True, help="JSONL with a 'turns' list (or a 'prompt') per line")
-    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
+                        help="the reduced precision measured: every method decodes in it")
     parser.add_argument("--reference-dtype", default="float32", choices=("float32", "none"),
                         help="also compare every output with plain generate() in this dtype ('none': skip)")
-    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
-    parser.add_argument("--limit", type=arguments.positive_int, default=None, help="use the first N prompts")
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128,
+                        help="new tokens each method decodes per prompt")
+    parser.add_argument("--limit", type=arguments.positive_int, default=None,
+                        help="use the first N prompts (default: all)")
     parser.add_argument("--every", type=arguments.positive_int, default=1, help="use every N-th prompt, before --limit")
-    parser.add_argument("--base", default="smollm2-135m-instruct", type=arguments.model_source,
-                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
-    parser.add_argument("--device", default="cpu", type=arguments.device)
+    arguments.add_model_option(parser)
+    parser.add_argument("--device", default="cpu", type=arguments.device, help="where the base and the heads run")
     parser.add_argument("--strict", action="store_true", help="also run each checkpoint with strict verification")
     parser.add_argument("--json", default=None, type=arguments.output_file, help="write every per-prompt figure here")
     parser.add_argument("--plot", default=None, type=arguments.output_file, help="save a PNG plot here")

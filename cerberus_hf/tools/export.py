@@ -47,7 +47,9 @@ def add_cli(subparsers):
     """Register the ``export`` subcommand; returns its parser."""
     parser = subparsers.add_parser("export", help="write heads in a serving engine's format (EAGLE-3 for speculators/"
                                    "vLLM/SGLang, Medusa for vLLM)", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--format", required=True, choices=FORMATS,
+                        help="the layout to write: speculators (EAGLE-3 heads, which vLLM and SGLang serve) or "
+                             "vllm-medusa (Medusa heads, vLLM)")
     parser.add_argument("heads", help="folder (or Hub id) of a cerberus-hf checkpoint")
     parser.add_argument("output", help="folder to write (must not exist or be empty)")
     parser.add_argument("--verifier", default=None,

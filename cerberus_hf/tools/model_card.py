@@ -60,7 +60,8 @@ def evaluation_from_bench(bench: dict, label: str) -> dict:
     """This checkpoint's rows of a `cerberus-hf bench` result (methods named ``label`` or ``label (...)``),
     without the per-prompt records, with the run's metadata."""
     if not isinstance(bench, dict) or not isinstance(bench.get("methods"), list) or not bench["methods"]:
-        raise UserError("The bench result has no 'methods' rows: expected the file `cerberus-hf bench --json` writes.")
+        raise UserError("The bench result has no 'methods' rows: expected the file `cerberus-hf bench --heads FOLDER "
+                        "--json BENCH.json` writes.")
     runs = []
     for row in bench["methods"]:
         if row["method"] == label or row["method"].startswith(label + " ("):
@@ -139,8 +140,8 @@ def _cache_text(config, cost: dict) -> str:
         return f"caching {states} {cost['cache_time_s'] / 60:.1f} min."
     if config.head_type in ("kangaroo", "eagle3"):
         return f"none for {states} (read from the file an earlier run with the same base, layers and data wrote)."
-    return (f"none for {states} (read from a cache built beforehand by `cerberus-hf train --cache-only`, shared "
-            "by every head type).")
+    return (f"none for {states} (read from a cache built beforehand by `cerberus-hf train --data DATA --cache-only`, "
+            "shared by every head type).")
 
 
 def _as_list(value) -> list:
@@ -337,7 +338,8 @@ def render_card(
 
 
 def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser("card", help="measure a head checkpoint and write its model card")
+    parser = subparsers.add_parser("card", help="measure a head checkpoint and write its model card",
+                                   description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", required=True, type=arguments.heads_folder, help="head checkpoint folder")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", help="measure tau here on this JSONL (a 'turns' list per line, e.g. MT-Bench)")
@@ -346,8 +348,10 @@ def add_cli(subparsers) -> None:
                         help=f"rewrite the card from the folder's {EVALUATION} instead of measuring again")
     parser.add_argument("--bench-label", help="the --bench rows to read, when the checkpoint was benched from another "
                                               "folder (default: 'HEAD_TYPE FOLDER_NAME', as bench names its rows)")
-    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128)
-    parser.add_argument("--limit", type=arguments.positive_int, default=None)
+    parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=128,
+                        help="new tokens decoded per prompt where tau is measured (--prompts)")
+    parser.add_argument("--limit", type=arguments.positive_int, default=None,
+                        help="use the first N prompts of --prompts (default: all)")
     parser.set_defaults(func=run_cli)
 
 

@@ -30,7 +30,8 @@ def build_ngram(data: list[str], vocab_size: int, order: int = 3, held_out_fract
 
 
 def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser("ngram", help="count the n-gram model for lattice rescoring, beside the heads")
+    parser = subparsers.add_parser("ngram", help="count the n-gram model for lattice rescoring, beside the heads",
+                                   description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", required=True, type=arguments.heads_source,
                         help="head checkpoint folder (the model is written into it)")
     parser.add_argument("--data", required=True, action="append",
@@ -40,7 +41,7 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--held-out-fraction", type=arguments.fraction, default=0.05,
                         help="training's --eval-fraction: the held-out records are left out (0: count every record)")
     parser.add_argument("--output", default=None, type=arguments.output_file,
-                        help=f"write here instead of HEADS/{NGRAM_WEIGHTS_NAME}")
+                        help=f"the file to write (default: HEADS/{NGRAM_WEIGHTS_NAME}, which loads with the heads)")
     parser.set_defaults(func=run_cli)
 
 

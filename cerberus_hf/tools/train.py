@@ -1,5 +1,10 @@
-"""`cerberus-hf train`: train draft heads (`training.trainer.train_heads`) or a chain drafter's adapter
-(`training.chain_trainer.train_chain_drafter`) from the command line."""
+"""`cerberus-hf train`: train a drafter on a frozen base from distillation data: draft heads (Medusa, Cerberus, Hydra,
+Clover), Kangaroo's adapter, or an EAGLE-3 or DFlash drafter unrolled over whole sequences.
+
+Heads train from single answer positions (`training.trainer.train_heads`), the adapter as a chain drafter
+(`training.chain_trainer.train_chain_drafter`), EAGLE-3 and DFlash over sequences
+(`training.sequence_trainer.train_sequence_drafter`).
+"""
 
 from __future__ import annotations
 
@@ -17,24 +22,26 @@ from ..training.base_features import FEATURE_MODES
 from ..training.data import read_records
 from ..training.hidden_cache import build_hidden_cache
 from ..training.trainer import HeadTrainingSettings, default_cache_dir, train_heads
+from . import arguments
+
+# what `train` trains: every head type but those made of the base's own layers (`mtp`, trained with the base)
+TRAINABLE = tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].needs_base_layers)
 
 
 def add_cli(subparsers):
     """Register the ``train`` subcommand; returns its parser."""
     parser = subparsers.add_parser(
-        "train", help="train draft heads (Medusa, Cerberus, Hydra, Clover) or a Kangaroo adapter on a frozen base",
+        "train", help=f"train a drafter on a frozen base ({', '.join(TRAINABLE)})",
         description=__doc__.split("\n\n")[0])
     _add_arguments(parser)
-    from ..tools.arguments import (
-        set_types,  # bad counts and sizes: one-line errors while parsing
-    )
-
-    set_types(parser, model_source=("base",), positive_float=("epochs", "lr", "head_weight_decay"),
-              non_negative_int=("teacher_topk",), probability=("distill_weight", "text_distill_weight"),
-              fraction=("warmup_ratio", "eval_fraction", "head_dropout"), open_probability=("train_fraction",),
-              positive_int=("num_heads", "num_layers", "batch_size", "max_steps", "eval_every", "save_every",
-                            "num_threads", "train_vocab", "exit_layer", "batch_tokens", "adapter_heads",
-                            "adapter_head_dim", "context_window"))
+    # bad counts, sizes and shares: one-line errors while parsing
+    arguments.set_types(parser, positive_float=("epochs", "lr", "head_weight_decay"),
+                        non_negative_int=("teacher_topk",), probability=("distill_weight", "text_distill_weight"),
+                        fraction=("warmup_ratio", "eval_fraction", "head_dropout"),
+                        open_probability=("train_fraction",),
+                        positive_int=("num_heads", "num_layers", "batch_size", "max_steps", "eval_every", "save_every",
+                                      "num_threads", "train_vocab", "exit_layer", "batch_tokens", "adapter_heads",
+                                      "adapter_head_dim", "context_window"))
     # the options only some head types read: the others refuse them rather than ignore them
     unrolled = ("eagle3", "dflash")  # trained on whole sequences, unrolled over the depths (`sequence_trainer`)
     heads = tuple(h for h in HEAD_TYPES if h not in ("kangaroo", *unrolled))  # trained from single positions
@@ -50,48 +57,55 @@ def add_cli(subparsers):
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--base", default="smollm2-135m-instruct",
-                        help="packaged model name (see real_models.PACKAGED_MODELS) or a from_pretrained path/id")
-    parser.add_argument("--head-type", default="cerberus",  # not the base's own MTP layers: trained with it
-                        choices=tuple(h for h in HEAD_TYPES if not DRAFTER_CLASSES[h].needs_base_layers))
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--num-layers", type=int, default=1)
+    arguments.add_model_option(parser)
+    parser.add_argument("--head-type", default="cerberus", choices=TRAINABLE, help="the drafter family to train")
+    parser.add_argument("--num-heads", type=int, default=4,
+                        help="tokens drafted per step: heads, or the depths of a drafter that drafts them in turn")
+    parser.add_argument("--num-layers", type=int, default=1,
+                        help="residual blocks per head (Medusa, Cerberus, Hydra) or DFlash's decoder layers")
     parser.add_argument("--data", required=True, action="append",
                         help="distillation JSONL (from `cerberus-hf distill`); repeat to train on several as one set")
-    parser.add_argument("--output", default=None, help="folder for the heads, metrics and checkpoints")
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--output", default=None,
+                        help="folder for the heads, metrics and checkpoints (required unless --cache-only)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="passes over the training records")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay after warm-up)")
     parser.add_argument("--batch-size", type=int, default=256, help="answer positions per step")
-    parser.add_argument("--max-steps", type=int, default=None, help="total steps (overrides --epochs)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="total steps (overrides --epochs; default: as many as --epochs takes)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initialisation and of the batches")
     parser.add_argument("--distill-weight", type=float, default=0.0,
                         help="share of the target given to the base's own distribution (0..1)")
     parser.add_argument("--text-distill-weight", type=float, default=1.0,
                         help="the same share for 'text' records (a dataset's answers; default: the base's distribution "
                              "only). Held-out accuracy is then measured on the base's own answers")
     parser.add_argument("--head-weight-decay", type=float, default=0.8, help="head k's loss weight is this ** k")
-    parser.add_argument("--warmup-ratio", type=float, default=0.05)
-    parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--save-every", type=int, default=None)
-    parser.add_argument("--eval-fraction", type=float, default=0.05)
+    parser.add_argument("--warmup-ratio", type=float, default=0.05,
+                        help="share of the steps over which the learning rate warms up")
+    parser.add_argument("--eval-every", type=int, default=250, help="evaluate on the held-out records every N steps")
+    parser.add_argument("--save-every", type=int, default=None,
+                        help="write a checkpoint every N steps, to resume from (default: every min(--eval-every, "
+                             "100) steps; kangaroo, eagle3 and dflash: every 50)")
+    parser.add_argument("--eval-fraction", type=float, default=0.05,
+                        help="share of the records held out of training, for evaluation and calibration")
     parser.add_argument("--train-fraction", type=float, default=1.0,
                         help="share of the training records used (nested subsets; for data-scaling curves)")
     parser.add_argument("--cache-dir", default=None,
                         help="hidden-state cache folder, shared between runs (default: $CERBERUS_HF_CACHE/hidden_states)")
     parser.add_argument("--teacher-topk", type=int, default=32,
                         help="base log-probabilities kept per cached position, for --distill-weight (0: none)")
-    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--projection-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="dtype of the products with the frozen lm_head in the loss (bfloat16: faster)")
     parser.add_argument("--train-vocab", type=int, default=None, metavar="N",
                         help="score the loss over the data's N most frequent answer tokens and each batch's targets "
                              "instead of the whole vocabulary (about N/vocab of the projection's cost); the heads "
-                             "then draft among those N tokens")
+                             "then draft among those N tokens (default: the whole vocabulary)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="dtype the base is loaded in")
     parser.add_argument("--init-from", default=None, metavar="FOLDER",
                         help="start from the heads saved in FOLDER (same head type and shape options) instead of fresh "
-                             "ones: train on one data set, then another, or adapt shipped heads to your data")
+                             "ones: train on one data set, then another, or adapt shipped heads to your data "
+                             "(default: fresh heads)")
     parser.add_argument("--no-resume", action="store_true", help="discard checkpoints in --output and start over")
     parser.add_argument("--features", default="cache", choices=FEATURE_MODES,
                         help="kangaroo and eagle3: read the base's states from caches filled before training (cache), "
@@ -99,7 +113,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "forward per step)")
     parser.add_argument("--cache-only", action="store_true",
                         help="only compute the hidden-state cache (e.g. while distillation data is still being written)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     kangaroo = parser.add_argument_group("kangaroo", "the adapter on the base's first layers (--head-type kangaroo; "
                                          "--num-heads is the longest draft)")
     kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
@@ -112,8 +126,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dropout on what the heads read and project, in training (Hydra++: 0.2)")
     adapter = parser.add_argument_group("adapter", "Kangaroo's adapter, Clover's augmenting block and Hydra++'s prefix "
                                         "layer (--head-type kangaroo, clover, or hydra with --prefix-layer)")
-    adapter.add_argument("--adapter-heads", type=int, default=2)
-    adapter.add_argument("--adapter-head-dim", type=int, default=32)
+    adapter.add_argument("--adapter-heads", type=int, default=2, help="attention heads of the adapter or layer")
+    adapter.add_argument("--adapter-head-dim", type=int, default=32,
+                         help="width of each of those attention heads")
     adapter.add_argument("--context-window", type=int, default=16,
                          help="Clover and Hydra++: how many of the newest verified states the augmenting block or "
                               "the prefix layer reads")
