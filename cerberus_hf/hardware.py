@@ -19,6 +19,7 @@ import functools
 import os
 import platform
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,7 +193,19 @@ def _serves(key: str, settings: dict, wanted: HardwareKey) -> bool:
     return isa == wanted.isa
 
 
-def select_calibration(calibrated: dict | None, wanted: HardwareKey) -> tuple[str | None, dict]:
+def calibrate_command(wanted: HardwareKey, folder: str | None = None, positions: bool = False) -> str:
+    """The ``cerberus-hf calibrate`` command that stores an entry for ``wanted``, as the messages below print it, whole
+    (it runs as printed once FOLDER and DATA are filled in): for the heads in ``folder`` (FOLDER where unknown),
+    fitted to this machine from the folder's calibration positions (``--machine``) where it has them, else measured
+    on self-distillation data and written into the folder."""
+    source = ["--machine"] if positions else ["--data", "DATA", "--write"]
+    device = ["--device", wanted.device] if wanted.device != "cpu" else []
+    dtype = ["--dtype", wanted.dtype] if wanted.dtype else []
+    return shlex.join(["cerberus-hf", "calibrate", "--heads", folder or "FOLDER", *source, *dtype, *device])
+
+
+def select_calibration(calibrated: dict | None, wanted: HardwareKey, command: str | None = None
+                       ) -> tuple[str | None, dict]:
     """(stored key, settings) of the entry of ``calibrated`` closest to ``wanted``, or ``(None, {})``.
 
     Only entries of the same device type and instruction class qualify (`stored_class`): a curve fitted where an
@@ -200,6 +213,7 @@ def select_calibration(calibrated: dict | None, wanted: HardwareKey) -> tuple[st
     same processor, float32 (the curve every device has), then a key that names its class. A choice other than an
     exact match is logged once, so that a user knows to calibrate on this machine; finding none is said by the caller
     (`note_no_entry`) once it knows the config's settings decode (calibration on first use may measure instead).
+    ``command`` is the calibration the message suggests (default: `calibrate_command` for an unnamed folder).
     """
     candidates = [key for key, settings in (calibrated or {}).items() if _serves(key, settings, wanted)]
     if not candidates:
@@ -213,17 +227,18 @@ def select_calibration(calibrated: dict | None, wanted: HardwareKey) -> tuple[st
     key = max(candidates, key=closeness)
     if HardwareKey.parse(key) != wanted:
         logger.warning_once(
-            f"cerberus-hf: no calibration stored for {wanted}; using the one for {key}. Run `cerberus-hf "
-            f"calibrate --dtype {wanted.dtype}` on this machine to fit the trees and the gate to its cost curve."
+            f"cerberus-hf: no calibration stored for {wanted}; using the one for {key}. Run "
+            f"`{command or calibrate_command(wanted)}` on this machine to fit the trees and the gate to its cost curve."
         )
     return key, calibrated[key]
 
 
-def note_no_entry(calibrated: dict | None, wanted: HardwareKey) -> None:
-    """Say once that no stored entry serves ``wanted`` and the config's settings decode (nothing where none is stored)."""
+def note_no_entry(calibrated: dict | None, wanted: HardwareKey, command: str | None = None) -> None:
+    """Say once that no stored entry serves ``wanted`` and the config's settings decode (nothing where none is stored),
+    suggesting ``command`` (as `select_calibration` does)."""
     if calibrated:
         logger.warning_once(
             f"cerberus-hf: no calibration stored for {wanted.device} with {wanted.isa} (stored: {', '.join(calibrated)}"
-            f"); using the config's settings. Run `cerberus-hf calibrate --dtype {wanted.dtype}` on this machine to fit "
-            "the trees and the gate to its cost curve."
+            f"); using the config's settings. Run `{command or calibrate_command(wanted)}` on this machine to fit the "
+            "trees and the gate to its cost curve."
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import shlex
 import shutil
 import tempfile
 import threading
@@ -47,7 +48,7 @@ from .decoding.device_step import DeviceDecoding
 from .blocks.gate import EntropyGate
 from .blocks.lookup import DEFAULT_MAX_NGRAM
 from .decoding.paths import DecodingPath, LoopDecoding, choose_path
-from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .blocks.ngram import NGRAM_COMMAND, NGRAM_WEIGHTS_NAME, NgramModel
 from .blocks.grouped_attention import grouped_attention_view
 from .blocks.packed import PackedWeights, packed_views, packing_available, packing_unavailable_reason
 from .blocks.profiling import StepProfiler, phase_timer
@@ -65,7 +66,7 @@ from .calibration.first_use import first_use_enabled, machine_entry
 from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import UserError, check_int
-from .hardware import HardwareKey, note_no_entry, select_calibration
+from .hardware import HardwareKey, calibrate_command, note_no_entry, select_calibration
 from .importing import foreign_config, import_drafter
 from .loading import check_calibration, read_heads
 from .module_views import module_view
@@ -183,7 +184,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             logger.warning_once(
                 f"cerberus-hf: {path} carries {len(copied)} modules of package code an earlier release copied into it. "
                 "Loading here ignores them, but trust_remote_code=True would run that frozen copy: "
-                f"`cerberus-hf refresh-folder {path}` replaces it with two stubs that import the installed package."
+                f"`cerberus-hf refresh-folder {shlex.quote(path)}` replaces it with two stubs that import the installed "
+                "package."
             )
         if config is None:
             config = CerberusConfig.from_pretrained(path, **hub_kwargs)
@@ -205,6 +207,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         statistics = PositionStatistics.load(positions_file, config.num_heads, DRAFTER_CLASSES[
             config.head_type].drafts_chains) if positions_file is not None else None
 
+        config.name_or_path = path  # as transformers' from_pretrained: the model's name_or_path (said in messages)
         model = cls(config, base_model=base_model, **kwargs)
         model.heads.load_state_dict(state_dict, strict=True)
         if generation_config is not None:
@@ -531,9 +534,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
     def _check_rescorers(self, rescoring: Rescoring | None) -> None:
         """Refuse rescoring that weighs a rescorer this model does not have, saying how to get it."""
         if rescoring is not None and rescoring.weight > 0 and self.ngram is None:
-            raise UserError("rescoring with an n-gram weight needs an n-gram model next to the heads "
-                            "(ngram.safetensors): build one with `cerberus-hf ngram --heads FOLDER --data DATA`, or "
-                            "load it with model.load_ngram(path).")
+            raise UserError(f"rescoring with an n-gram weight needs an n-gram model next to the heads "
+                            f"({NGRAM_WEIGHTS_NAME}): build one with `{NGRAM_COMMAND}`, or load it with "
+                            "model.load_ngram(path).")
         if rescoring is not None and rescoring.lm_weight > 0 and self.rescorer is None:
             raise UserError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
                             "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
@@ -584,14 +587,15 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         dtype = dtype or self.base.dtype
         wanted = HardwareKey.of(device, dtype)
         calibrated = getattr(self.generation_config, "cerberus_calibration", None)
-        key, stored = select_calibration(calibrated, wanted)
+        command = calibrate_command(wanted, self.name_or_path or None, self.calibration_statistics is not None)
+        key, stored = select_calibration(calibrated, wanted, command)
         if key != str(wanted) and self.calibration_statistics is not None and first_use_enabled(calibrate):
             measured = machine_entry(self, wanted, measure=key is None and device == self.device
                                      and dtype == self.base.dtype)
             if measured is not None:
                 key, stored = f"{wanted} (measured here)", measured
         if key is None:
-            note_no_entry(calibrated, wanted)
+            note_no_entry(calibrated, wanted, command)
         if strict and "strict" in stored:
             key, stored = f"{key} (strict)", stored["strict"]
         return stored_settings(stored, self.config, key)

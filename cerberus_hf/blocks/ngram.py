@@ -26,6 +26,8 @@ from ..errors import UserError
 from ..files import save_safetensors
 
 NGRAM_WEIGHTS_NAME = "ngram.safetensors"
+# the command that counts one beside the heads, as the messages that need one print it
+NGRAM_COMMAND = "cerberus-hf ngram --heads FOLDER --data DATA"
 NGRAM_FORMAT_VERSION = "1"
 
 
@@ -164,7 +166,8 @@ class NgramModel:
                 tables = {name: handle.get_tensor(name) for name in handle.keys()}
                 metadata = handle.metadata() or {}
         except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-            raise OSError(f"{path} is not a readable n-gram file ({error}); build it again with `cerberus-hf ngram`.") from error
+            raise OSError(f"{path} is not a readable n-gram file ({error}); build it again with "
+                          f"`{NGRAM_COMMAND}`.") from error
         if metadata.get("cerberus_ngram") != NGRAM_FORMAT_VERSION:
             raise OSError(f"{path} is not a cerberus-hf n-gram model (format {metadata.get('cerberus_ngram')!r}).")
         model = cls(int(metadata["vocab_size"]), int(metadata["order"]), tables, int(metadata.get("tokens", 0)))

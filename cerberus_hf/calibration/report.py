@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..blocks.ngram import NGRAM_COMMAND
+
 
 def format_report(report: dict) -> str:
     """The numbers a person needs: cost curve, both tree kinds, gate comparison."""
@@ -90,7 +92,8 @@ def format_chain_report(report: dict) -> str:
 
 def _format_rescoring(rescoring: dict | None) -> list[str]:
     if rescoring is None:
-        return ["rescored tree: no rescorer beside the heads (cerberus-hf ngram, --rescorer)"]
+        return [f"rescored tree: no rescorer beside the heads (count an n-gram model with `{NGRAM_COMMAND}`, or "
+                "give a Kangaroo checkpoint as --rescorer)"]
     models = []
     if rescoring.get("ngram"):
         ngram = rescoring["ngram"]

@@ -22,7 +22,7 @@ from .drafting import (
     Levels, StepDrafts, chosen_tree, dynamic_draft, prime_roots, run_together, search_levels, static_levels,
 )
 from ..blocks.lookup import context_continuation
-from ..blocks.ngram import NgramModel
+from ..blocks.ngram import NGRAM_COMMAND, NgramModel
 from ..blocks.profiling import phase_timer
 from ..blocks.rescoring import Rescoring, lattice_rescore
 from ..blocks.settings import DecodingSettings
@@ -108,8 +108,8 @@ class Proposer:
         if dynamic is not None and dynamic.depth > drafter.num_heads:
             raise ValueError(f"The dynamic tree is {dynamic.depth} deep but there are only {drafter.num_heads} heads.")
         if rescoring is not None and rescoring.weight > 0 and ngram is None:
-            raise ValueError("Lattice rescoring with an n-gram weight needs an n-gram model: build one with "
-                             "`cerberus-hf ngram`.")
+            raise ValueError(f"Lattice rescoring with an n-gram weight needs an n-gram model: build one with "
+                             f"`{NGRAM_COMMAND}`.")
         if rescoring is not None and rescoring.lm_weight > 0 and rescorer is None:
             raise ValueError("Lattice rescoring with an lm_weight needs a neural rescorer beside the heads "
                              "(model.load_rescorer(folder of a Kangaroo checkpoint for this base)).")
