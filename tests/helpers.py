@@ -168,6 +168,16 @@ def check_stats(model: CerberusForCausalLM, new_tokens: int, forwards: int | Non
         assert s.steps == forwards, "steps must count the base's forward passes"
 
 
+def save_with_base(folder: Path, head_type: str = "hydra", **kwargs) -> str:
+    """Fresh ``head_type`` heads saved in ``folder``, naming the tiny Llama saved beside it (``folder``'s sibling
+    ``base``) as their base, so that ``from_pretrained(folder)`` and the commands load them; returns the folder."""
+    base = folder.parent / "base"
+    if not base.is_dir():
+        get_base("llama").save_pretrained(base)
+    fresh_model("llama", head_type, base_model_name_or_path=str(base), **kwargs).save_pretrained(folder)
+    return str(folder)
+
+
 def write_greedy_records(base, path: Path, count: int = 16) -> Path:
     """``count`` records in the distill format at ``path``: random prompts and ``base``'s own greedy answers."""
     with path.open("w") as f:

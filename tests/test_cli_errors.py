@@ -18,6 +18,7 @@ from cerberus_hf.tools import ngram
 from cerberus_hf.tools.cli import build_parser, main
 from cerberus_hf.tools import distill as distill_cli
 from cerberus_hf.tools import train as train_cli
+from helpers import save_with_base
 
 
 @pytest.fixture(autouse=True)
@@ -248,17 +249,6 @@ def test_a_bug_keeps_its_traceback(tmp_path, heads, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- every subcommand
-def saved_hydra(tmp_path) -> str:
-    """A saved Hydra checkpoint whose base is a tiny Llama saved beside it (what `export` loads)."""
-    from helpers import fresh_model
-    from tiny_models import tiny_model
-
-    tiny_model("llama").save_pretrained(tmp_path / "base")
-    fresh_model("llama", "hydra", num_heads=2, base_model_name_or_path=str(tmp_path / "base")).save_pretrained(
-        tmp_path / "hydra")
-    return str(tmp_path / "hydra")
-
-
 def wrong_input(command: str, tmp_path, heads: str) -> list[str]:
     """One wrong input of ``command``: an argument, a file or a checkpoint it must refuse in one line."""
     foreign = tmp_path / "foreign"
@@ -275,7 +265,8 @@ def wrong_input(command: str, tmp_path, heads: str) -> list[str]:
         "bench": lambda: ["--prompts", write(tmp_path / "p.jsonl", "[]\n")],
         "divergence": lambda: ["--prompts", str(tmp_path / "missing.jsonl")],
         "refresh-folder": lambda: [str(foreign)],
-        "export": lambda: ["--format", "speculators", saved_hydra(tmp_path), str(tmp_path / "out")],
+        "export": lambda: ["--format", "speculators", save_with_base(tmp_path / "hydra", num_heads=2),
+                           str(tmp_path / "out")],
         "make-heads": lambda: ["--base", str(tmp_path / "no_such_base"), "--output", str(tmp_path / "made")],
     }
     return cases[command]()
