@@ -320,8 +320,8 @@ def test_calibrate_writes_the_positions_and_machine_fits_this_machine_to_them(tm
 
     with pytest.raises(UserError, match=f"no {POSITIONS_NAME}"):
         run("--machine")
-    with pytest.raises(UserError, match="--data is needed"):
-        run("--write")
+    with pytest.raises(UserError, match="give one of them"):
+        run("--data", str(tmp_path / "data.jsonl"), "--prompts", "packaged")
     assert run("--data", str(tmp_path / "data.jsonl"), "--held-out-fraction", "0", "--max-nodes", "6",
                "--dynamic-max-nodes", "6", "--dynamic-budgets", "--write") == 0
     statistics = PositionStatistics.load(tmp_path / "heads" / POSITIONS_NAME, num_heads=3, chains=False)

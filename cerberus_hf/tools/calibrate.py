@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import tempfile
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
@@ -33,8 +35,14 @@ def add_cli(subparsers) -> None:
     parser = subparsers.add_parser("calibrate", help="fit the draft tree and the gate to heads and device",
                                    description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", required=True, type=arguments.heads_source, help="head checkpoint folder")
-    parser.add_argument("--data", default=None, help="self-distillation JSONL; its held-out split is used (needed "
-                                                      "unless --machine)")
+    parser.add_argument("--data", default=None,
+                        help="self-distillation JSONL (`cerberus-hf distill`); its held-out split is used (default: "
+                             "the base answers --limit prompts of --prompts now)")
+    parser.add_argument("--prompts", default=None, metavar="SOURCE",
+                        help="without --data: the prompts the base answers for calibration, 'packaged' (the "
+                             "package's prompts, the default), 'sharegpt' or a JSONL file; for a drafter brought "
+                             "from elsewhere (imported, or an export loaded back), which comes without the answers "
+                             "it was trained on")
     parser.add_argument("--held-out-fraction", type=arguments.fraction, default=0.05,
                         help="training's --eval-fraction, to select the held-out records (0: use every record)")
     parser.add_argument("--limit", type=arguments.positive_int, default=200, help="sequences to use")
@@ -86,19 +94,19 @@ def add_cli(subparsers) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     if args.machine:
         return _run_machine(args)
-    if args.data is None:
-        raise UserError("--data is needed: the positions calibration fits to are measured on it (only --machine, "
-                        f"which fits to the folder's {POSITIONS_NAME}, does without)")
+    if args.data is not None and args.prompts is not None:
+        raise UserError("--prompts gives the prompts the base answers when there is no --data: give one of them")
     if args.draft_vocab:
         config = CerberusConfig.from_pretrained(args.heads)  # before the model: a refusal needs no weights
         if config.draft_vocab_trained:
             raise UserError(f"{args.heads} was trained over its own {config.draft_vocab_size}-token vocabulary (train "
                             "--train-vocab); rows outside it are untrained, so it keeps drafting among those tokens: "
                             "leave out --draft-vocab")
-    records = read_records(args.data)  # before the model: a bad data file fails fast
+    # before the model: a bad data file fails fast
+    records = read_records(args.data) if args.data is not None else _base_answers(args)
     model = _load_for_calibration(args, records)
     check_token_ids(records, model.base)
-    sequences = load_sequences(records, args.limit, args.held_out_fraction)
+    sequences = load_sequences(records, args.limit, args.held_out_fraction if args.data is not None else 0.0)
     if model.heads.drafts_chains:
         given = [name for name, default in args.tree_defaults.items() if getattr(args, name) != default]
         if given:
@@ -127,6 +135,30 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+ANSWER_TOKENS = 128  # new tokens per answer the base gives for a calibration without --data
+
+
+def _base_answers(args: argparse.Namespace) -> list[Record]:
+    """The base's greedy answers to ``--limit`` prompts of ``--prompts`` (in a temporary file, not kept): the data a
+    drafter brought from elsewhere is calibrated on when no answers of the base come with it. Every answer counts as
+    held out (none was trained on here)."""
+    from ..real_models import load_named_model
+    from ..training.data import load_prompts
+    from ..training.distill import generate_distillation_data
+
+    config = CerberusConfig.from_pretrained(args.heads)
+    source = None if args.prompts in (None, "packaged") else args.prompts
+    prompts = load_prompts(source, limit=args.limit)
+    base, tokenizer = load_named_model(config.base_model_source or config.base_model_name_or_path,
+                                       getattr(torch, args.dtype))
+    print(f"the base answers {len(prompts)} prompts of {args.prompts or 'packaged'} ({ANSWER_TOKENS} tokens each) "
+          "to calibrate on")
+    with tempfile.TemporaryDirectory() as folder:
+        path = generate_distillation_data(base.to(args.device), tokenizer, prompts, Path(folder) / "answers.jsonl",
+                                          batch_size=16, max_new_tokens=ANSWER_TOKENS, sample_fraction=0.0)
+        return read_records(path)
+
+
 def _write_calibration(args: argparse.Namespace, model, records: list[Record]) -> None:
     """Store ``model``'s calibration in the ``--heads`` folder. A calibration alone rewrites only
     ``generation_config.json`` and the positions (none after ``--strict``, which keeps the folder's): the folder's
@@ -149,14 +181,16 @@ def _write_calibration(args: argparse.Namespace, model, records: list[Record]) -
 
 def _run_machine(args: argparse.Namespace) -> int:
     """``--machine``: this machine's half of a calibration from the folder's positions, into the user's cache."""
-    given = [option for option in ("data", "write", "strict", "draft_vocab", "report") if getattr(args, option)]
+    given = [option for option in ("data", "prompts", "write", "strict", "draft_vocab", "report")
+             if getattr(args, option)]
     if given:
         raise UserError(f"{', '.join('--' + n.replace('_', '-') for n in given)} do(es) not apply to --machine, which "
                         f"fits this machine to the folder's {POSITIONS_NAME} and stores the entry in the user's cache")
     model = _load_for_calibration(args, [])
     if model.calibration_statistics is None:
         raise UserError(f"{args.heads} has no {POSITIONS_NAME}: run `cerberus-hf calibrate --heads "
-                        f"{shlex.quote(args.heads)} --data DATA --write` once (on any machine) to measure them")
+                        f"{shlex.quote(args.heads)} --write` once (on any machine) to measure them (the base answers "
+                        "the packaged prompts; --data ANSWERS.jsonl calibrates on yours)")
     fitted, path, seconds = calibrate_machine(model, MeasurePlan(repeats=args.repeats))
     settings = fitted.settings
     print(f"{model.device.type} in {args.dtype}: {settings['tree_kind']} tree, gate {settings['gate_signal']} < "
