@@ -195,10 +195,10 @@ def _serves(key: str, settings: dict, wanted: HardwareKey) -> bool:
 
 def calibrate_command(wanted: HardwareKey, folder: str | None = None, positions: bool = False) -> str:
     """The ``cerberus-hf calibrate`` command that stores an entry for ``wanted``, as the messages below print it, whole
-    (it runs as printed once FOLDER and DATA are filled in): for the heads in ``folder`` (FOLDER where unknown),
-    fitted to this machine from the folder's calibration positions (``--machine``) where it has them, else measured
-    on self-distillation data and written into the folder."""
-    source = ["--machine"] if positions else ["--data", "DATA", "--write"]
+    (it runs as printed once FOLDER is filled in): for the heads in ``folder`` (FOLDER where unknown), fitted to this
+    machine from the folder's calibration positions (``--machine``) where it has them, else measured on the base's
+    answers to the packaged prompts and written into the folder."""
+    source = ["--machine"] if positions else ["--write"]
     device = ["--device", wanted.device] if wanted.device != "cpu" else []
     dtype = ["--dtype", wanted.dtype] if wanted.dtype else []
     return shlex.join(["cerberus-hf", "calibrate", "--heads", folder or "FOLDER", *source, *dtype, *device])
