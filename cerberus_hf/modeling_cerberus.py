@@ -423,10 +423,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         _refuse_unsupported(effective, effective.update(**kwargs))
+        overrides = dict(gate_threshold=gate_threshold, draft_tree=draft_tree, dynamic_tree=dynamic_tree,
+                         rescoring=rescoring, exit_confidence=exit_confidence, typical=typical_acceptance)
+        # the call's options checked over the config's defaults first: a malformed one fails before anything is
+        # measured (first use, `decoding_settings`) or decoded
+        resolve_settings(stored_settings({}, self.config), self.config.num_heads, **overrides)
         decoding = self.decoding_view(strict, packed_weights, calibrate)  # checked before anything runs
-        settings = self._call_settings(effective, strict, calibrate, gate_threshold=gate_threshold,
-                                       draft_tree=draft_tree, dynamic_tree=dynamic_tree, rescoring=rescoring,
-                                       exit_confidence=exit_confidence, typical=typical_acceptance)
+        settings = self._call_settings(effective, strict, calibrate, **overrides)
         stopping_criteria = _stopping_criteria(effective, stopping_criteria, kwargs)
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         rows = _call_rows(input_ids, kwargs.pop("attention_mask", None), effective, streamer)

@@ -110,6 +110,12 @@ def test_a_malformed_positions_file_is_refused_in_one_line(tmp_path, hf_home):
 
 
 # ------------------------------------------------------------------------------------------------ first use
+def test_a_malformed_option_is_refused_before_first_use_measures(hf_home, measurements):
+    with pytest.raises(UserError, match="dynamic_tree is missing 'depth'"):
+        oracle_model().generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, dynamic_tree={"nodes": 4})
+    assert measurements == []
+
+
 def test_first_use_calibrates_once_and_every_later_call_and_model_reuses_it(tmp_path, hf_home, measurements):
     model = oracle_model()
     logger = logging.get_logger("cerberus_hf.calibration.first_use")
