@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from huggingface_hub import HfApi
@@ -45,32 +45,22 @@ from .decoding.batched import shared_budget
 from .blocks.batching import pad_batch, unpadded_length_limits, unpadded_rows
 from .decoding.proposer import Proposer
 from .decoding.device_step import DeviceDecoding
-from .blocks.gate import EntropyGate
-from .blocks.lookup import DEFAULT_MAX_NGRAM
 from .decoding.paths import DecodingPath, LoopDecoding, choose_path
-from .blocks.ngram import NGRAM_COMMAND, NGRAM_WEIGHTS_NAME, NgramModel
-from .blocks.grouped_attention import grouped_attention_view
-from .blocks.packed import PackedWeights, packed_views, packing_available, packing_unavailable_reason
+from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .blocks.packed import PackedWeights
 from .blocks.profiling import StepProfiler, phase_timer
 from .blocks.rescoring import Rescoring
-from .blocks.settings import (
-    UNSET,
-    DecodingSettings,
-    resolve_settings,
-    stored_settings,
-)
+from .blocks.settings import UNSET, DecodingSettings, resolve_settings, stored_settings
 from .blocks.stats import GenerationStats
-from .blocks.strict import check_strict_support, row_invariant_rows
 from .blocks.tree import DynamicTree, TreeSpec
-from .calibration.first_use import first_use_enabled, machine_entry
 from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import UserError, check_int
-from .hardware import HardwareKey, calibrate_command, note_no_entry, select_calibration
 from .importing import foreign_config, import_drafter
 from .loading import check_calibration, read_heads
 from .module_views import module_view
 from .remote_code import copied_code, custom_generate_code, write_loading_code
+from . import settings_selection
 
 logger = logging.get_logger(__name__)
 _thread_stats = threading.local()  # per thread: each model's latest generate() statistics
@@ -429,7 +419,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         # measured (first use, `decoding_settings`) or decoded
         resolve_settings(stored_settings({}, self.config), self.config.num_heads, **overrides)
         decoding = self.decoding_view(strict, packed_weights, calibrate)  # checked before anything runs
-        settings = self._call_settings(effective, strict, calibrate, **overrides)
+        settings = settings_selection.call_settings(self, effective, strict, calibrate, **overrides)
         stopping_criteria = _stopping_criteria(effective, stopping_criteria, kwargs)
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         rows = _call_rows(input_ids, kwargs.pop("attention_mask", None), effective, streamer)
@@ -448,30 +438,6 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             stats.phase_seconds = profiler.close(time.perf_counter() - started)
         self.generation_stats = stats
         return output if isinstance(output, torch.Tensor) else CerberusGenerateOutput(**output, generation_stats=stats)
-
-    def _call_settings(self, effective: GenerationConfig, strict: bool, calibrate: bool | None,
-                       **overrides) -> DecodingSettings:
-        """A call's decoding settings: the call's ``overrides``, else the calibration for this device, dtype and
-        processor, else the config's; each prompt-lookup setting on its own (the call's or its generation config's,
-        else the heads'). Under strict verification that can verify no draft strictly, plain decoding."""
-        if strict:
-            check_strict_support(self.base)
-        strict_rows = row_invariant_rows(self.base) if strict else None
-        settings = resolve_settings(
-            self.decoding_settings(strict=strict, calibrate=calibrate), self.config.num_heads, **overrides,
-            lookup_tokens=effective.prompt_lookup_num_tokens,
-            lookup_ngram=effective.max_matching_ngram_size or self.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM,
-            strict_rows=strict_rows, has_rescorers=self.has_rescorers,
-        )
-        self._check_rescorers(settings.rescoring)
-        if strict_rows == 1:
-            logger.warning_once(
-                f"cerberus-hf: strict=True: this base's linear layers in {self.base.dtype} on {self.device} give "
-                "a row computed in a batch other bits than the row alone, so no draft can be verified strictly "
-                "and decoding is plain."
-            )
-            settings = replace(settings, gate=EntropyGate(0.0, settings.gate.signal), lookup_tokens=0)
-        return settings
 
     def _decoder(self, decoding: "CerberusForCausalLM", path: DecodingPath, settings: DecodingSettings, streamer,
                  stats: GenerationStats, profiler: StepProfiler | None) -> LoopDecoding | DeviceDecoding:
@@ -528,80 +494,21 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
     def has_rescorers(self, rescoring: dict | Rescoring | None) -> bool:
         """Whether this model has every rescorer the ``rescoring`` settings give a weight (None: False)."""
-        if rescoring is None:
-            return False
-        settings = Rescoring(**rescoring) if isinstance(rescoring, dict) else rescoring
-        return (settings.weight == 0 or self.ngram is not None) and (settings.lm_weight == 0 or
-                                                                     self.rescorer is not None)
-
-    def _check_rescorers(self, rescoring: Rescoring | None) -> None:
-        """Refuse rescoring that weighs a rescorer this model does not have, saying how to get it."""
-        if rescoring is not None and rescoring.weight > 0 and self.ngram is None:
-            raise UserError(f"rescoring with an n-gram weight needs an n-gram model next to the heads "
-                            f"({NGRAM_WEIGHTS_NAME}): build one with `{NGRAM_COMMAND}`, or load it with "
-                            "model.load_ngram(path).")
-        if rescoring is not None and rescoring.lm_weight > 0 and self.rescorer is None:
-            raise UserError("rescoring with an lm_weight needs a neural rescorer next to the heads (rescorer/): load "
-                            "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
+        return settings_selection.has_rescorers(self, rescoring)
 
     def decoding_view(self, strict: bool = False, packed_weights: bool | None = None,
                       calibrate: bool | None = None) -> "CerberusForCausalLM":
-        """This model as `generate()` runs it with these arguments: a view (`module_views`) whose base and drafter
-        compute through packed weights (`blocks.packed`) where ``packed_weights`` asks for them or, when None, where
-        packing can apply, ``strict`` is off and the calibration entry used (`decoding_settings`, ``calibrate`` as
-        there) did not find the unpacked layers faster, and whose attention on a CPU groups query heads without copying
-        the cache (`blocks.grouped_attention`) unless ``strict``; else the model itself. Calibration measures this view,
-        so its costs are decoding's."""
-        if packed_weights and strict:
-            raise UserError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
-                            "how this base's own linear layers compute each row.")
-        if packed_weights is None and not strict:
-            packed_weights = self.decoding_settings(calibrate=calibrate)["packed_weights"]
-        available = packing_available(self.device, self.base.dtype)
-        unavailable = packing_unavailable_reason(self.device, self.base.dtype)
-        if packed_weights and not available:
-            raise UserError(f"packed_weights=True needs a CPU, float32 or bfloat16 and oneDNN; this base is "
-                            f"{self.base.dtype} on {self.device}" + (f", and {unavailable}." if unavailable else "."))
-        if unavailable and packed_weights is None and not strict:
-            logger.warning_once(f"cerberus-hf: linear layers run unpacked: {unavailable}.")
-        base, heads = self.base, self.heads
-        if packed_weights or (packed_weights is None and available and not strict):
-            base, heads = packed_views(self.packed_weights, self.base, self.heads)
-            heads = module_view(heads, linear=self.packed_weights.linear)  # the draft vocabulary's rows too
-        if not strict:
-            base = grouped_attention_view(base)
-        if base is self.base and heads is self.heads:
-            return self
-        return module_view(self, {"base": base, "heads": heads})
+        """This model as `generate()` runs it with these arguments: packed weights and grouped attention where they
+        apply (`settings_selection.decoding_view`); else the model itself. Calibration measures this view."""
+        return settings_selection.decoding_view(self, strict, packed_weights, calibrate)
 
     def decoding_settings(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                           strict: bool = False, calibrate: bool | None = None) -> dict:
-        """Gate threshold, gate signal, draft tree (static, dynamic or rescored), prompt lookup and packing used by
-        default on a device and dtype (this model's when None), decided here for every caller: what calibration
-        stored in ``generation_config.cerberus_calibration`` for this device, dtype and processor; else the entry
-        fitted to this machine from the checkpoint's calibration positions (`calibration.first_use`: from the
-        user's cache, or measured now where no stored entry serves this machine and it is this model's device and
-        dtype; ``"calibration"`` then ends in ``" (measured here)"``) unless ``calibrate`` is False (None: as
-        ``CERBERUS_HF_CALIBRATE`` says, on by default); else the closest stored entry of the same instruction class
-        (`hardware.select_calibration`; ``"calibration"`` names the entry used); else the config's values.
-        ``strict``: for ``generate(strict=True)``, the entry's strict settings (`calibrate --strict`) where it
-        has them (``"calibration"`` then ends in ``" (strict)"``)."""
-        device = torch.device(device) if device is not None else self.device
-        dtype = dtype or self.base.dtype
-        wanted = HardwareKey.of(device, dtype)
-        calibrated = getattr(self.generation_config, "cerberus_calibration", None)
-        command = calibrate_command(wanted, self.name_or_path or None, self.calibration_statistics is not None)
-        key, stored = select_calibration(calibrated, wanted, command)
-        if key != str(wanted) and self.calibration_statistics is not None and first_use_enabled(calibrate):
-            measured = machine_entry(self, wanted, measure=key is None and device == self.device
-                                     and dtype == self.base.dtype)
-            if measured is not None:
-                key, stored = f"{wanted} (measured here)", measured
-        if key is None:
-            note_no_entry(calibrated, wanted, command)
-        if strict and "strict" in stored:
-            key, stored = f"{key} (strict)", stored["strict"]
-        return stored_settings(stored, self.config, key)
+        """The settings a call on ``device`` in ``dtype`` (this model's when None) decodes with by default: the stored
+        calibration entry for this machine, else the one fitted here on first use (``calibrate``: None follows
+        ``CERBERUS_HF_CALIBRATE``), else the closest of the same instruction class, else the config's values; the
+        entry's strict half with ``strict`` (`settings_selection.decoding_settings`)."""
+        return settings_selection.decoding_settings(self, device, dtype, strict, calibrate)
 
     def _proposer(self, generation_config: GenerationConfig, settings: DecodingSettings,
                   stats: GenerationStats, profiler: StepProfiler | None = None) -> Proposer:

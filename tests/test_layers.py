@@ -33,8 +33,8 @@ LAYERS = [
     # training, then calibration (which reads training data's held-out split)
     ["training", "training.*"],
     ["calibration", "calibration.*"],
-    # the model users load, and its entry points (it calibrates a machine on first use)
-    ["modeling_cerberus", "custom_generate", ""],
+    # the model users load, what its calls decode with, and its entry points (it calibrates a machine on first use)
+    ["modeling_cerberus", "settings_selection", "custom_generate", ""],
     # the command line
     ["tools", "tools.*"],
     # tiny models and oracle drafts, to test a drafter (nothing in the package imports them)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cerberus_hf.blocks.packed as packed
-import cerberus_hf.modeling_cerberus as modeling_cerberus
+import cerberus_hf.settings_selection as settings_selection
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.blocks.packed import PackedWeights, packed_view, packing_available
 from cerberus_hf.hardware import bf16_kernels
@@ -103,7 +103,7 @@ def test_bfloat16_is_packed_only_where_onednn_has_bf16_kernels(monkeypatch, kern
     assert packing_available(DEVICE, torch.bfloat16) == kernels and packing_available(DEVICE, torch.float32)
     prompt = get_prompt("llama")
     said = []  # warning_once's own memory would hide the line from a second test in the session
-    monkeypatch.setattr(modeling_cerberus.logger, "warning_once", said.append)
+    monkeypatch.setattr(settings_selection.logger, "warning_once", said.append)
     out = model.generate(prompt, max_new_tokens=24, do_sample=False)
     assert bool(calls) == kernels
     assert any("linear layers run unpacked: oneDNN has no bfloat16 kernels" in line for line in said) == (not kernels)

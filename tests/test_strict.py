@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-import cerberus_hf.modeling_cerberus as modeling
+import cerberus_hf.settings_selection as settings_selection
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.decoding.proposer import Draft
 from cerberus_hf.blocks.strict import row_invariant_rows, strict_view
@@ -132,7 +132,7 @@ def test_strict_attention_follows_a_tree_mask():
 def test_drafts_are_cut_to_the_row_invariant_height(monkeypatch):
     """Where the linear layers are row-invariant only up to 3 rows, each verification feeds at most 3 positions
     (the root and the chain's first 2 nodes) and the output is still exact."""
-    monkeypatch.setattr(modeling, "row_invariant_rows", lambda base: 3)
+    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base: 3)
     model = drafting_model("llama", torch.bfloat16, "medusa")
     install_oracle(model, [plain_output("llama", torch.bfloat16, NEW_TOKENS + 8)], tolerance=5e-2)
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)  # a chain of 4 heads
@@ -143,7 +143,7 @@ def test_drafts_are_cut_to_the_row_invariant_height(monkeypatch):
 
 
 def test_no_row_invariance_means_plain_decoding(monkeypatch):
-    monkeypatch.setattr(modeling, "row_invariant_rows", lambda base: 1)
+    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base: 1)
     model = drafting_model("llama", torch.bfloat16, "medusa")
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True, prompt_lookup_num_tokens=3)
     assert torch.equal(out, plain_output("llama", torch.bfloat16))
@@ -225,7 +225,7 @@ def test_strict_calibration_is_stored_beside_the_entry_and_used_by_strict_genera
     assert model.decoding_settings()["draft_tree"] == own["draft_tree"]
     strict = model.decoding_settings(strict=True)
     assert strict["calibration"] == f"{key} (strict)" and strict["draft_tree"] == entry["strict"]["draft_tree"]
-    monkeypatch.setattr(modeling, "row_invariant_rows", lambda base: 4)
+    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base: 4)
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)
     assert torch.equal(out, plain_output("llama", torch.bfloat16))
     assert model.generation_stats.calibration == f"{key} (strict)"

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-import cerberus_hf.modeling_cerberus as modeling
+import cerberus_hf.settings_selection as modeling  # where decoding_view takes the grouped attention view
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.blocks.packed import PackedWeights, packed_view
 from cerberus_hf.real_models import load_packaged_model

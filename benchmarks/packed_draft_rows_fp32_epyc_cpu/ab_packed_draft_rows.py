@@ -1,6 +1,6 @@
 """Interleaved: the shipped EAGLE-3 default with the draft rows packed (new) and through linear (before)."""
 import torch, time
-from cerberus_hf import CerberusForCausalLM, modeling_cerberus as MC
+from cerberus_hf import CerberusForCausalLM, settings_selection as MC  # where decoding_view packs the draft rows
 from cerberus_hf.real_models import load_named_model
 from cerberus_hf.tools.bench import load_bench_prompts, encode_prompts
 torch.set_num_threads(2)
