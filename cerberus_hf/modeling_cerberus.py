@@ -10,7 +10,6 @@ so they load with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_cod
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import shlex
 import shutil
@@ -24,10 +23,7 @@ import torch
 from huggingface_hub import HfApi
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.generation.stopping_criteria import (
-    StoppingCriteriaList,
-    StopStringCriteria,
-)
+from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
@@ -42,23 +38,21 @@ from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
 from .blocks.acceptance import TypicalAcceptance
 from .decoding.batched import shared_budget
-from .blocks.batching import pad_batch, unpadded_length_limits, unpadded_rows
+from .decoding.call import call_rows, call_stopping_criteria, refuse_unsupported, run_base
 from .decoding.proposer import Proposer
-from .decoding.device_step import DeviceDecoding
-from .decoding.paths import DecodingPath, LoopDecoding, choose_path
+from .decoding.paths import choose_path, host_work, path_decoding
 from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from .blocks.packed import PackedWeights
 from .blocks.profiling import StepProfiler, phase_timer
 from .blocks.rescoring import Rescoring
 from .blocks.settings import UNSET, DecodingSettings, resolve_settings, stored_settings
 from .blocks.stats import GenerationStats
-from .blocks.tree import DynamicTree, TreeSpec
+from .blocks.tree import DynamicTree
 from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
-from .errors import UserError, check_int
+from .errors import UserError
 from .importing import foreign_config, import_drafter
 from .loading import check_calibration, read_heads
-from .module_views import module_view
 from .remote_code import copied_code, custom_generate_code, write_loading_code
 from . import settings_selection
 
@@ -412,7 +406,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         # Read the call's effective settings without changing what is passed on: generate() treats an
         # explicit None in kwargs (e.g. eos_token_id=None) differently from an unset field.
         effective = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
-        _refuse_unsupported(effective, effective.update(**kwargs))
+        refuse_unsupported(effective, effective.update(**kwargs))
         overrides = dict(gate_threshold=gate_threshold, draft_tree=draft_tree, dynamic_tree=dynamic_tree,
                          rescoring=rescoring, exit_confidence=exit_confidence, typical=typical_acceptance)
         # the call's options checked over the config's defaults first: a malformed one fails before anything is
@@ -420,64 +414,24 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         resolve_settings(stored_settings({}, self.config), self.config.num_heads, **overrides)
         decoding = self.decoding_view(strict, packed_weights, calibrate)  # checked before anything runs
         settings = settings_selection.call_settings(self, effective, strict, calibrate, **overrides)
-        stopping_criteria = _stopping_criteria(effective, stopping_criteria, kwargs)
+        stopping_criteria = call_stopping_criteria(effective, stopping_criteria, kwargs)
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
-        rows = _call_rows(input_ids, kwargs.pop("attention_mask", None), effective, streamer)
+        rows = call_rows(input_ids, kwargs.pop("attention_mask", None), effective, streamer)
         # which way the call decodes, decided once (`decoding.paths`)
         path = choose_path(self.base, decoding.heads, settings, effective, len(rows), device_step,
-                           _host_work(streamer, logits_processor, stopping_criteria, profile))
-        together = path.apart is None or path.device_step
-        if together and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
+                           host_work(streamer, logits_processor, stopping_criteria, profile))
+        if path.together and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
             settings = shared_budget(settings, len(rows))  # the stored tree was sized for one row
         stats = GenerationStats(calibration=settings.calibration, strict_rows=settings.strict_rows)
         profiler = StepProfiler(self.device) if profile else None
-        kwargs.update(logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                      custom_generate=self._decoder(decoding, path, settings, streamer, stats, profiler))
-        output = self._run_base(decoding, input_ids, rows, together, effective, generation_config, streamer, kwargs)
+        decode = path_decoding(self, decoding.heads, decoding._proposer, path, settings, streamer, stats, profiler)
+        kwargs.update(logits_processor=logits_processor, stopping_criteria=stopping_criteria, custom_generate=decode)
+        output = run_base(decoding.base, self.generation_config, input_ids, rows, path.together, effective,
+                          generation_config, streamer, kwargs)
         if profiler is not None:
             stats.phase_seconds = profiler.close(time.perf_counter() - started)
         self.generation_stats = stats
         return output if isinstance(output, torch.Tensor) else CerberusGenerateOutput(**output, generation_stats=stats)
-
-    def _decoder(self, decoding: "CerberusForCausalLM", path: DecodingPath, settings: DecodingSettings, streamer,
-                 stats: GenerationStats, profiler: StepProfiler | None) -> LoopDecoding | DeviceDecoding:
-        """The decoding method the base's generate() runs (its ``custom_generate``) on the path chosen: the loop, or
-        the whole step on the device."""
-        decode = LoopDecoding(path, settings, streamer, profiler, self.base, functools.partial(
-            decoding._proposer, settings=settings, stats=stats, profiler=profiler))
-        if not path.device_step:
-            return decode
-        return DeviceDecoding(self, decoding.heads, settings.tree or TreeSpec.chain(self.config.num_heads), stats,
-                              decode, "reduce-overhead" if self.device.type == "cuda" else None)
-
-    def _run_base(self, decoding: "CerberusForCausalLM", input_ids: torch.LongTensor, rows: list[torch.Tensor],
-                  together: bool, effective: GenerationConfig, generation_config: GenerationConfig | None, streamer,
-                  kwargs: dict):
-        """The base's generate() running our decoding method (in ``kwargs``) over the call's ``rows``: together, as
-        one left-padded batch, or one at a time, then padded back as the base pads a batch."""
-        for name in _LOOKUP_FIELDS:
-            kwargs.pop(name, None)
-        if not together and any(row.shape[1] != input_ids.shape[1] for row in rows):
-            kwargs.update(unpadded_length_limits(effective, input_ids.shape[1]))
-        kwargs["num_return_sequences"] = 1
-        # The base's generate() fills unset settings from this model's generation config (greedy by default), as
-        # it would from its own: it runs on a view of the base whose generation config is ours, so the base and
-        # its generation config stay as they are for other threads (`module_views`).
-        base = module_view(decoding.base, generation_config=_without_lookup(self.generation_config))
-        generation_config = _without_lookup(generation_config)
-        if generation_config is not None:
-            # the call's generation settings (and those set above) go into its config, as generate() would put them:
-            # passing both is deprecated from transformers 5.24 on (one warning per call)
-            generation_config = copy.deepcopy(generation_config)
-            kwargs = generation_config.update(**kwargs)
-        padded = input_ids.repeat_interleave(len(rows) // input_ids.shape[0], dim=0)
-        if together:
-            mask = torch.zeros_like(padded)
-            for b, row in enumerate(rows):
-                mask[b, padded.shape[1] - row.shape[1]:] = 1
-            return base.generate(padded, attention_mask=mask, generation_config=generation_config, **kwargs)
-        results = [base.generate(row, generation_config=generation_config, streamer=streamer, **kwargs) for row in rows]
-        return results[0] if len(results) == 1 else pad_batch(padded, rows, results, effective)
 
     @property
     def generation_stats(self) -> GenerationStats | None:
@@ -526,77 +480,3 @@ class CerberusGenerateOutput(GenerateDecoderOnlyOutput):
     `GenerationStats`."""
 
     generation_stats: GenerationStats | None = None
-
-
-# Prompt-lookup settings are ours to honour (grafted into the heads' drafts): left in what the base's
-# generate() reads, they would switch it to its own prompt-lookup decoding.
-_LOOKUP_FIELDS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
-
-
-def _without_lookup(config: GenerationConfig | None) -> GenerationConfig | None:
-    """``config``, or a copy of it without prompt-lookup settings when it has any."""
-    if config is None or all(getattr(config, name, None) is None for name in _LOOKUP_FIELDS):
-        return config
-    config = copy.deepcopy(config)
-    for name in _LOOKUP_FIELDS:
-        setattr(config, name, None)
-    return config
-
-
-def _stopping_criteria(effective: GenerationConfig, criteria: StoppingCriteriaList | None,
-                       kwargs: dict) -> StoppingCriteriaList:
-    """The call's stopping criteria, its stop strings among them: generate() does not hand the tokenizer to a custom
-    decoding method, so the criterion is built here (the tokenizer and the stop strings leave ``kwargs``)."""
-    criteria = StoppingCriteriaList(criteria or [])
-    tokenizer = kwargs.pop("tokenizer", None)
-    if effective.stop_strings:
-        if tokenizer is None:
-            raise UserError("stop_strings needs the tokenizer: call generate(..., tokenizer=tokenizer).")
-        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=effective.stop_strings))
-        kwargs["stop_strings"] = None
-    return criteria
-
-
-def _call_rows(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, effective: GenerationConfig,
-               streamer) -> list[torch.Tensor]:
-    """Each sequence a call decodes without its left padding (``num_return_sequences`` copies of each prompt); what
-    a batch cannot do is refused."""
-    if input_ids is None or input_ids.dim() != 2:
-        raise UserError("CerberusForCausalLM.generate needs input_ids of shape (batch, length).")
-    copies = effective.num_return_sequences or 1
-    rows = [row for row in unpadded_rows(input_ids, attention_mask, effective) for _ in range(copies)]
-    if len(rows) > 1 and streamer is not None:
-        raise UserError("A streamer takes one sequence: stream with batch size 1.")
-    if len(rows) > 1 and effective.return_dict_in_generate and (effective.output_scores or effective.output_logits):
-        raise UserError(
-            "output_scores / output_logits with batch size > 1 are not supported yet (rows are decoded one "
-            "at a time); generate each row on its own to get its scores."
-        )
-    return rows
-
-
-def _host_work(streamer, processors, criteria, profile: bool) -> str | None:
-    """What a call does on the host per token, which the device step cannot do (None: nothing)."""
-    if profile:
-        return "profile=True times the loop's phases"
-    if streamer is not None or processors or criteria:
-        return "a streamer, logits processors or stopping criteria of the call's own"
-    return None
-
-
-def _refuse_unsupported(config: GenerationConfig, model_kwargs: dict) -> None:
-    """Refuse, in one line, what a call asks for that drafting cannot do or that is malformed."""
-    check_int("max_matching_ngram_size", config.max_matching_ngram_size, 1, optional=True)
-    if config.num_beams and config.num_beams > 1:
-        raise UserError("Beam search is not supported with draft heads; use greedy or sampling (num_beams=1).")
-    if model_kwargs.get("assistant_model") is not None or config.assistant_early_exit is not None:
-        raise UserError("assistant_model / assistant_early_exit cannot be combined with draft heads (they are the drafter).")
-    if model_kwargs.get("custom_generate") is not None:
-        raise UserError("CerberusForCausalLM.generate supplies its own decoding loop; custom_generate is not accepted.")
-    if config.cache_implementation not in (None, "dynamic", "static"):
-        raise UserError(
-            f"cache_implementation={config.cache_implementation!r} is not supported: the draft-verify loop rolls the "
-            "cache back after each step; use the default dynamic cache or 'static'."
-        )
-    if model_kwargs.get("inputs_embeds") is not None:
-        raise UserError("inputs_embeds is not supported with draft heads: pass input_ids.")

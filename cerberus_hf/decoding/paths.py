@@ -10,11 +10,13 @@ Three questions, each answered from what the call asked and what the base, the d
   the base, the drafter or the rows need a cache that can be rolled back out of place, when the dynamic cache stands
   in.
 
-Each answer that is "no" carries why, in words a user reads in the one-line warning the call gives.
+Each answer that is "no" carries why, in words a user reads in the one-line warning the call gives. The path chosen
+gives the decoding method the base's own generate() runs (`path_decoding`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,10 +26,14 @@ from transformers import GenerationConfig
 from transformers.cache_utils import StaticLayer
 from transformers.utils import logging
 
+from ..blocks.profiling import StepProfiler
 from ..blocks.settings import DecodingSettings
+from ..blocks.stats import GenerationStats
+from ..blocks.tree import TreeSpec
 from ..compat import attn_implementation
 from ..drafters.base import Drafter
 from .batched import batched_speculative_generate
+from .device_step import DeviceDecoding
 from .loop import speculative_generate
 
 logger = logging.get_logger(__name__)
@@ -41,6 +47,11 @@ class DecodingPath:
     device_step: bool
     apart: str | None
     no_static: str | None
+
+    @property
+    def together(self) -> bool:
+        """Whether the call's rows decode as one batch: by the device step, or by the loop with its rows together."""
+        return self.apart is None or self.device_step
 
 
 def choose_path(base: nn.Module, drafter: Drafter, settings: DecodingSettings, config: GenerationConfig, rows: int,
@@ -58,6 +69,15 @@ def choose_path(base: nn.Module, drafter: Drafter, settings: DecodingSettings, c
     if rows > 1 and apart is not None:
         _warn(f"this batch is decoded row by row: {apart}.")
     return DecodingPath(on_device, apart, static_refusal(base, drafter, settings, 1 if apart else rows))
+
+
+def host_work(streamer, processors, criteria, profile: bool) -> str | None:
+    """What a call does on the host per token, which the device step cannot do (None: nothing)."""
+    if profile:
+        return "profile=True times the loop's phases"
+    if streamer is not None or processors or criteria:
+        return "a streamer, logits processors or stopping criteria of the call's own"
+    return None
 
 
 def _warn(message: str) -> None:
@@ -84,6 +104,21 @@ class LoopDecoding:
                    streamer=self.streamer, make_proposer=self.make_proposer,
                    settings=self.settings, profiler=self.profiler, compile_base=self.compile_base,
                    no_static=self.path.no_static, **model_kwargs)
+
+
+def path_decoding(owner: nn.Module, drafter: Drafter, proposer: Callable, path: DecodingPath,
+                  settings: DecodingSettings, streamer, stats: GenerationStats,
+                  profiler: StepProfiler | None) -> LoopDecoding | DeviceDecoding:
+    """The decoding method the base's generate() runs (its ``custom_generate``) on the path chosen: the loop, or
+    the whole step on the device. ``owner``: the model (its base, its config; it keeps the device steps);
+    ``drafter``: its heads as the call drafts with them; ``proposer``: makes a `Proposer` from a generation config
+    and the call's ``settings``, ``stats`` and ``profiler``."""
+    decode = LoopDecoding(path, settings, streamer, profiler, owner.base, functools.partial(
+        proposer, settings=settings, stats=stats, profiler=profiler))
+    if not path.device_step:
+        return decode
+    return DeviceDecoding(owner, drafter, settings.tree or TreeSpec.chain(owner.config.num_heads), stats,
+                          decode, "reduce-overhead" if owner.device.type == "cuda" else None)
 
 
 SLIDING = "the base has sliding-window layers"
