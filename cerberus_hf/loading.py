@@ -1,17 +1,51 @@
-"""Reading a saved folder's files and checking them before anything heavy loads: the heads' weights against their
-config, and each stored calibration entry as `generate()` would build it. A bad file fails here, named, and nothing is
-left half-loaded."""
+"""Reading a saved folder's files and checking them before anything heavy loads: its config, the heads' weights
+against it, each stored calibration entry as `generate()` would build it, the n-gram model, and a neural rescorer
+against the heads it serves. A bad file fails here, named, and nothing is left half-loaded."""
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
-from .checkpoint import load_heads_state_dict, resolve_heads_file
+from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
+from .checkpoint import HEADS_WEIGHTS_NAME, load_heads_state_dict, resolve_file, resolve_heads_file
 from .configuration_cerberus import CerberusConfig
 from .blocks.settings import check_entry
-from .drafters import build_drafter
+from .drafters import DRAFTER_CLASSES, build_drafter
 from .errors import UserError
+
+RESCORER_FOLDER = "rescorer"  # where a checkpoint keeps its neural lattice rescorer
+
+
+def read_config(path: str, config: Any, hub_kwargs: dict) -> CerberusConfig:
+    """The config of the checkpoint at ``path`` (folder or Hub id), or ``config`` where given: one that remote code
+    loaded from another copy of `configuration_cerberus` is converted, anything else refused."""
+    if config is None:
+        config = CerberusConfig.from_pretrained(path, **hub_kwargs)
+    elif not isinstance(config, CerberusConfig):
+        if getattr(config, "model_type", None) != CerberusConfig.model_type:
+            raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
+        # Remote code can load the config class from another module copy than this one.
+        config = CerberusConfig.from_dict(config.to_dict())
+    return config
+
+
+def read_folder(path: str, config: CerberusConfig,
+                hub_kwargs: dict) -> tuple[dict[str, torch.Tensor], GenerationConfig | None, NgramModel | None]:
+    """(the heads' weights, the generation config, the n-gram model) of the checkpoint at ``path`` (folder or Hub
+    id), each read and checked against ``config``; the last two None where the folder has none."""
+    state_dict = read_heads(path, config, hub_kwargs)
+    generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
+    generation_config = None
+    if generation_file is not None:
+        generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
+        check_calibration(generation_config, config, generation_file)
+    ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
+    ngram = NgramModel.load(ngram_file, vocab_size=config.vocab_size) if ngram_file is not None else None
+    return state_dict, generation_config, ngram
 
 
 def read_heads(path: str, config: CerberusConfig, hub_kwargs: dict) -> dict[str, torch.Tensor]:
@@ -71,3 +105,29 @@ def check_calibration(generation_config: GenerationConfig, config: CerberusConfi
                 check_entry(settings, config)
             except (ValueError, TypeError) as error:
                 raise UserError(f"{path}: calibration entry {label!r}: {error}") from None
+
+
+def check_rescorer(own: CerberusConfig, config: CerberusConfig, where: str) -> None:
+    """Refuse a neural rescorer (``config``, read from ``where``) that heads of config ``own`` cannot use: one of a
+    family that guesses from the base's state alone, or one made for another base."""
+    drafter_class = DRAFTER_CLASSES[config.head_type]
+    if not drafter_class.drafts_chains:
+        raise UserError(f"{where} holds {config.head_type} heads, which guess from the base's state alone; a "
+                        "neural rescorer must read tokens on its own: use a kangaroo checkpoint.")
+    mine, theirs = own.base_model_name_or_path, config.base_model_name_or_path
+    if (config.hidden_size, config.vocab_size) != (own.hidden_size, own.vocab_size) or (
+            mine and theirs and mine != theirs):
+        raise UserError(f"{where} was made for another base ({theirs or config.base_model_type}, hidden size "
+                        f"{config.hidden_size}, vocabulary {config.vocab_size}) than these heads' "
+                        f"({mine or own.base_model_type}, {own.hidden_size}, "
+                        f"{own.vocab_size}).")
+
+
+def rescorer_folder(path: str, hub_kwargs: dict) -> str | None:
+    """Where the checkpoint at ``path`` (folder or Hub id) keeps its neural rescorer, its weights fetched beside its
+    config (None: it has none)."""
+    rescorer_file = resolve_file(path, f"{RESCORER_FOLDER}/config.json", required=False, **hub_kwargs)
+    if rescorer_file is None:
+        return None
+    resolve_file(path, f"{RESCORER_FOLDER}/{HEADS_WEIGHTS_NAME}", **hub_kwargs)  # beside it (from the Hub too)
+    return os.path.dirname(rescorer_file)

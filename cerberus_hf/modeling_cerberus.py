@@ -33,7 +33,7 @@ from .base_model import (
     greedy_generation_config,
     load_base_model,
 )
-from .checkpoint import HEADS_WEIGHTS_NAME, resolve_file, save_heads_state_dict
+from .checkpoint import resolve_file, save_heads_state_dict
 from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
 from .blocks.acceptance import TypicalAcceptance
@@ -52,13 +52,12 @@ from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import UserError
 from .importing import foreign_config, import_drafter
-from .loading import check_calibration, read_heads
+from .loading import RESCORER_FOLDER, check_rescorer, read_config, read_folder, read_heads, rescorer_folder
 from .remote_code import copied_code, custom_generate_code, write_loading_code
 from . import settings_selection
 
 logger = logging.get_logger(__name__)
 _thread_stats = threading.local()  # per thread: each model's latest generate() statistics
-RESCORER_FOLDER = "rescorer"  # where a checkpoint keeps its neural lattice rescorer
 HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
 
 
@@ -171,22 +170,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
                 f"`cerberus-hf refresh-folder {shlex.quote(path)}` replaces it with two stubs that import the installed "
                 "package."
             )
-        if config is None:
-            config = CerberusConfig.from_pretrained(path, **hub_kwargs)
-        elif not isinstance(config, CerberusConfig):
-            if getattr(config, "model_type", None) != CerberusConfig.model_type:
-                raise TypeError(f"config must be a CerberusConfig, got {type(config).__name__}.")
-            # Remote code can load the config class from another module copy than this one.
-            config = CerberusConfig.from_dict(config.to_dict())
+        config = read_config(path, config, hub_kwargs)
         # every file of the folder is read and checked before the base loads: a bad one fails fast
-        state_dict = read_heads(path, config, hub_kwargs)
-        generation_file = resolve_file(path, "generation_config.json", required=False, **hub_kwargs)
-        generation_config = None
-        if generation_file is not None:
-            generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
-            check_calibration(generation_config, config, generation_file)
-        ngram_file = resolve_file(path, NGRAM_WEIGHTS_NAME, required=False, **hub_kwargs)
-        ngram = NgramModel.load(ngram_file, vocab_size=config.vocab_size) if ngram_file is not None else None
+        state_dict, generation_config, ngram = read_folder(path, config, hub_kwargs)
         positions_file = resolve_file(path, POSITIONS_NAME, required=False, **hub_kwargs)
         statistics = PositionStatistics.load(positions_file, config.num_heads, DRAFTER_CLASSES[
             config.head_type].drafts_chains) if positions_file is not None else None
@@ -198,10 +184,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             model.generation_config = generation_config
         model.ngram = ngram
         model.calibration_statistics = statistics
-        rescorer_file = resolve_file(path, f"{RESCORER_FOLDER}/config.json", required=False, **hub_kwargs)
-        if rescorer_file is not None:
-            resolve_file(path, f"{RESCORER_FOLDER}/{HEADS_WEIGHTS_NAME}", **hub_kwargs)  # beside it (from the Hub too)
-            model.load_rescorer(os.path.dirname(rescorer_file))
+        folder = rescorer_folder(path, hub_kwargs)
+        if folder is not None:
+            model.load_rescorer(folder)
         model.eval()
         return model
 
@@ -244,17 +229,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             where = str(source)
             config = CerberusConfig.from_pretrained(where, **hub_kwargs)
             state_dict = read_heads(where, config, hub_kwargs)
-        drafter_class = DRAFTER_CLASSES[config.head_type]
-        if not drafter_class.drafts_chains:
-            raise UserError(f"{where} holds {config.head_type} heads, which guess from the base's state alone; a "
-                            "neural rescorer must read tokens on its own: use a kangaroo checkpoint.")
-        mine, theirs = self.config.base_model_name_or_path, config.base_model_name_or_path
-        if (config.hidden_size, config.vocab_size) != (self.config.hidden_size, self.config.vocab_size) or (
-                mine and theirs and mine != theirs):
-            raise UserError(f"{where} was made for another base ({theirs or config.base_model_type}, hidden size "
-                            f"{config.hidden_size}, vocabulary {config.vocab_size}) than these heads' "
-                            f"({mine or self.config.base_model_type}, {self.config.hidden_size}, "
-                            f"{self.config.vocab_size}).")
+        check_rescorer(self.config, config, where)
         lm_weight = self.base.get_output_embeddings().weight
         rescorer = build_drafter(config).to(device=lm_weight.device, dtype=lm_weight.dtype)
         rescorer.attach(self.base)
