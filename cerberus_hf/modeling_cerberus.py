@@ -1,9 +1,9 @@
 """`CerberusForCausalLM`: any Hugging Face decoder plus draft heads, decoding through `generate()` as usual.
 
-The wrapper computes exactly the base's logits in `forward`; only `generate()` differs, and only in
-speed: it runs the base's own `generate()` preparation with a draft-verify loop as the decoding method
-(`decoding.speculative_generate`), fed by a `Proposer`. Checkpoints hold only the
-heads (safetensors), a config naming the base, and two stub modules that import this package (`remote_code`),
+The wrapper computes exactly the base's logits in `forward`; only `generate()` differs, and only in speed: it runs the
+base's own `generate()` preparation with a draft-verify loop as the decoding method (`decoding.paths`, `decoding.call`),
+fed by a `Proposer`, with the settings `settings_selection` chooses. The class keeps what a user calls. Checkpoints hold
+only the heads (safetensors), a config naming the base, and two stub modules that import this package (`remote_code`),
 so they load with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` where it is installed.
 """
 
@@ -27,12 +27,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .base_model import (
-    base_shape,
-    check_base_compatible,
-    greedy_generation_config,
-    load_base_model,
-)
+from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
 from .checkpoint import resolve_file, save_heads_state_dict
 from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
@@ -115,9 +110,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         (e.g. ``base_model_name_or_path`` when the base was loaded from somewhere its config does not say).
         ``num_heads``: 4 unless the family derives it from the base (``head_type="mtp"``: one per MTP layer)."""
         model_type, hidden_size, vocab_size = base_shape(base_model)
-        from .real_models import (
-            describe_source,  # the packaged-base loader, off the package's import path
-        )
+        from .real_models import describe_source  # the packaged-base loader, off the package's import path
 
         for key, value in describe_source(getattr(base_model, "name_or_path", None)).items():
             config_kwargs.setdefault(key, value)
