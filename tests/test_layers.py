@@ -18,7 +18,7 @@ PACKAGE = Path(cerberus_hf.__file__).resolve().parent
 # Lowest first. A name ending in ".*" covers a subpackage's modules; "decoding" alone is its __init__.
 LAYERS = [
     # foundations: user errors, transformers seams, files, views of a module, calibration keys
-    ["errors", "compat", "checkpoint", "module_views", "hardware"],
+    ["errors", "compat", "files", "checkpoint", "module_views", "hardware"],
     # decoding's building blocks, which know no drafter: trees and masks, the gate, acceptance, lookup, n-grams,
     # rescoring, settings, statistics, strict verification, packed weights, batching, transfers
     ["blocks", "blocks.*"],
