@@ -40,7 +40,7 @@ from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from .blocks.packed import PackedWeights
 from .blocks.profiling import StepProfiler, phase_timer
 from .blocks.rescoring import Rescoring
-from .blocks.settings import UNSET, DecodingSettings, resolve_settings, stored_settings
+from .blocks.settings import UNSET, DecodingSettings
 from .blocks.stats import GenerationStats
 from .blocks.tree import DynamicTree
 from .calibration.statistics import POSITIONS_NAME, PositionStatistics
@@ -377,16 +377,13 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         refuse_unsupported(effective, effective.update(**kwargs))
         overrides = dict(gate_threshold=gate_threshold, draft_tree=draft_tree, dynamic_tree=dynamic_tree,
                          rescoring=rescoring, exit_confidence=exit_confidence, typical=typical_acceptance)
-        # the call's options checked over the config's defaults first: a malformed one fails before anything is
-        # measured (first use, `decoding_settings`) or decoded
-        resolve_settings(stored_settings({}, self.config), self.config.num_heads, **overrides)
+        settings_selection.check_overrides(self.config, overrides)  # before anything is measured or decoded
         decoding = self.decoding_view(strict, packed_weights, calibrate)  # checked before anything runs
         settings = settings_selection.call_settings(self, effective, strict, calibrate, **overrides)
         stopping_criteria = call_stopping_criteria(effective, stopping_criteria, kwargs)
         input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         rows = call_rows(input_ids, kwargs.pop("attention_mask", None), effective, streamer)
-        # which way the call decodes, decided once (`decoding.paths`)
-        path = choose_path(self.base, decoding.heads, settings, effective, len(rows), device_step,
+        path = choose_path(self.base, decoding.heads, settings, effective, len(rows), device_step,  # `decoding.paths`
                            host_work(streamer, logits_processor, stopping_criteria, profile))
         if path.together and draft_tree is UNSET and dynamic_tree is UNSET and rescoring is UNSET:
             settings = shared_budget(settings, len(rows))  # the stored tree was sized for one row

@@ -3,15 +3,16 @@
 * **the defaults** (`decoding_settings`): a calibration entry stored for this device, dtype and processor, else the
   entry fitted to this machine on first use (`calibration.first_use`), else the closest stored entry of the same
   instruction class, else the config's values;
-* **a call's settings** (`call_settings`): the call's arguments over those defaults, checked against the rescorers
-  the model has (`has_rescorers`, `check_rescorers`) and cut to plain decoding where strict verification can verify
-  no draft;
+* **a call's settings** (`call_settings`): the call's arguments over those defaults (a malformed one refused before
+  anything is measured, `check_overrides`), checked against the rescorers the model has (`has_rescorers`,
+  `check_rescorers`) and cut to plain decoding where strict verification can verify no draft;
 * **the weights it runs through** (`decoding_view`): packed for oneDNN where the entry used did not find the
   unpacked layers faster, and attention that groups query heads on a CPU.
 
-The functions take the model (a `CerberusForCausalLM`) and read it; its methods of the same names are what users,
-the bench and calibration call. The module sits beside the model, above `calibration`, because selecting the
-defaults may calibrate this machine on first use.
+The functions take the model (a `CerberusForCausalLM`) and read it; users, the bench and calibration call them
+through the model's methods of the same names (`decoding_settings`, `decoding_view`, `has_rescorers`), and
+`generate()` calls the rest. The module sits beside the model, above `calibration`, because selecting the defaults
+may calibrate this machine on first use.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from .blocks.gate import EntropyGate
@@ -66,6 +67,12 @@ def decoding_settings(model: PreTrainedModel, device: torch.device | str | None 
     if strict and "strict" in stored:
         key, stored = f"{key} (strict)", stored["strict"]
     return stored_settings(stored, model.config, key)
+
+
+def check_overrides(config: PretrainedConfig, overrides: dict) -> None:
+    """Refuse a malformed settings argument of a call (``overrides``, as `call_settings` takes them), checked over the
+    config's defaults first: it fails before anything is measured (first use, `decoding_settings`) or decoded."""
+    resolve_settings(stored_settings({}, config), config.num_heads, **overrides)
 
 
 def call_settings(model: PreTrainedModel, effective: GenerationConfig, strict: bool, calibrate: bool | None,
