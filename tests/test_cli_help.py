@@ -30,9 +30,17 @@ from helpers import get_base, get_prompt, save_with_base, write_greedy_records
 HINT = re.compile(r"`(cerberus-hf [^`]+)`")
 
 
+def subcommands_action() -> argparse._SubParsersAction:
+    return next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    return subcommands_action().choices
+
+
+def summaries() -> dict[str, str]:
+    """Each subcommand's one-line summary, as ``cerberus-hf --help`` lists it."""
+    return {choice.dest: choice.help for choice in subcommands_action()._choices_actions}
 
 
 def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -61,15 +69,11 @@ def test_the_defaults_shown_are_the_defaults():
 
 
 def test_the_command_list_says_what_each_subcommand_does():
-    parser = build_parser()
-    listed = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))._choices_actions
-    assert {a.dest for a in listed} == set(subparsers()) and all(a.help for a in listed)
+    assert set(summaries()) == set(subparsers()) and all(summaries().values())
 
 
 def test_train_lists_every_head_type_it_trains():
-    help_line = next(a.help for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
-                     for a in a._choices_actions if a.dest == "train")
-    assert all(head_type in help_line for head_type in train_cli.TRAINABLE)
+    assert all(head_type in summaries()["train"] for head_type in train_cli.TRAINABLE)
     assert {"eagle3", "dflash", "kangaroo"} <= set(train_cli.TRAINABLE)
     assert "EAGLE-3" in subparsers()["train"].description and "DFlash" in subparsers()["train"].description
 
