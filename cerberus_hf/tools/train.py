@@ -114,6 +114,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-only", action="store_true",
                         help="only compute the hidden-state cache (e.g. while distillation data is still being written)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_drafter_options(parser)
+
+
+def _add_drafter_options(parser: argparse.ArgumentParser) -> None:
+    """The options of some families' drafters: their shape, what they read, how they are computed."""
     kangaroo = parser.add_argument_group("kangaroo", "the adapter on the base's first layers (--head-type kangaroo; "
                                          "--num-heads is the longest draft)")
     kangaroo.add_argument("--exit-layer", type=int, default=2, help="base layers the drafter runs before the adapter")
