@@ -204,16 +204,13 @@ def calibrate_command(wanted: HardwareKey, folder: str | None = None, positions:
     return shlex.join(["cerberus-hf", "calibrate", "--heads", folder or "FOLDER", *source, *dtype, *device])
 
 
-def select_calibration(calibrated: dict | None, wanted: HardwareKey, command: str | None = None
-                       ) -> tuple[str | None, dict]:
+def select_calibration(calibrated: dict | None, wanted: HardwareKey) -> tuple[str | None, dict]:
     """(stored key, settings) of the entry of ``calibrated`` closest to ``wanted``, or ``(None, {})``.
 
     Only entries of the same device type and instruction class qualify (`stored_class`): a curve fitted where an
     extra token costs less would make trees that do not pay here. Closest means, in this order: the same dtype, the
-    same processor, float32 (the curve every device has), then a key that names its class. A choice other than an
-    exact match is logged once, so that a user knows to calibrate on this machine; finding none is said by the caller
-    (`note_no_entry`) once it knows the config's settings decode (calibration on first use may measure instead).
-    ``command`` is the calibration the message suggests (default: `calibrate_command` for an unnamed folder).
+    same processor, float32 (the curve every device has), then a key that names its class. The caller says what it
+    decodes with once it knows (`note_borrowed`, `note_no_entry`): calibration on first use may measure instead.
     """
     candidates = [key for key, settings in (calibrated or {}).items() if _serves(key, settings, wanted)]
     if not candidates:
@@ -225,12 +222,19 @@ def select_calibration(calibrated: dict | None, wanted: HardwareKey, command: st
                 stored.isa is not None, key)
 
     key = max(candidates, key=closeness)
-    if HardwareKey.parse(key) != wanted:
-        logger.warning_once(
-            f"cerberus-hf: no calibration stored for {wanted}; using the one for {key}. Run "
-            f"`{command or calibrate_command(wanted)}` on this machine to fit the trees and the gate to its cost curve."
-        )
     return key, calibrated[key]
+
+
+def note_borrowed(key: str, wanted: HardwareKey, command: str) -> None:
+    """Say once that the entry fitted on ``key`` (another processor or dtype of this class) decodes on ``wanted``.
+    Another processor's entry of the same dtype decoded within 2.5% of one measured here on every shipped family
+    (docs/calibration.md), so only an entry of another dtype, whose cost curve was not measured in this one, comes
+    with the command that fits one."""
+    stored = HardwareKey.parse(key)
+    act = (f" `{command}` fits one for {wanted.dtype}." if stored.dtype != wanted.dtype
+           else " (Fitted on another processor of this class: within 2.5% of an entry measured here on the processors "
+                "compared, docs/calibration.md.)")
+    logger.warning_once(f"cerberus-hf: decoding with the calibration fitted on {key} for {wanted}.{act}")
 
 
 def note_no_entry(calibrated: dict | None, wanted: HardwareKey, command: str | None = None) -> None:

@@ -31,9 +31,9 @@ from .blocks.packed import packed_views, packing_available, packing_unavailable_
 from .blocks.rescoring import Rescoring
 from .blocks.settings import DecodingSettings, resolve_settings, stored_settings
 from .blocks.strict import check_strict_support, row_invariant_rows
-from .calibration.first_use import first_use_enabled, machine_entry
+from .calibration.first_use import MEASURED, first_use_enabled, machine_entry
 from .errors import UserError
-from .hardware import HardwareKey, calibrate_command, note_no_entry, select_calibration
+from .hardware import HardwareKey, calibrate_command, note_borrowed, note_no_entry, select_calibration
 from .module_views import module_view
 
 logger = logging.get_logger(__name__)
@@ -48,22 +48,26 @@ def decoding_settings(model: PreTrainedModel, device: torch.device | str | None 
     user's cache, or measured now where no stored entry serves this machine and it is the model's device and
     dtype; ``"calibration"`` then ends in ``" (measured here)"``) unless ``calibrate`` is False (None: as
     ``CERBERUS_HF_CALIBRATE`` says, on by default); else the closest stored entry of the same instruction class
-    (`hardware.select_calibration`; ``"calibration"`` names the entry used); else the config's values.
-    ``strict``: for ``generate(strict=True)``, the entry's strict settings (`calibrate --strict`) where it
-    has them (``"calibration"`` then ends in ``" (strict)"``)."""
+    (`hardware.select_calibration`; ``"calibration"`` names the entry used, and one line says so: an entry of
+    another processor of the class decoded within 2.5% of one measured here on every shipped family, so first use
+    does not measure over it, docs/calibration.md); else the config's values. ``strict``: for
+    ``generate(strict=True)``, the entry's strict settings (`calibrate --strict`) where it has them
+    (``"calibration"`` then ends in ``" (strict)"``)."""
     device = torch.device(device) if device is not None else model.device
     dtype = dtype or model.base.dtype
     wanted = HardwareKey.of(device, dtype)
     calibrated = getattr(model.generation_config, "cerberus_calibration", None)
     command = calibrate_command(wanted, model.name_or_path or None, model.calibration_statistics is not None)
-    key, stored = select_calibration(calibrated, wanted, command)
+    key, stored = select_calibration(calibrated, wanted)
     if key != str(wanted) and model.calibration_statistics is not None and first_use_enabled(calibrate):
         measured = machine_entry(model, wanted, measure=key is None and device == model.device
                                  and dtype == model.base.dtype)
         if measured is not None:
-            key, stored = f"{wanted} (measured here)", measured
+            key, stored = f"{wanted}{MEASURED}", measured
     if key is None:
         note_no_entry(calibrated, wanted, command)
+    elif not key.endswith(MEASURED) and HardwareKey.parse(key) != wanted:
+        note_borrowed(key, wanted, command)
     if strict and "strict" in stored:
         key, stored = f"{key} (strict)", stored["strict"]
     return stored_settings(stored, model.config, key)

@@ -138,6 +138,22 @@ def test_first_use_calibrates_once_and_every_later_call_and_model_reuses_it(tmp_
     assert again.decoding_settings()["draft_tree"] == entry["settings"]["draft_tree"] and len(measurements) == 1
 
 
+def test_an_entry_fitted_on_another_processor_of_the_class_serves_and_is_named(hf_home, measurements):
+    """A stored entry of this instruction class and dtype fitted on another processor serves without measuring here
+    (it decoded within 2.5% of a measured one, docs/calibration.md); one line names it, and none says "no calibration
+    stored" (what the warning said before, even after an entry had been measured here)."""
+    model = oracle_model()
+    here = hardware.HardwareKey.of(DEVICE, torch.float32)
+    borrowed = str(hardware.HardwareKey(here.device, here.dtype, here.isa, "Another processor of this class"))
+    model.generation_config.cerberus_calibration = {borrowed: {"draft_tree": [[0]], "tree_kind": "static",
+                                                               "gate_threshold": None}}
+    logger = logging.get_logger("cerberus_hf.hardware")
+    with CaptureLogger(logger) as captured:
+        assert model.decoding_settings()["calibration"] == borrowed and measurements == []
+    assert f"decoding with the calibration fitted on {borrowed}" in captured.out
+    assert "no calibration stored" not in captured.out
+
+
 def test_a_chain_drafter_calibrates_on_first_use_too(hf_home, measurements):
     model = fresh_model("llama", "kangaroo", num_heads=3)
     install_oracle(model, [reference("llama")])

@@ -132,23 +132,29 @@ def test_the_closest_entry_of_the_same_class_is_chosen(wanted, expected):
     assert key == expected and settings == (CALIBRATED[expected] if expected else {})
 
 
-def test_the_choice_is_logged_and_an_exact_match_says_nothing():
+def test_choosing_says_nothing_and_the_caller_says_what_decodes():
+    """`select_calibration` logs nothing (first use may measure instead of the entry it found); the caller says
+    what decodes, with the command that would change it."""
     logger = logging.get_logger("cerberus_hf.hardware")
     logging.set_verbosity_warning()
     wanted = HardwareKey("cpu", "float32", "AVX2", "A CPU only this test has")
     with CaptureLogger(logger) as captured:
         assert select_calibration({"cpu/float32/AVX2/Another": _entry([[3]])}, wanted)[0] == "cpu/float32/AVX2/Another"
-    assert f"no calibration stored for {wanted}; using the one for cpu/float32/AVX2/Another" in captured.out
-    other = {"cpu/float32/AVX512-BF16/Another": _entry([[3]])}
-    with CaptureLogger(logger) as captured:
+        other = {"cpu/float32/AVX512-BF16/Another": _entry([[3]])}
         assert select_calibration(other, wanted) == (None, {})
-    assert captured.out == ""  # the caller says it, once it knows the config decodes (first use may measure instead)
+        assert select_calibration({str(wanted): _entry([[4]])}, wanted)[0] == str(wanted)
+    assert captured.out == ""
+    with CaptureLogger(logger) as captured:
+        hardware.note_borrowed("cpu/float32/AVX2/Another", wanted, "cerberus-hf calibrate --heads F --machine")
+    assert f"decoding with the calibration fitted on cpu/float32/AVX2/Another for {wanted}." in captured.out
+    assert "within 2.5%" in captured.out and "calibrate" not in captured.out.split("within")[0]  # nothing to act on
+    with CaptureLogger(logger) as captured:
+        hardware.note_borrowed("cpu/float32/AVX2/Another", HardwareKey("cpu", "bfloat16", "AVX2", "X"),
+                               "cerberus-hf calibrate --heads F --machine --dtype bfloat16")
+    assert "`cerberus-hf calibrate --heads F --machine --dtype bfloat16` fits one for bfloat16" in captured.out
     with CaptureLogger(logger) as captured:
         hardware.note_no_entry(other, wanted)
     assert "no calibration stored for cpu with AVX2" in captured.out and "config's settings" in captured.out
-    with CaptureLogger(logger) as captured:
-        assert select_calibration({str(wanted): _entry([[4]])}, wanted)[0] == str(wanted)
-    assert captured.out == ""  # an exact match says nothing
     assert select_calibration(None, wanted) == (None, {}) and select_calibration({}, wanted) == (None, {})
 
 

@@ -42,6 +42,7 @@ ENVIRONMENT_SWITCH = "CERBERUS_HF_CALIBRATE"  # "0", "false", "no" or "off": nev
 FIRST_USE_SECONDS = 30.0
 # the measurements' share of the bound: packing the weights and the fits take the rest
 FIRST_USE_PLAN = MeasurePlan(repeats=5, draft_repeats=10, seconds=0.75 * FIRST_USE_SECONDS)
+MEASURED = " (measured here)"  # how a calibration key that first use fitted here ends
 LOCK_SECONDS = 10 * FIRST_USE_SECONDS  # how long a process waits for another one calibrating the same checkpoint
 _FORMAT = 1
 
