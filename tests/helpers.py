@@ -228,3 +228,20 @@ __all__ = [
     "check_stats", "fresh_model", "gate_entropies", "get_base", "get_prompt", "install_oracle", "randomize_heads",
     "reference", "write_greedy_records",
 ]
+
+
+# A chat template over the tiny vocabulary: what distillation and the commands that apply one need of a tiny base.
+CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
+                 "{% if add_generation_prompt %}<s> w4 {% endif %}")
+
+
+def save_chat_base(folder: Path) -> Path:
+    """A tiny random Llama base saved to ``folder`` with a tokenizer that has `CHAT_TEMPLATE`: a base folder every
+    command (distill, calibrate without data, make-heads) loads as it loads a real one."""
+    from cerberus_hf.testing import tiny_model, tiny_tokenizer
+
+    tiny_model("llama").save_pretrained(folder)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder

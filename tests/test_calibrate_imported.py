@@ -11,20 +11,15 @@ import torch
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.calibration.statistics import POSITIONS_NAME
 from cerberus_hf.hardware import HardwareKey
-from cerberus_hf.testing import tiny_model, tiny_tokenizer
+from cerberus_hf.testing import tiny_model
 from cerberus_hf.tools.cli import main
+from helpers import save_chat_base
 
-CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
-                 "{% if add_generation_prompt %}<s> w4 {% endif %}")
 
 
 def test_calibrate_without_data_answers_prompts_and_fits_the_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    base_folder = tmp_path / "base"
-    tiny_model("llama").save_pretrained(base_folder)
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(base_folder)
+    base_folder = save_chat_base(tmp_path / "base")
     heads = tmp_path / "heads"
     CerberusForCausalLM.from_base(tiny_model("llama"), head_type="hydra", num_heads=3,
                                   base_model_name_or_path=str(base_folder)).save_pretrained(heads)

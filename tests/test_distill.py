@@ -12,10 +12,9 @@ from cerberus_hf.tools import distill as distill_cli
 from cerberus_hf.training import distill
 from cerberus_hf.training.data import load_prompts, read_records
 from cerberus_hf.training.distill import generate_distillation_data, sampled_ids
+from helpers import CHAT_TEMPLATE
 from tiny_models import PAD, tiny_model, tiny_tokenizer
 
-CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
-                 "{% if add_generation_prompt %}<s> w4 {% endif %}")
 FIELDS = {"id", "mode", "prompt", "input_ids", "output_ids", "finished"}
 
 

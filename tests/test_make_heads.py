@@ -10,23 +10,16 @@ import torch
 from safetensors.torch import load_file
 
 from cerberus_hf import CerberusForCausalLM
-from cerberus_hf.testing import tiny_model, tiny_tokenizer
 from cerberus_hf.tools import make_heads
 from cerberus_hf.tools.cli import main
+from helpers import save_chat_base
 
-CHAT_TEMPLATE = ("{% for m in messages %}<s> w3 {{ m['content'] }} </s> {% endfor %}"
-                 "{% if add_generation_prompt %}<s> w4 {% endif %}")
 HEADS_FILE = "cerberus_heads.safetensors"
 
 
 @pytest.fixture(scope="module")
 def base_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("base")
-    tiny_model("llama").save_pretrained(folder)
-    tokenizer = tiny_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_chat_base(tmp_path_factory.mktemp("base"))
 
 
 @pytest.fixture(scope="module")
