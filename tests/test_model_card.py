@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from huggingface_hub import ModelCard
+from transformers import GenerationConfig
 
 from cerberus_hf.tools.bench import run_bench
-from cerberus_hf.tools.model_card import evaluation_from_bench, render_card
+from cerberus_hf.configuration_cerberus import CerberusConfig
+from cerberus_hf.tools.model_card import EVALUATION, TRAINING_METRICS, evaluation_from_bench, render_card
 from helpers import fresh_model, get_base, get_prompt, here
 
 
@@ -133,3 +138,20 @@ def test_card_metadata_is_written_by_huggingface_hub_and_reads_back():
                                      "library_name": "cerberus-hf", "pipeline_tag": "text-generation",
                                      "tags": ["speculative-decoding", "draft-heads", "hydra"]}
     assert parsed.text.startswith("\n# Hydra heads for org/base: v2 #1\n") and str(parsed) == card
+
+
+SHIPPED = sorted(path.parent for path in (Path(__file__).parents[1] / "model_cards").glob("*/evaluation.json"))
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=lambda folder: folder.name)
+def test_shipped_card_says_what_its_folder_holds(folder):
+    """A shipped card is what `card --reuse-evaluation` writes from its folder today: a calibration stored since, or
+    a change of wording, is in the card (rewrite it with that command)."""
+    def read(name: str) -> dict | None:
+        return json.loads((folder / name).read_text()) if (folder / name).is_file() else None
+
+    calibration = getattr(GenerationConfig.from_pretrained(folder), "cerberus_calibration", None)
+    card = render_card(CerberusConfig.from_pretrained(folder), read(TRAINING_METRICS), read(EVALUATION), "", calibration)
+    shipped = (folder / "README.md").read_text()
+    assert shipped.split("## Provenance")[0] == card.split("## Provenance")[0], \
+        f"rewrite it: cerberus-hf card --heads {folder.relative_to(folder.parents[1])} --reuse-evaluation"
