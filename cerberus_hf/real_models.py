@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import UserError
+
 
 @dataclass(frozen=True)
 class PackagedModel:
@@ -157,7 +159,7 @@ def converted_dir(model: PackagedModel) -> Path:
 
 def load_packaged_model(model: PackagedModel = SMOLLM2, dtype: torch.dtype = torch.float32, convert: bool = True):
     """(model, tokenizer) for a packaged model, from the converted folder when there is one."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     folder = converted_dir(model)
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
@@ -210,12 +212,23 @@ def load_named_model(name: str, dtype: torch.dtype = torch.float32, with_tokeniz
     for packaged in PACKAGED_MODELS.values():
         if name in (packaged.name, packaged.source):
             return load_packaged_model(packaged, dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from .checkpoint import check_source
 
     check_source(name, "config.json")  # a mistyped path is named as such, not sent to the Hub as an id
-    tokenizer = AutoTokenizer.from_pretrained(name) if with_tokenizer else None
+    tokenizer = _tokenizer(name) if with_tokenizer else None
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     model.generation_config.do_sample = False
     return model.eval(), tokenizer
+
+
+def _tokenizer(name: str):
+    """``name``'s tokenizer; a folder or repository without one is a one-line error saying how to add it."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError):
+        raise UserError(f"{name} has no tokenizer transformers can load; this command needs the base's tokenizer "
+                        f"beside its weights: tokenizer.save_pretrained({name!r})") from None

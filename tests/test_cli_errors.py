@@ -18,8 +18,10 @@ from cerberus_hf.tools import ngram
 from cerberus_hf.tools.cli import build_parser, main
 from cerberus_hf.tools import distill as distill_cli
 from cerberus_hf.tools import train as train_cli
+from cerberus_hf.training.data import MT_BENCH_QUESTIONS
 from helpers import save_with_base
 
+LOAD_NAMED_MODEL = real_models.load_named_model
 
 @pytest.fixture(autouse=True)
 def no_model_loads(monkeypatch):
@@ -72,6 +74,19 @@ def test_missing_heads_path(capsys, tmp_path, argv):
     line = one_line_error(capsys, *argv, missing)
     assert line.endswith(f"--heads: no folder or Hub id {missing}")
     assert "Repo id" not in line
+
+
+@pytest.mark.parametrize("command", [["bench", "--limit", "1"],
+                                     ["divergence", "--prompts", str(MT_BENCH_QUESTIONS)]],
+                         ids=["bench", "divergence"])
+def test_base_folder_without_tokenizer(capsys, tmp_path, monkeypatch, command):
+    """A base saved without its tokenizer is named, with the line that adds one, before its weights are read."""
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    monkeypatch.setattr(real_models, "load_named_model", LOAD_NAMED_MODEL)
+    line = one_line_error(capsys, *command, "--base", str(tmp_path / "base"))
+    assert line.endswith(f"{tmp_path / 'base'} has no tokenizer transformers can load; this command needs the base's "
+                         f"tokenizer beside its weights: tokenizer.save_pretrained('{tmp_path / 'base'}')")
 
 
 def test_missing_model_path(capsys, tmp_path):
