@@ -159,7 +159,7 @@ def converted_dir(model: PackagedModel) -> Path:
 
 def load_packaged_model(model: PackagedModel = SMOLLM2, dtype: torch.dtype = torch.float32, convert: bool = True):
     """(model, tokenizer) for a packaged model, from the converted folder when there is one."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = converted_dir(model)
     if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
