@@ -41,6 +41,14 @@ vocabulary, Medusa one per head over the whole vocabulary, the base's rows outsi
 vocabulary is then fixed (``draft_vocab_trained``). A stored ``embed_tokens`` must be the base's input embedding, which
 this family embeds with.
 
+What an export carries for this library only (`tools.export`), read back here so that an export loads as the folder
+it came from decodes: the decoding settings of that folder's config (prompt lookup, gate, trees) under the one key
+``CARRIED_KEY`` of ``config.json``, which the engines' config classes keep as an unused attribute (vLLM's Medusa
+config renames top-level keys holding ``num`` with ``heads`` or ``layers``: hence one key without them), and in the
+subfolder ``CARRIED_FOLDER`` the n-gram rescorer, the calibration positions and the calibration entries
+(``generation_config.json``'s ``cerberus_calibration``): a subfolder, because vLLM and SGLang load every top-level
+``*.safetensors`` of a folder as its weights.
+
 Refused in one line, before the base loads where the files alone show it: a pickled weight file (never unpickled), a
 config that names no layout above, missing, unexpected or misshapen tensors, NaN weights, vocabulary maps out of range,
 and what the families cannot run: more than one EAGLE-3 decoder layer, rotary scaling, ``norm_before_fc``, ``fc_norm``,
@@ -55,15 +63,17 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers import GenerationConfig
 from transformers.utils import logging
 
 from .base_model import check_base_compatible, load_base_model
+from .blocks.ngram import NGRAM_WEIGHTS_NAME, NgramModel
 from .checkpoint import load_heads_state_dict, refuse_pickles, resolve_file
 from .configuration_cerberus import CerberusConfig
 from .drafters import build_drafter
 from .drafters.layers import llama_mlp_width
 from .errors import UserError, check_int
-from .loading import check_heads_state_dict
+from .loading import check_calibration, check_heads_state_dict
 
 logger = logging.get_logger(__name__)
 
@@ -86,6 +96,25 @@ EAGLE3_LAYER_KEYS = {
     "layer.mlp.down_proj.weight": "mlp.down_proj.weight",
 }
 EAGLE3_LAYER_PREFIXES = {"speculators": "layers.0.", "eagle": "midlayer."}
+
+# What an export carries for this library beside what its engine reads (see the module docstring): the key of
+# config.json holding the folder's decoding settings (those of `CARRIED_SETTINGS` that differ from the defaults), and
+# the subfolder holding the n-gram rescorer, the calibration positions and the calibration entries.
+CARRIED_KEY = "cerberus_hf"
+CARRIED_FOLDER = "cerberus_hf"
+CARRIED_SETTINGS = ("prompt_lookup_num_tokens", "max_matching_ngram_size", "gate_signal", "gate_threshold",
+                    "draft_tree", "dynamic_tree")
+CARRIED_GENERATION_CONFIG = "generation_config.json"
+CARRIED_POSITIONS = f"{CARRIED_FOLDER}/calibration_positions.safetensors"  # `calibration.statistics.POSITIONS_NAME`
+
+
+def carried_config(config: CerberusConfig) -> dict:
+    """The ``config.json`` entry an export carries for ``config``'s folder: ``{CARRIED_KEY: {setting: value}}`` with
+    each of `CARRIED_SETTINGS` that differs from the default (empty: nothing to carry)."""
+    default = CerberusConfig()
+    settings = {name: getattr(config, name) for name in CARRIED_SETTINGS
+                if getattr(config, name) != getattr(default, name)}
+    return {CARRIED_KEY: settings} if settings else {}
 
 
 def eagle3_keys(layout: str) -> dict[str, str]:
@@ -207,7 +236,46 @@ def read_foreign(path: str, raw: dict, hub_kwargs: dict, num_heads: int | None =
         kind = "an EAGLE-1/EAGLE-2 drafter: no draft_vocab_size" if eagle else f"model_type {raw.get('model_type')!r}"
         raise UserError(f"{where} names no drafter layout cerberus-hf loads ({kind}): expected a cerberus-hf folder or "
                         f"one of {', '.join(LAYOUTS.values())}.")
-    return reader(path, where, raw, hub_kwargs, num_heads)
+    foreign = reader(path, where, raw, hub_kwargs, num_heads)
+    settings, notes = _carried_settings(raw, where)
+    foreign.options.update(settings)
+    foreign.notes.extend(notes)
+    return foreign
+
+
+def _carried_settings(raw: dict, where: str) -> tuple[dict, list[str]]:
+    """(the decoding settings an export carried under `CARRIED_KEY`, notes on keys this version ignores)."""
+    carried = raw.get(CARRIED_KEY)
+    if carried is None:
+        return {}, []
+    if not isinstance(carried, dict):
+        raise UserError(f"{where}: {CARRIED_KEY} must map decoding settings to values (what cerberus-hf export writes, "
+                        f"e.g. {{\"prompt_lookup_num_tokens\": 5}}), got {carried!r}.")
+    unknown = sorted(set(carried) - set(CARRIED_SETTINGS))
+    notes = [f"{CARRIED_KEY} keys this version does not read ignored: {', '.join(unknown)}"] if unknown else []
+    return {name: value for name, value in carried.items() if name in CARRIED_SETTINGS}, notes
+
+
+def _carried_files(model: nn.Module, path: str, hub_kwargs: dict) -> list[str]:
+    """Give ``model`` what an export carried in `CARRIED_FOLDER` of ``path`` (each file checked as a saved folder's
+    is): the n-gram rescorer and the calibration entries; returns what it found, in words, the calibration positions
+    included (which `CerberusForCausalLM.from_pretrained` reads: they are calibration's, a layer above this one)."""
+    config, found = model.config, []
+    ngram_file = resolve_file(path, f"{CARRIED_FOLDER}/{NGRAM_WEIGHTS_NAME}", required=False, **hub_kwargs)
+    if ngram_file is not None:
+        model.ngram = NgramModel.load(ngram_file, vocab_size=config.vocab_size)
+        found.append("its n-gram rescorer")
+    if resolve_file(path, CARRIED_POSITIONS, required=False, **hub_kwargs) is not None:
+        found.append("its calibration positions")  # read by `CerberusForCausalLM.from_pretrained` (calibration's layer)
+    generation_file = resolve_file(path, f"{CARRIED_FOLDER}/{CARRIED_GENERATION_CONFIG}", required=False, **hub_kwargs)
+    if generation_file is not None:
+        generation_config = GenerationConfig.from_pretrained(os.path.dirname(generation_file))
+        check_calibration(generation_config, config, generation_file)
+        entries = getattr(generation_config, "cerberus_calibration", None)
+        if entries:  # the entries only: the rest of the generation config is the base's
+            model.generation_config.cerberus_calibration = entries
+            found.append(f"{len(entries)} calibration entr{'y' if len(entries) == 1 else 'ies'}")
+    return found
 
 
 def import_drafter(cls: type, path: str, raw: dict, base_model: nn.Module | None, hub_kwargs: dict, kwargs: dict
@@ -234,6 +302,10 @@ def import_drafter(cls: type, path: str, raw: dict, base_model: nn.Module | None
     state.update(foreign.tensors)
     check_heads_state_dict(model.config, state, foreign.where)
     model.heads.load_state_dict(state, strict=True)
+    carried = [f"{name} {value}" for name, value in sorted(foreign.options.items())
+               if name in CARRIED_SETTINGS and value is not None] + _carried_files(model, path, hub_kwargs)
+    if carried:
+        foreign.notes.insert(0, "with what cerberus-hf exported beside it: " + ", ".join(carried))
     logger.warning(f"cerberus-hf: loaded {path} ({LAYOUTS[foreign.layout]} layout) as {_described(model)}"
                    + "".join(f"; {note}" for note in foreign.notes) + ".")
     return model.eval()

@@ -46,7 +46,7 @@ from .blocks.tree import DynamicTree
 from .calibration.statistics import POSITIONS_NAME, PositionStatistics
 from .drafters import DRAFTER_CLASSES, Drafter, build_drafter
 from .errors import UserError
-from .importing import foreign_config, import_drafter
+from .importing import CARRIED_POSITIONS, foreign_config, import_drafter
 from .loading import RESCORER_FOLDER, check_rescorer, read_config, read_folder, read_heads, rescorer_folder
 from .remote_code import copied_code, custom_generate_code, write_loading_code
 from . import settings_selection
@@ -154,7 +154,12 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if kwargs.get(k) is not None}
         foreign = foreign_config(path, hub_kwargs) if config is None else None
         if foreign is not None:
-            return import_drafter(cls, path, foreign, base_model, hub_kwargs, kwargs)
+            model = import_drafter(cls, path, foreign, base_model, hub_kwargs, kwargs)
+            positions_file = resolve_file(path, CARRIED_POSITIONS, required=False, **hub_kwargs)  # an export's
+            if positions_file is not None:
+                chains = DRAFTER_CLASSES[model.config.head_type].drafts_chains
+                model.calibration_statistics = PositionStatistics.load(positions_file, model.config.num_heads, chains)
+            return model
         copied = copied_code(path)
         if copied:
             logger.warning_once(

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from cerberus_hf.tools import cli
 from cerberus_hf.tools.export import export_speculators, export_vllm_medusa
-from helpers import fresh_model, randomize_heads
+from helpers import fresh_model, randomize_heads, tiny_ngram
 
 
 def test_speculators_export_maps_the_draft_vocabulary_by_token_id(tmp_path):
@@ -95,3 +95,22 @@ def test_vllm_medusa_export_drafts_what_the_heads_draft_in_vllms_arithmetic(tmp_
             ours = model.heads.token_ids(model.heads.draft_level(h, hidden, torch.zeros(5, h + 1, dtype=torch.long),
                                                                  None)[1].argmax(-1))
         assert torch.equal(logits.argmax(-1), ours)
+
+
+@pytest.mark.parametrize("family", ["medusa", "eagle3"])
+def test_what_only_this_library_reads_sits_where_no_engine_loads_it(tmp_path, family):
+    """The decoding settings go under one ``cerberus_hf`` key (vLLM's MedusaConfig renames top-level keys holding
+    ``num`` with ``heads`` or ``layers``; ``prompt_lookup_num_tokens`` under it is never seen), and the n-gram model,
+    positions and calibration entries into ``cerberus_hf/``: vLLM and SGLang load every top-level ``*.safetensors``
+    as weights, so ``model.safetensors`` stays the only one."""
+    model = fresh_model("llama", family, num_heads=2, prompt_lookup_num_tokens=5, draft_tree=[[0], [1]])
+    model.ngram = tiny_ngram(96)
+    model.generation_config.cerberus_calibration = {"cpu/float32/Some CPU": {"draft_tree": [[0]]}}
+    written = (export_vllm_medusa if family == "medusa" else export_speculators)(model, tmp_path / "out")
+    assert written == ["config.json", "model.safetensors", "cerberus_hf/ngram.safetensors",
+                       "cerberus_hf/generation_config.json"]
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.safetensors")) == ["model.safetensors"]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["cerberus_hf"] == {"prompt_lookup_num_tokens": 5, "draft_tree": [[0], [1]]}
+    assert not [key for key in config if "num" in key and ("heads" in key or "layers" in key)
+                and key not in ("num_heads", "num_hidden_layers")]

@@ -18,9 +18,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import cerberus_hf.importing as importing
 from cerberus_hf import CerberusConfig, CerberusForCausalLM
+from cerberus_hf.calibration.positions import collect_positions
+from cerberus_hf.calibration.statistics import POSITIONS_NAME, PositionStatistics
 from cerberus_hf.tools.export import export_speculators, export_vllm_medusa
 from cerberus_hf.training.sequence_trainer import train_sequence_drafter
-from helpers import NEW_TOKENS, fresh_model, get_base, get_prompt, install_oracle, randomize_heads, reference
+from helpers import (NEW_TOKENS, fresh_model, get_base, get_prompt, install_oracle, randomize_heads, reference,
+                     tiny_ngram)
 from test_batched import BATCH_ARCHS, NEW as BATCH_NEW, TREES as BATCH_TREES, alone, new_tokens
 from test_device_step import TREES as DEVICE_TREES, batch, plain, took_device_step
 from test_generate import padded_batch
@@ -119,6 +122,47 @@ def test_a_vllm_medusa_export_loads_back_with_the_same_tensors_and_drafts(tmp_pa
     sequence = reference("llama")[0]
     torch.testing.assert_close(draft_logits(loaded, sequence), draft_logits(model, sequence))
     assert torch.equal(loaded.generate(get_prompt("llama"), max_new_tokens=24), reference("llama"))
+
+
+@pytest.mark.parametrize("family", ["medusa", "eagle3"])
+def test_an_export_loads_back_with_the_settings_and_files_the_folder_decodes_with(tmp_path, family):
+    """What the engines do not read travels for this library (issue 74): the config's decoding settings (5 copied
+    prompt tokens, the gate's signal, a tree), the n-gram rescorer, the calibration positions and entries; the export
+    loaded back decodes with each as the folder does, and a folder saved from it holds them again."""
+    model = fresh_model("llama", family, num_heads=3, prompt_lookup_num_tokens=5, gate_signal="head_entropy",
+                        draft_tree=[[0], [1], [0, 0]])
+    randomize_heads(model, seed=5, std=0.2)
+    model.set_draft_vocab(torch.tensor([40, 3, 77, 12, 5, 60, 2, 90, 33, 18]))
+    model.ngram = tiny_ngram(VOCAB, seed=1)
+    sequence = reference("llama")[0].tolist()
+    model.calibration_statistics = PositionStatistics(collect_positions(model, [(sequence, 4)]), top_k=4, max_nodes=7)
+    entry = {"draft_tree": [[0], [0, 0]], "gate_threshold": 2.5, "prompt_lookup_num_tokens": 3}
+    model.generation_config.cerberus_calibration = {"cpu/float32/Some CPU": entry}
+    (export_vllm_medusa if family == "medusa" else export_speculators)(model, tmp_path / "out")
+    loaded = CerberusForCausalLM.from_pretrained(tmp_path / "out", base_model=model.base)
+    for name in ("prompt_lookup_num_tokens", "gate_signal", "draft_tree"):
+        assert getattr(loaded.config, name) == getattr(model.config, name), name
+    assert loaded.ngram is not None and loaded.ngram.order == model.ngram.order
+    assert all(torch.equal(table, model.ngram.tables[name]) for name, table in loaded.ngram.tables.items())
+    assert loaded.calibration_statistics.to_bytes() == model.calibration_statistics.to_bytes()
+    assert loaded.generation_config.cerberus_calibration == {"cpu/float32/Some CPU": entry}
+    assert loaded.decoding_settings(calibrate=False) == model.decoding_settings(calibrate=False)
+    loaded.save_pretrained(tmp_path / "saved")
+    for name in ("ngram.safetensors", POSITIONS_NAME):
+        assert (tmp_path / "saved" / name).is_file(), name
+    assert torch.equal(loaded.generate(get_prompt("llama"), max_new_tokens=24), reference("llama"))
+
+
+def test_an_export_of_default_settings_carries_nothing_and_a_bad_carried_key_is_refused(tmp_path, base_loads):
+    model = fresh_model("llama", "medusa", num_heads=2)
+    assert export_vllm_medusa(model, tmp_path / "out") == ["config.json", "model.safetensors"]
+    assert "cerberus_hf" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    assert importing.CARRIED_POSITIONS == f"{importing.CARRIED_FOLDER}/{POSITIONS_NAME}"
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    (tmp_path / "out" / "config.json").write_text(json.dumps({**config, "cerberus_hf": 5}))
+    with pytest.raises(ValueError, match="cerberus_hf must map decoding settings to values"):
+        CerberusForCausalLM.from_pretrained(tmp_path / "out")
+    assert base_loads == []
 
 
 # ------------------------------------------------------------------------------------------------ Medusa's layout

@@ -7,10 +7,11 @@
   width and norms' epsilon written as this drafter uses them. The projection becomes the drafter's own ``lm_head``:
   the frozen base ``lm_head``'s rows of the draft vocabulary (or the drafter's own ``lm_head``'s, for one loaded from
   another layout), ordered by token id, with ``d2t`` (draft index to token id offsets) and ``t2d`` (which token ids
-  are drafted); the base's input embedding is copied as ``embed_tokens``. What the export
-  cannot keep: the calibrated trees, gate and prompt lookup (an engine drafts with its own settings; a chain of
-  ``num_heads`` tokens is written as the proposal), and the positions: speculators numbers a drafting position from 1,
-  this drafter from 0, which rotary attention does not see (it reads only differences of positions).
+  are drafted); the base's input embedding is copied as ``embed_tokens``. What the engine
+  does not use: the calibrated trees, gate and prompt lookup (an engine drafts with its own settings; a chain of
+  ``num_heads`` tokens is written as the proposal; they travel for this library, below), and the positions:
+  speculators numbers a drafting position from 1, this drafter from 0, which rotary attention does not see (it reads
+  only differences of positions).
 * ``--format vllm-medusa`` (Medusa heads): vLLM's Medusa layout (``model_type: medusa``; ``blocks.{h}.layers.{l}``
   with biases, ``medusa_fc_bias: true``). Heads that project through the base ``lm_head`` get one ``lm_head`` for
   every head (``original_lm_head: true``): the base's, or its draft vocabulary's rows with ``truncated_vocab_size`` and
@@ -19,6 +20,12 @@
   layout vLLM describes, which 0.32's loader does not load; said when written). vLLM drafts a chain of each head's
   top-1 guess; trees, gate and lookup stay behind (vLLM 0.32 takes no draft tree: docs/checkpoints.md). Heads whose
   guesses read the drafted tokens or each other (Cerberus, Hydra, Clover) fit no engine's format and are refused.
+
+What the engines do not use travels for this library, so that an export loaded back with ``from_pretrained`` decodes as
+the folder it came from: the folder's decoding settings (copied prompt tokens, gate, trees: those that differ from the
+defaults) under ``cerberus_hf`` in ``config.json``, a key the engines' config classes keep unused, and in the subfolder
+``cerberus_hf/`` (never a top-level ``*.safetensors``, which vLLM and SGLang would load as weights) the n-gram rescorer,
+the calibration positions and the calibration entries (`importing.carried_config`, `importing.CARRIED_FOLDER`).
 
 The key maps are `importing`'s, which reads both layouts back (``from_pretrained`` on an export gives the same tensors).
 """
@@ -33,9 +40,11 @@ import torch
 
 from transformers.utils import logging
 
+from ..blocks.ngram import NGRAM_WEIGHTS_NAME
 from ..errors import UserError
 from ..files import save_safetensors
-from ..importing import eagle3_keys, foreign_config, medusa_keys, medusa_projection_key
+from ..importing import (CARRIED_FOLDER, CARRIED_GENERATION_CONFIG, carried_config, eagle3_keys, foreign_config,
+                         medusa_keys, medusa_projection_key)
 
 logger = logging.get_logger(__name__)
 
@@ -134,6 +143,7 @@ def speculators_config(model, verifier: str | None, dtype: torch.dtype) -> dict:
                          "architectures": list(getattr(model.base.config, "architectures", None) or
                                                [type(model.base).__name__])},
         },
+        **carried_config(config),  # speculators' config allows extra keys; vLLM's reads only the ones above
     }
 
 
@@ -176,7 +186,29 @@ def export_speculators(model, output: Path, verifier: str | None = None, dtype: 
     output.mkdir(parents=True, exist_ok=True)
     save_safetensors(tensors, output / "model.safetensors", metadata={"format": "pt"})
     (output / "config.json").write_text(json.dumps(speculators_config(model, verifier, dtype), indent=2) + "\n")
-    return ["config.json", "model.safetensors"]
+    return ["config.json", "model.safetensors", *write_carried(model, output)]
+
+
+def write_carried(model, output: Path) -> list[str]:
+    """Write into ``output``'s subfolder `CARRIED_FOLDER` what ``model`` holds beyond its config and heads that this
+    library decodes with and no engine reads: the n-gram rescorer, the calibration positions, the calibration entries
+    (a ``generation_config.json`` with ``cerberus_calibration``); returns the files written (none: no subfolder)."""
+    entries = getattr(model.generation_config, "cerberus_calibration", None)
+    if model.ngram is None and model.calibration_statistics is None and not entries:
+        return []
+    folder = output / CARRIED_FOLDER
+    folder.mkdir(exist_ok=True)
+    written = []
+    if model.ngram is not None:
+        model.ngram.save(folder / NGRAM_WEIGHTS_NAME)
+        written.append(f"{CARRIED_FOLDER}/{NGRAM_WEIGHTS_NAME}")
+    if model.calibration_statistics is not None:
+        path = model.calibration_statistics.save(folder)
+        written.append(f"{CARRIED_FOLDER}/{Path(path).name}")
+    if entries:
+        model.generation_config.save_pretrained(folder)
+        written.append(f"{CARRIED_FOLDER}/{CARRIED_GENERATION_CONFIG}")
+    return written
 
 
 def vllm_medusa_tensors(model, dtype: torch.dtype = torch.float32) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -196,7 +228,8 @@ def vllm_medusa_tensors(model, dtype: torch.dtype = torch.float32) -> tuple[dict
     vllm_config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": config.hidden_size,
                    "vocab_size": config.vocab_size, "num_heads": config.num_heads,
                    "num_hidden_layers": config.num_layers, "medusa_fc_bias": True,
-                   "base_model_name_or_path": config.base_model_name_or_path}
+                   "base_model_name_or_path": config.base_model_name_or_path,
+                   **carried_config(config)}  # MedusaConfig keeps it as an attribute it never reads
     if shared:
         vllm_config["original_lm_head"] = True
     if rows is not None:
@@ -216,4 +249,4 @@ def export_vllm_medusa(model, output: Path, dtype: torch.dtype = torch.float32) 
     output.mkdir(parents=True, exist_ok=True)
     save_safetensors(tensors, output / "model.safetensors", metadata={"format": "pt"})
     (output / "config.json").write_text(json.dumps(vllm_config, indent=2) + "\n")
-    return ["config.json", "model.safetensors"]
+    return ["config.json", "model.safetensors", *write_carried(model, output)]
