@@ -155,10 +155,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         foreign = foreign_config(path, hub_kwargs) if config is None else None
         if foreign is not None:
             model = import_drafter(cls, path, foreign, base_model, hub_kwargs, kwargs)
-            positions_file = resolve_file(path, CARRIED_POSITIONS, required=False, **hub_kwargs)  # an export's
-            if positions_file is not None:
-                chains = DRAFTER_CLASSES[model.config.head_type].drafts_chains
-                model.calibration_statistics = PositionStatistics.load(positions_file, model.config.num_heads, chains)
+            model.calibration_statistics = _read_positions(path, CARRIED_POSITIONS, model.config, hub_kwargs)
             return model
         copied = copied_code(path)
         if copied:
@@ -171,9 +168,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         config = read_config(path, config, hub_kwargs)
         # every file of the folder is read and checked before the base loads: a bad one fails fast
         state_dict, generation_config, ngram = read_folder(path, config, hub_kwargs)
-        positions_file = resolve_file(path, POSITIONS_NAME, required=False, **hub_kwargs)
-        statistics = PositionStatistics.load(positions_file, config.num_heads, DRAFTER_CLASSES[
-            config.head_type].drafts_chains) if positions_file is not None else None
+        statistics = _read_positions(path, POSITIONS_NAME, config, hub_kwargs)
 
         config.name_or_path = path  # as transformers' from_pretrained: the model's name_or_path (said in messages)
         model = cls(config, base_model=base_model, **kwargs)
@@ -450,3 +445,11 @@ class CerberusGenerateOutput(GenerateDecoderOnlyOutput):
     `GenerationStats`."""
 
     generation_stats: GenerationStats | None = None
+
+
+def _read_positions(path: str, name: str, config: CerberusConfig, hub_kwargs: dict) -> PositionStatistics | None:
+    """The calibration positions stored as ``name`` in ``path`` (a saved folder's, or an export's), or None."""
+    positions_file = resolve_file(path, name, required=False, **hub_kwargs)
+    if positions_file is None:
+        return None
+    return PositionStatistics.load(positions_file, config.num_heads, DRAFTER_CLASSES[config.head_type].drafts_chains)
