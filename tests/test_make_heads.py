@@ -64,6 +64,8 @@ def test_one_command_makes_a_folder_that_loads_and_says_its_speedup(base_folder,
     assert capsys.readouterr().out.count("skipped") == len(make_heads.STAGES)
     assert main(command(base_folder, prompts_file, out, "--epochs", "3")) == 2  # other settings: refused in one line
     assert "was made with" in capsys.readouterr().err
+    assert main(command(base_folder, prompts_file, out, "--budget-tokens", "900")) == 2  # not skipped unsaid
+    assert "--budget-tokens 600 (now 900)" in capsys.readouterr().err
 
 
 class Stop(Exception):

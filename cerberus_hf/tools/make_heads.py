@@ -121,6 +121,7 @@ class Recipe:
                          "prompts": self.sources, "max_new_tokens": args.max_new_tokens, "epochs": args.epochs,
                          "train_vocab": args.train_vocab, "train_args": args.train_args}
         self.state = self._read_state()
+        self._check_budget()
 
     def _read_state(self) -> dict:
         path = self.output / STATE
@@ -134,6 +135,18 @@ class Recipe:
             raise UserError(f"{self.output} was made with {said}; rerun with those settings to resume it, or use "
                             "another --output")
         return state
+
+    def _check_budget(self) -> None:
+        """A folder whose answers are done was trained on what its budget bought: another budget is refused rather
+        than skipped, and a new --output with the same --data-dir extends the answers to it."""
+        distilled = self.state["stages"].get("distill", {})
+        asked = {"budget_tokens": self.args.budget_tokens, "budget_hours": self.args.budget_hours}
+        changed = {k: (distilled[k], v) for k, v in asked.items() if k in distilled and distilled[k] != v}
+        if changed:
+            said = ", ".join(f"--{k.replace('_', '-')} {old} (now {new})" for k, (old, new) in changed.items())
+            raise UserError(f"{self.output} was distilled with {said}; its heads are trained on those answers, so "
+                            f"make heads on another budget in a new --output with --data-dir {self.data_dir} (the "
+                            "answers there are kept and extended)")
 
     def done(self, stage: str) -> bool:
         return stage in self.state["stages"]
@@ -179,7 +192,8 @@ class Recipe:
                   "tokens; training on what there is")
         if not tokens:
             raise UserError(f"the base gave no answer tokens for {self.sources}")
-        return {"answer_tokens": tokens, "records": sum(len(read(file)) for file in files),
+        return {"answer_tokens": tokens, "budget_tokens": args.budget_tokens, "budget_hours": args.budget_hours,
+                "records": sum(len(read(file)) for file in files),
                 "files": [str(file) for file in files], "dtype": self.dtype,
                 "hours": round(self.state["distill_seconds"] / 3600, 2)}
 
