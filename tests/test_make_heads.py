@@ -48,8 +48,9 @@ def hf_cache(tmp_path, monkeypatch):
 
 
 def test_one_command_makes_a_folder_that_loads_and_says_its_speedup(base_folder, prompts_file, tmp_path, hf_cache,
-                                                                     capsys):
+                                                                     capsys, monkeypatch):
     out = tmp_path / "heads"
+    monkeypatch.setattr("sys.argv", ["cerberus-hf", *command(base_folder, prompts_file, out)])
     assert main(command(base_folder, prompts_file, out)) == 0
     said = capsys.readouterr().out.strip().splitlines()
     assert "plain generate()" in said[-1] and "held-out prompts" in said[-1] and "from_pretrained" in said[-1]
@@ -57,6 +58,9 @@ def test_one_command_makes_a_folder_that_loads_and_says_its_speedup(base_folder,
     assert list(state["stages"]) == list(make_heads.STAGES)
     assert state["stages"]["distill"]["answer_tokens"] >= 600
     assert (out / "README.md").is_file() and (out / make_heads.BENCH).is_file()
+    card = (out / "README.md").read_text()  # what made it, and how its answers were decoded
+    assert "Card written by `cerberus-hf make-heads" in card and "own answers (greedy)" in card
+    assert not (out / "checkpoints").exists()  # the folder holds what loads, not training's optimizer state
     model = CerberusForCausalLM.from_pretrained(out)
     assert model.config.head_type == "medusa" and model.config.prompt_lookup_num_tokens == 5
 

@@ -15,12 +15,14 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import time
 from pathlib import Path
 
 import torch
 from ..errors import UserError
 from ..hardware import bf16_kernels
+from ..training.checkpointing import CHECKPOINTS_DIR
 from . import arguments
 from .bench import PACKED_PEER, human_eval_file
 
@@ -206,6 +208,8 @@ class Recipe:
              "--output", str(self.output), "--epochs", str(args.epochs), "--eval-fraction", str(EVAL_FRACTION),
              *extra, *(["--num-threads", str(args.threads)] if args.threads else []),
              *(["--no-progress"] if args.no_progress else []), *shlex.split(args.train_args))
+        # the training checkpoints (optimizer state: several times the heads' size) only served resuming this stage
+        shutil.rmtree(self.output / CHECKPOINTS_DIR, ignore_errors=True)
         if args.head_type in PROMPT_LOOKUP_FAMILIES:
             from ..configuration_cerberus import CerberusConfig
 

@@ -260,14 +260,22 @@ def _summary_lines(config, calibration: dict | None) -> list[str]:
     ]
 
 
+def _answer_modes(data: dict) -> str:
+    """How the answers were decoded, from the count of sampled records (metrics before it was counted: both)."""
+    sampled = data.get("sampled_records")
+    if sampled is None:
+        return "greedy, and sampled for a share of prompts"
+    return f"greedy; {sampled} of the records sampled" if sampled else "greedy"
+
+
 def _training_lines(config, training: dict) -> list[str]:
     """The ``## Training`` section: data, recipe, cost, earlier runs, and held-out accuracy per head."""
     data, cost, run = training.get("data", {}), training.get("cost", {}), training.get("config", {})
     lines = [
         "## Training",
         "",
-        f"- Data: `{', '.join(Path(p).name for p in _as_list(data.get('path', 'n/a')))}`, the base model's own answers (greedy, and sampled for a "
-        f"share of prompts) to those files' prompts, none of them an MT-Bench question: "
+        f"- Data: `{', '.join(Path(p).name for p in _as_list(data.get('path', 'n/a')))}`, the base model's own answers "
+        f"({_answer_modes(data)}) to those files' prompts, none of them an MT-Bench question: "
         f"{data.get('records', 'n/a')} records, {data.get('held_out_records', 'n/a')} held out; "
         f"{data.get('train_positions', 'n/a')} training positions, {data.get('eval_positions', 'n/a')} held-out.",
         f"- Recipe: {training.get('epochs', 'n/a')} epoch(s), {training.get('steps', 'n/a')} steps; "
@@ -396,4 +404,4 @@ def _read_json(path: Path) -> dict:
 
 
 def _command() -> str:
-    return "cerberus-hf card " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    return "cerberus-hf " + " ".join(shlex.quote(a) for a in sys.argv[1:])  # card, or make-heads running it

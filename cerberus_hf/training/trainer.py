@@ -281,6 +281,7 @@ class _HeadData:
         return {
             "path": str(self.paths[0]) if len(self.paths) == 1 else [str(p) for p in self.paths],
             "records": len(cache.record_ids), "text_records": sum(m == "text" for m in cache.record_modes),
+            "sampled_records": sum(m == "sample" for m in cache.record_modes),
             "held_out_records": len(self.held_out),
             "positions": cache.num_positions, "train_positions": int(self.train_positions.shape[0]),
             "eval_positions": int(self.eval_positions.shape[0]), "base_agreement": cache.base_agreement(),
