@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIG=qwen2.5-coder-1.5b-instruct
 SMALL=qwen2.5-coder-0.5b-instruct
-STEPS=${STEPS:-"heads bench"}
+STEPS=${STEPS:-"heads calibrate sweep bench"}
 BUDGET=${BUDGET:-150000}   # answer tokens the base distils (the shipped heads: see their cards' Training section)
 OUT=${OUT:-model_cards}    # OUT=elsewhere reproduces the heads without overwriting the shipped ones
 RUN=${RUN:-benchmarks/qwen_coder_vs_peers}
@@ -31,21 +31,35 @@ for step in $STEPS; do
       # 3 heads: Hydra's head k reads k+2 states of 1,536 values, so 4 heads are 66M parameters (132 MB in bf16)
       make_heads "$BIG" hydra --train-args "--num-heads 3"
       make_heads "$SMALL" clover ;;
+    calibrate)  # make-heads fitted the bf16 entries (its dtype here); the fp32 bench decodes with fp32's own
+      for heads in "clover-$BIG" "hydra-$BIG" "clover-$SMALL"; do
+        data=data/${heads#*-}/answers-packaged.jsonl
+        cerberus-hf calibrate --heads "$OUT/$heads" --data "$data" --held-out-fraction 0.05 --limit 24 \
+          --dtype float32 --write
+      done ;;
+    sweep)  # the assistant's best constant draft length (3, 5, 8) on 4 HumanEval problems of the bench's, bf16
+      mkdir -p "$RUN"
+      cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --variants default --prompts humaneval --every 40 \
+        --limit 4 --max-new-tokens 128 --dtype bfloat16 --no-prompt-lookup --assistant "$SMALL" \
+        --assistant-tokens 3 5 8 --json "$RUN/assistant_sweep.json" --resume > "$RUN/assistant_sweep.md" ;;
     bench)  # HumanEval's every 8th problem (21) and every 8th MT-Bench question (10), 128 new tokens, fp32 and bf16
       mkdir -p "$RUN"
       lscpu > "$RUN/lscpu.txt"
+      best=$(python -c 'import json, re, sys
+rows = [r for r in json.load(open(sys.argv[1]))["methods"] if re.search(r", (\d+) tokens\)$", r["method"])]
+print(re.search(r"(\d+) tokens\)$", max(rows, key=lambda r: r["speedup"])["method"]).group(1))' "$RUN/assistant_sweep.json")
       for dtype in float32 bfloat16; do
         for prompts in humaneval mt_bench; do
           source=$prompts; [ "$prompts" = mt_bench ] && source=cerberus_hf/data/mt_bench_questions.jsonl
           name="$RUN/${BIG}_${prompts}_${dtype}"
           cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --heads "$OUT/hydra-$BIG" --variants default \
             --prompts "$source" --every 8 --max-new-tokens 128 --dtype "$dtype" --assistant "$SMALL" \
-            --assistant-tokens 3 5 8 --json "$name.json" --plot "$name.png" --resume > "$name.md"
+            --assistant-tokens "$best" --json "$name.json" --plot "$name.png" --resume > "$name.md"
         done
       done
       name="$RUN/${SMALL}_humaneval_float32"
       cerberus-hf bench --base "$SMALL" --heads "$OUT/clover-$SMALL" --variants default --prompts humaneval --every 8 \
         --max-new-tokens 128 --json "$name.json" --plot "$name.png" --resume > "$name.md" ;;
-    *) echo "unknown step $step (heads, bench)" >&2; exit 2 ;;
+    *) echo "unknown step $step (heads, calibrate, sweep, bench)" >&2; exit 2 ;;
   esac
 done
