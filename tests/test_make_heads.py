@@ -70,6 +70,10 @@ def test_one_command_makes_a_folder_that_loads_and_says_its_speedup(base_folder,
     assert "was made with" in capsys.readouterr().err
     assert main(command(base_folder, prompts_file, out, "--budget-tokens", "900")) == 2  # not skipped unsaid
     assert "--budget-tokens 600 (now 900)" in capsys.readouterr().err
+    other = tmp_path / "other"  # another folder on the same answers: none generated, the recipe goes on
+    assert main(command(base_folder, prompts_file, other, "--data-dir", str(out / "data"))) == 0
+    reused = json.loads((other / make_heads.STATE).read_text())["stages"]["distill"]
+    assert reused["answer_tokens"] == state["stages"]["distill"]["answer_tokens"] and reused["hours"] == 0
 
 
 class Stop(Exception):

@@ -189,7 +189,7 @@ class Recipe:
         files = [path for path in self.data_files() if path.is_file()]
         tokens = sum(answer_tokens(file) for file in files)
         if tokens < args.budget_tokens and args.budget_hours and \
-                self.state["distill_seconds"] >= 3600 * args.budget_hours:
+                self.state.get("distill_seconds", 0.0) >= 3600 * args.budget_hours:
             print(f"make-heads: {args.budget_hours} h of distilling spent at {tokens} of {args.budget_tokens} answer "
                   "tokens; training on what there is")
         if not tokens:
@@ -197,7 +197,7 @@ class Recipe:
         return {"answer_tokens": tokens, "budget_tokens": args.budget_tokens, "budget_hours": args.budget_hours,
                 "records": sum(len(read(file)) for file in files),
                 "files": [str(file) for file in files], "dtype": self.dtype,
-                "hours": round(self.state["distill_seconds"] / 3600, 2)}
+                "hours": round(self.state.get("distill_seconds", 0.0) / 3600, 2)}
 
     def train(self) -> dict:
         args = self.args
