@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 BIG=qwen2.5-coder-1.5b-instruct
 SMALL=qwen2.5-coder-0.5b-instruct
 STEPS=${STEPS:-"heads calibrate sweep bench"}
-BUDGET=${BUDGET:-150000}   # answer tokens the base distils (the shipped heads: see their cards' Training section)
+BUDGET=${BUDGET:-100000}   # answer tokens the base distils (the shipped heads: 100,000 each; their cards say more)
 OUT=${OUT:-model_cards}    # OUT=elsewhere reproduces the heads without overwriting the shipped ones
 RUN=${RUN:-benchmarks/qwen_coder_vs_peers}
 THREADS=${THREADS:-2}
