@@ -170,9 +170,10 @@ class Recipe:
         args = self.args
         model, tokenizer = load_named_model(args.base, getattr(torch, self.dtype))
         model.to(args.device)
+        self.state.setdefault("distill_seconds", 0.0)  # hours spent here, over runs (none where answers were made)
         for source, path in zip(self.sources, self.data_files()):
             tokens = sum(answer_tokens(file) for file in self.data_files())
-            seconds_left = args.budget_hours and 3600 * args.budget_hours - self.state.get("distill_seconds", 0.0)
+            seconds_left = args.budget_hours and 3600 * args.budget_hours - self.state["distill_seconds"]
             if tokens >= args.budget_tokens or (seconds_left is not None and seconds_left <= 0):
                 break
             started = time.perf_counter()
@@ -183,13 +184,13 @@ class Recipe:
                     max_prompt_tokens=MAX_PROMPT_TOKENS, token_budget=args.budget_tokens - tokens,
                     seconds_budget=seconds_left)
             finally:  # a kill keeps the answers written; the hours spent count towards --budget-hours
-                self.state["distill_seconds"] = self.state.get("distill_seconds", 0.0) + time.perf_counter() - started
+                self.state["distill_seconds"] += time.perf_counter() - started
                 _write_json(self.output / STATE, self.state)
         del model
         files = [path for path in self.data_files() if path.is_file()]
         tokens = sum(answer_tokens(file) for file in files)
         if tokens < args.budget_tokens and args.budget_hours and \
-                self.state.get("distill_seconds", 0.0) >= 3600 * args.budget_hours:
+                self.state["distill_seconds"] >= 3600 * args.budget_hours:
             print(f"make-heads: {args.budget_hours} h of distilling spent at {tokens} of {args.budget_tokens} answer "
                   "tokens; training on what there is")
         if not tokens:
@@ -197,7 +198,7 @@ class Recipe:
         return {"answer_tokens": tokens, "budget_tokens": args.budget_tokens, "budget_hours": args.budget_hours,
                 "records": sum(len(read(file)) for file in files),
                 "files": [str(file) for file in files], "dtype": self.dtype,
-                "hours": round(self.state.get("distill_seconds", 0.0) / 3600, 2)}
+                "hours": round(self.state["distill_seconds"] / 3600, 2)}
 
     def train(self) -> dict:
         args = self.args
