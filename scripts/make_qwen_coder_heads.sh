@@ -7,6 +7,7 @@
 # Run: from the repository root, nothing else on the cores (the distill and bench stages are timed):
 #   bash scripts/make_qwen_coder_heads.sh                 # all steps
 #   STEPS=bench bash scripts/make_qwen_coder_heads.sh     # one step
+#   STEPS=bench RUNS="humaneval:bfloat16" bash scripts/make_qwen_coder_heads.sh   # one of the bench's runs
 # Every step resumes after an interruption: make-heads skips its finished stages and continues the one it was in,
 # the benches continue from their .partial files (--resume).
 set -euo pipefail
@@ -18,6 +19,9 @@ BUDGET=${BUDGET:-100000}   # answer tokens the base distils (the shipped heads: 
 OUT=${OUT:-model_cards}    # OUT=elsewhere reproduces the heads without overwriting the shipped ones
 RUN=${RUN:-benchmarks/qwen_coder_vs_peers}
 THREADS=${THREADS:-2}
+# the bench's runs, prompts:dtype on the 1.5B, then the 0.5B on HumanEval in fp32 (small:float32); bf16 first, as it
+# needs no fp32 calibration
+RUNS=${RUNS:-"humaneval:bfloat16 humaneval:float32 mt_bench:float32 small:float32 mt_bench:bfloat16"}
 
 make_heads() {  # base, family, more make-heads options: the answers go to data/<base> once, for every family
   cerberus-hf make-heads --base "$1" --head-type "$2" --output "$OUT/$2-$1" --data-dir "data/$1" \
@@ -48,18 +52,20 @@ for step in $STEPS; do
       best=$(python -c 'import json, re, sys
 rows = [r for r in json.load(open(sys.argv[1]))["methods"] if re.search(r", (\d+) tokens\)$", r["method"])]
 print(re.search(r"(\d+) tokens\)$", max(rows, key=lambda r: r["speedup"])["method"]).group(1))' "$RUN/assistant_sweep.json")
-      for dtype in float32 bfloat16; do
-        for prompts in humaneval mt_bench; do
-          source=$prompts; [ "$prompts" = mt_bench ] && source=cerberus_hf/data/mt_bench_questions.jsonl
-          name="$RUN/${BIG}_${prompts}_${dtype}"
-          cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --heads "$OUT/hydra-$BIG" --variants default \
-            --prompts "$source" --every 8 --max-new-tokens 128 --dtype "$dtype" --assistant "$SMALL" \
-            --assistant-tokens "$best" --json "$name.json" --plot "$name.png" --resume > "$name.md"
-        done
-      done
-      name="$RUN/${SMALL}_humaneval_float32"
-      cerberus-hf bench --base "$SMALL" --heads "$OUT/clover-$SMALL" --variants default --prompts humaneval --every 8 \
-        --max-new-tokens 128 --json "$name.json" --plot "$name.png" --resume > "$name.md" ;;
+      for run in $RUNS; do
+        prompts=${run%%:*} dtype=${run#*:}
+        if [ "$prompts" = small ]; then
+          name="$RUN/${SMALL}_humaneval_$dtype"
+          cerberus-hf bench --base "$SMALL" --heads "$OUT/clover-$SMALL" --variants default --prompts humaneval \
+            --every 8 --max-new-tokens 128 --dtype "$dtype" --json "$name.json" --plot "$name.png" --resume > "$name.md"
+          continue
+        fi
+        source=$prompts; [ "$prompts" = mt_bench ] && source=cerberus_hf/data/mt_bench_questions.jsonl
+        name="$RUN/${BIG}_${prompts}_${dtype}"
+        cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --heads "$OUT/hydra-$BIG" --variants default \
+          --prompts "$source" --every 8 --max-new-tokens 128 --dtype "$dtype" --assistant "$SMALL" \
+          --assistant-tokens "$best" --json "$name.json" --plot "$name.png" --resume > "$name.md"
+      done ;;
     *) echo "unknown step $step (heads, calibrate, sweep, bench)" >&2; exit 2 ;;
   esac
 done
