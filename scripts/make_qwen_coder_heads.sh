@@ -41,11 +41,11 @@ for step in $STEPS; do
         cerberus-hf calibrate --heads "$OUT/$heads" --data "$data" --held-out-fraction 0.05 --limit 24 \
           --dtype float32 --write
       done ;;
-    sweep)  # the assistant's best constant draft length (3, 5, 8) on 4 HumanEval problems of the bench's, bf16
+    sweep)  # the assistant's best constant draft length (3 to 16) on 4 HumanEval problems of the bench's, bf16
       mkdir -p "$RUN"
       cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --variants default --prompts humaneval --every 40 \
         --limit 4 --max-new-tokens 128 --dtype bfloat16 --no-prompt-lookup --assistant "$SMALL" \
-        --assistant-tokens 3 5 8 --json "$RUN/assistant_sweep.json" --resume > "$RUN/assistant_sweep.md" ;;
+        --assistant-tokens 3 5 8 12 16 --json "$RUN/assistant_sweep.json" --resume > "$RUN/assistant_sweep.md" ;;
     bench)  # HumanEval's every 8th problem (21) and every 8th MT-Bench question (10), 128 new tokens, fp32 and bf16
       mkdir -p "$RUN"
       lscpu > "$RUN/lscpu.txt"
