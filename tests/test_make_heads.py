@@ -123,3 +123,16 @@ def test_the_demo_finds_the_heads_shipped_for_its_base():
     assert shipped_heads("smollm2-135m-instruct") == [MODEL_CARDS / "hydra-smollm2-135m-instruct",
                                                       MODEL_CARDS / "cerberus-smollm2-135m-instruct"]
     assert shipped_heads("no-such-base") == []
+
+
+@pytest.mark.parametrize("isa, dtype, strict, words", [
+    ("AMX", "bfloat16", True, "AMX"),
+    ("AVX512-BF16", "float32", False, "rows change with the batch"),  # strict bf16 would decode plain there
+    (None, "float32", False, "no bf16 instructions"),
+])
+def test_the_demo_picks_the_dtype_that_keeps_output_identical(monkeypatch, isa, dtype, strict, words):
+    from cerberus_hf.tools import demo
+
+    monkeypatch.setattr(demo, "bf16_matmul", lambda device: isa)
+    chosen, strict_chosen, why = demo.best_setup("cpu")
+    assert (chosen, strict_chosen) == (dtype, strict) and words in why

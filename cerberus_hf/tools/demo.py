@@ -44,12 +44,18 @@ def shipped_heads(base: str) -> list[Path]:
 def best_setup(device: torch.device | str) -> tuple[str, bool, str]:
     """(dtype, strict, why): bf16 with strict verification where the processor multiplies bf16 matrices in tiles
     (AMX), which makes a bf16 step much cheaper than fp32's and strict keeps the output plain bf16 generate()'s
-    token for token; float32 elsewhere on a CPU, where bf16 runs through fp32 or dot products and buys less."""
-    if torch.device(device).type == "cpu" and bf16_matmul(device) == "AMX":
+    token for token; float32 elsewhere on a CPU: without bf16 instructions bf16 runs through fp32 and buys less,
+    and with AVX512-BF16's dot products a bf16 row's bits change with the rows beside it, so strict verification
+    decodes plain and drafting in bf16 is not identical (docs/precision.md)."""
+    isa = bf16_matmul(device)
+    if isa == "AMX":
         return "bfloat16", True, "this CPU has AMX: bf16 matrix products in tiles, verified strictly so output stays identical"
     if torch.device(device).type == "cuda":
         return "bfloat16", False, "a GPU decodes in bf16 (identity measured, not promised: docs/precision.md)"
-    return "float32", False, "this CPU has no AMX: bf16 would run through fp32 or dot products and buy less"
+    if isa == "AVX512-BF16":
+        return "float32", False, ("this CPU has AVX512-BF16, no AMX: its bf16 rows change with the batch, so float32 "
+                                  "keeps output identical (--dtype bfloat16: faster, identity measured)")
+    return "float32", False, "this CPU has no bf16 instructions: bf16 would run through fp32 and buy less"
 
 
 def add_cli(subparsers) -> None:
