@@ -74,6 +74,32 @@ def test_a_base_converted_to_another_dtype_is_packed_again():
     assert torch.equal(_logits(packed_view(base, weights), ids), _logits(base, ids))
 
 
+def test_models_on_one_base_share_one_packed_copy_dropped_with_the_last(monkeypatch):
+    """Two wrappers of one base (two drafters, or a benchmark's packed peer beside them) hold one packed copy of each
+    base weight, not one each: a 1.5B base in float32 would otherwise hold its weights three times over."""
+    calls = []
+    real = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(packed.torch.ops.mkldnn, "_reorder_linear_weight",
+                        lambda weight, rows: calls.append(weight.data_ptr()) or real(weight, rows))
+    base = copy.deepcopy(get_base("llama"))
+    weights = [m.weight.data_ptr() for m in base.modules() if isinstance(m, torch.nn.Linear)]
+    first, second = PackedWeights(), PackedWeights()
+    table = first.update([base])
+    assert sorted(calls) == sorted(weights)
+    assert all(second.update([base])[key] is entry for key, entry in table.items()) and len(calls) == len(weights)
+    hydra = CerberusForCausalLM.from_base(base, head_type="hydra", num_heads=2)
+    medusa = CerberusForCausalLM.from_base(base, head_type="medusa", num_heads=2)
+    prompt = get_prompt("llama")
+    outputs = [model.generate(prompt, max_new_tokens=16, do_sample=False) for model in (hydra, medusa)]
+    assert len(calls) > len(weights) and all(calls.count(pointer) == 1 for pointer in weights)  # the heads' own only
+    assert all(torch.equal(out, packed_view(base, first).generate(prompt, max_new_tokens=16, do_sample=False))
+               for out in outputs)
+    weight = base.model.layers[0].mlp.down_proj.weight
+    del table, hydra, medusa
+    first.update([]), second.update([])
+    assert id(weight) not in packed._SHARED  # the last holder let go: the packed copy is freed
+
+
 def test_generate_packs_by_default_on_a_cpu_but_not_when_told_or_strict(monkeypatch):
     calls = []
     real = packed._packed_linear

@@ -8,7 +8,9 @@ before and after packing: docs/decoding.md, "Packed weights on a CPU"). Drafting
 almost nothing in a memory-bound forward; packing makes that true on a CPU.
 
 `PackedWeights` packs every linear weight of a base and its drafter once (oneDNN's `_reorder_linear_weight`, kept
-beside the model: about the weights' size again in memory); `packed_views` are views of them (`module_views`) whose
+beside the model: about the weights' size again in memory). A weight is packed once per process: every
+`PackedWeights` holding it (the wrappers of one base with different drafters, a benchmark's packed peer) shares one
+packed copy, dropped when the last of them lets go of it. `packed_views` are views of them (`module_views`) whose
 linear layers compute with `_linear_pointwise` over the packed weights. A decoding call runs the views, so another
 thread calling the same base meanwhile computes as before. A weight changed in place, moved or converted since it was
 packed is packed again on the next call and computed through `linear` until then. Gradients are never taken through
@@ -78,28 +80,37 @@ class _Packed:
         return self.weight() is weight and self.version == weight._version and self.data_ptr == weight.data_ptr()
 
 
+# every weight packed in this process, by id while some `PackedWeights` holds its packed copy: one copy however many
+# models (wrappers of one base, a benchmark's peer) compute through it; `_Packed.fresh` tells a reused id apart
+_SHARED: "weakref.WeakValueDictionary[int, _Packed]" = weakref.WeakValueDictionary()
+_LOCK = threading.Lock()
+
+
+def _shared(weight: torch.Tensor) -> _Packed:
+    """``weight`` packed as it is now: the process's copy where one is fresh, else packed anew (call under `_LOCK`)."""
+    entry = _SHARED.get(id(weight))
+    if entry is None or not entry.fresh(weight):
+        entry = _SHARED[id(weight)] = _Packed.of(weight)
+    return entry
+
+
 class PackedWeights:
-    """The packed copies of one model's linear weights, made on first use and kept (thread-safe)."""
+    """The packed copies of one model's linear weights, made on first use and kept (thread-safe); shared with every
+    other `PackedWeights` of the process that holds the same weights."""
 
     def __init__(self):
         self._table: dict[int, _Packed] = {}
         self._loose: dict[int, _Packed] = {}  # weights no module holds, by id while they live (`linear`)
-        self._lock = threading.Lock()
 
     def update(self, modules: Iterable[nn.Module]) -> dict[int, _Packed]:
         """The table to compute ``modules``' linear layers with: each weight packed where it was not yet, or was
         changed in place since; weights no longer among them are dropped (a base moved to another dtype)."""
-        with self._lock:
-            table = {}
-            for module in modules:
-                for linear in module.modules():
-                    weight = getattr(linear, "weight", None)
-                    if not isinstance(linear, nn.Linear) or weight is None or not _packable(weight.dtype):
-                        continue
-                    entry = self._table.get(id(weight))
-                    table[id(weight)] = entry if entry is not None and entry.fresh(weight) else _Packed.of(weight)
-            self._table = table
-            return table
+        with _LOCK:
+            self._table = {id(linear.weight): _shared(linear.weight)
+                           for module in modules for linear in module.modules()
+                           if isinstance(linear, nn.Linear) and linear.weight is not None
+                           and _packable(linear.weight.dtype)}
+            return self._table
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``linear(x, weight, bias)`` through ``weight`` packed on first use, for a weight no module holds: a drafter's
@@ -107,10 +118,10 @@ class PackedWeights:
         shortens drafting (measured in docs/decoding.md). Kept while that tensor lives unchanged."""
         if torch.is_grad_enabled() or x.dtype != weight.dtype or x.dim() < 2 or not _packable(weight.dtype):
             return nn.functional.linear(x, weight, bias)
-        with self._lock:
+        with _LOCK:
             entry = self._loose.get(id(weight))
             if entry is None or not entry.fresh(weight):
-                entry = self._loose[id(weight)] = _Packed.of(weight)
+                entry = self._loose[id(weight)] = _shared(weight)
                 weakref.finalize(weight, self._loose.pop, id(weight), None)
         return torch.ops.mkldnn._linear_pointwise(x, entry.packed, bias, "none", [], "")
 
