@@ -41,17 +41,20 @@ for step in $STEPS; do
         cerberus-hf calibrate --heads "$OUT/$heads" --data "$data" --held-out-fraction 0.05 --limit 24 \
           --dtype float32 --write
       done ;;
-    sweep)  # the assistant's best constant draft length (3 to 16) on 4 HumanEval problems of the bench's, bf16
+    sweep)  # the assistant's best constant draft length (3 to 16) on 4 HumanEval problems of the bench's, in each
+      # of SWEEP_DTYPES; the bench's assisted rows use bf16's best in both dtypes, fp32's sweep checks it there
       mkdir -p "$RUN"
-      cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --variants default --prompts humaneval --every 40 \
-        --limit 4 --max-new-tokens 128 --dtype bfloat16 --no-prompt-lookup --assistant "$SMALL" \
-        --assistant-tokens 3 5 8 12 16 --json "$RUN/assistant_sweep.json" --resume > "$RUN/assistant_sweep.md" ;;
+      for dtype in ${SWEEP_DTYPES:-bfloat16 float32}; do
+        cerberus-hf bench --base "$BIG" --heads "$OUT/clover-$BIG" --variants default --prompts humaneval --every 40 \
+          --limit 4 --max-new-tokens 128 --dtype "$dtype" --no-prompt-lookup --assistant "$SMALL" \
+          --assistant-tokens 3 5 8 12 16 --json "$RUN/assistant_sweep_$dtype.json" --resume > "$RUN/assistant_sweep_$dtype.md"
+      done ;;
     bench)  # HumanEval's every 8th problem (21) and every 8th MT-Bench question (10), 128 new tokens, fp32 and bf16
       mkdir -p "$RUN"
       lscpu > "$RUN/lscpu.txt"
       best=$(python -c 'import json, re, sys
 rows = [r for r in json.load(open(sys.argv[1]))["methods"] if re.search(r", (\d+) tokens\)$", r["method"])]
-print(re.search(r"(\d+) tokens\)$", max(rows, key=lambda r: r["speedup"])["method"]).group(1))' "$RUN/assistant_sweep.json")
+print(re.search(r"(\d+) tokens\)$", max(rows, key=lambda r: r["speedup"])["method"]).group(1))' "$RUN/assistant_sweep_bfloat16.json")
       for run in $RUNS; do
         prompts=${run%%:*} dtype=${run#*:}
         if [ "$prompts" = small ]; then
