@@ -96,7 +96,8 @@ def test_models_on_one_base_share_one_packed_copy_dropped_with_the_last(monkeypa
                for out in outputs)
     weight = base.model.layers[0].mlp.down_proj.weight
     del table, hydra, medusa
-    first.update([]), second.update([])
+    first.update([])
+    second.update([])
     assert id(weight) not in packed._SHARED  # the last holder let go: the packed copy is freed
 
 
