@@ -20,7 +20,7 @@ from transformers.utils import logging
 
 from cerberus_hf import CerberusForCausalLM, hardware
 from cerberus_hf.blocks.packed import packing_available
-from cerberus_hf.calibration import calibrate, calibrate_chain, first_use, format_report, measure
+from cerberus_hf.calibration import calibrate, calibrate_chain, first_use, format_report, machine, measure
 from cerberus_hf.calibration.first_use import ENVIRONMENT_SWITCH, FIRST_USE_SECONDS, CalibrationCache, checkpoint_hash
 from cerberus_hf.calibration.statistics import POSITIONS_NAME, PositionStatistics
 from cerberus_hf.errors import UserError
@@ -301,6 +301,49 @@ def test_where_no_tree_pays_the_default_is_plain_decoding(hf_home, first):
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS)
     assert torch.equal(out, reference("llama")) and model.generation_stats.draft_steps == 0
     assert model.generation_stats.calibration.endswith(MEASURED) == first
+
+
+def test_copied_tokens_are_kept_as_far_as_their_positions_verify_cheaply():
+    """Prompt lookup's copied tokens have no positions of their own: they are bounded by what their extra positions
+    cost, at most half a one-token forward on a gated step (the root alone) and on a drafted one (3 positions)."""
+    flat = {n: 1.0 + 0.02 * (n - 1) for n in range(1, 10)}
+    steep = {n: 1.0 + 0.4 * (n - 1) for n in range(1, 10)}
+    first_step = {1: 1.0, **{n: 1.55 + 0.1 * (n - 2) for n in range(2, 10)}}
+    late_step = {1: 1.0, 2: 1.05, 3: 1.1, **{n: 1.1 + 0.4 * (n - 3) for n in range(4, 10)}}
+    assert machine.lookup_tokens_worth(flat, 3, 5) == 5
+    assert machine.lookup_tokens_worth(steep, 3, 5) == 1
+    assert machine.lookup_tokens_worth(first_step, 3, 5) == 0  # a gated step's one copied token costs 0.55
+    assert machine.lookup_tokens_worth(late_step, 1, 5) == 3
+    assert machine.lookup_tokens_worth(late_step, 3, 5) == 1  # on a drafted step the second costs 0.8
+    assert machine.lookup_tokens_worth(flat, 3, 0) == 0
+
+
+@pytest.mark.parametrize("per_position, kept", [(0.02, 5), (0.4, 1)], ids=["cheap positions", "costly positions"])
+def test_first_use_fits_the_copied_tokens_to_this_machine(hf_home, per_position, kept):
+    """Heads with 5 copied tokens configured: first use keeps all five where a position costs 2% of a step, one
+    where each costs 40% (bf16 without bf16 kernels: five made decoding 0.72x plain there), and decodes as plain."""
+    base = tiny_model("llama")
+    model = oracle_model(base)
+    model.config.prompt_lookup_num_tokens = 5
+    with fake_clock(base, lambda module, n: 0.01 * (1 + per_position * (n - 1))):
+        settings = model.decoding_settings()
+    assert settings["gate_threshold"] != 0.0 and settings["prompt_lookup_num_tokens"] == kept
+    assert torch.equal(model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS), reference("llama"))
+
+
+def test_an_entry_fitted_before_the_copied_tokens_were_is_measured_again(hf_home, measurements):
+    model = oracle_model()
+    model.generate(get_prompt("llama"), max_new_tokens=4)
+    cache = CalibrationCache(checkpoint_hash(model))
+    data = json.loads(cache.path.read_text())
+    for entry in data["entries"].values():
+        del entry["settings"]["prompt_lookup_num_tokens"]
+    cache.path.write_text(json.dumps(data))
+    CalibrationCache._remembered.clear()
+    model.generate(get_prompt("llama"), max_new_tokens=4)
+    assert len(measurements) == 2
+    assert all("prompt_lookup_num_tokens" in entry["settings"]
+               for entry in json.loads(cache.path.read_text())["entries"].values())
 
 
 @pytest.mark.skipif(not packing_available(DEVICE, torch.float32), reason="this CPU and torch pack no float32 weights")

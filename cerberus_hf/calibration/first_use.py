@@ -116,6 +116,10 @@ class CalibrationCache:
             return None
         if entry is None:
             return None
+        if "prompt_lookup_num_tokens" not in entry["settings"]:  # fitted before the copied tokens were
+            logger.warning_once(f"cerberus-hf: {self.path}: entry {self.label(key)!r} predates fitting prompt "
+                                "lookup to this machine; calibrating again.")
+            return None
         try:
             check_entry(entry["settings"], config)
         except (ValueError, TypeError, KeyError) as error:

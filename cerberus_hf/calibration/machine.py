@@ -4,8 +4,9 @@ and the settings fitted from those costs and a checkpoint's `PositionStatistics`
 `measure_and_fit` measures the model as decoding runs it: on a CPU that packs the dtype's weights (`blocks.packed`),
 both with packed weights and through the base's own linear layers, and keeps whichever fits the faster settings
 (``"packed_weights": False`` in the entry where that is the unpacked one; `decoding_view` honours it). Where no
-tree is expected to beat a plain step, the default is plain decoding (`plain_by_default`). `calibrate` runs it with
-every repeat a person asked for; first use (`calibration.first_use`) with a `MeasurePlan` bounded in seconds.
+tree is expected to beat a plain step, the default is plain decoding (`plain_by_default`), and prompt lookup copies
+only as many tokens as verify cheaply here (`lookup_tokens_worth`). `calibrate` runs it with every repeat a person
+asked for; first use (`calibration.first_use`) with a `MeasurePlan` bounded in seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from .statistics import PositionStatistics
 
 logger = logging.get_logger(__name__)
 EXIT_CONFIDENCES = tuple(i / 10 for i in range(10))  # a chain drafter's early exits tried
+# The most the copied tokens (prompt lookup) of one step may add to its verification, as a share of a one-token
+# forward. Copied tokens come with no statistics of their own (the calibration positions hold ranks, not text), so
+# they are bounded by cost alone: cheap rows (AVX-512 or AMX in fp32, a GPU) take all the configured ones, rows that
+# each cost a third of a step (bf16 without bf16 kernels) one or none, where five made decoding 0.72x plain.
+LOOKUP_COST_BUDGET = 0.5
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,8 @@ def measure_and_fit(model, statistics: PositionStatistics, plan: MeasurePlan, st
     packings = [False] if strict or not packing_available(model.device, model.base.dtype) else [True, False]
     views = [model.decoding_view(strict, packed_weights=packed) for packed in packings]
     longest = model.config.num_heads if statistics.chains else max(statistics.max_nodes, statistics.probe.nodes)
-    costs = measure_cost_curves([view.base for view in views], max_tokens=longest + 1, repeats=plan.repeats,
+    lookup = model.config.prompt_lookup_num_tokens or 0
+    costs = measure_cost_curves([view.base for view in views], max_tokens=longest + 1 + lookup, repeats=plan.repeats,
                                 strict=strict, seconds=plan.seconds * 0.8 if plan.seconds is not None else None)
     fits = {}
     for packed, view, cost in zip(packings, views, costs):
@@ -101,7 +108,29 @@ def measure_and_fit(model, statistics: PositionStatistics, plan: MeasurePlan, st
         if not packed:
             fitted.settings["packed_weights"] = False
     plain_by_default(fitted, f"{model.device.type} in {str(model.base.dtype).removeprefix('torch.')}")
+    if not fitted.report["plain"]:
+        cost = costs[packings.index(packed)]
+        fitted.settings["prompt_lookup_num_tokens"] = lookup_tokens_worth(cost, _verified_rows(fitted.settings), lookup)
+        fitted.report["lookup_tokens"] = {"configured": lookup, "kept": fitted.settings["prompt_lookup_num_tokens"]}
     return fitted
+
+
+def lookup_tokens_worth(cost: dict[int, float], rows: int, configured: int) -> int:
+    """How many of the ``configured`` copied tokens of prompt lookup a step may graft under the verification ``cost``
+    curve (seconds by positions): the most whose extra positions cost at most `LOOKUP_COST_BUDGET` of a one-token
+    forward, on a step the gate keeps from drafting (the root alone) and on a drafted one (``rows`` positions)."""
+    tokens = configured
+    while tokens and max(cost[n + tokens] - cost[n] for n in (1, rows)) > LOOKUP_COST_BUDGET * cost[1]:
+        tokens -= 1
+    return tokens
+
+
+def _verified_rows(settings: dict) -> int:
+    """The positions a drafted step of the fitted ``settings`` verifies at most: the root and its tree's nodes."""
+    kind = settings["tree_kind"]
+    nodes = (len(settings["draft_tree"]) if kind == "static"
+             else settings["rescoring" if kind == "rescored" else "dynamic_tree"]["nodes"])
+    return 1 + nodes
 
 
 def plain_by_default(fitted: Fitted, where: str) -> None:

@@ -94,11 +94,9 @@ def _rescoring_probes(model, probe: DynamicTree, weights: tuple[float, ...], lm_
 
 
 def _store_fitted(model, settings: dict, strict: bool, rows: int | None) -> HardwareKey:
-    """Store what `calibrate` chose (`store_calibration`), with the lookup length chosen for the closest device
-    (not fitted here; none where the default is plain) and, for strict verification, how many positions it verifies."""
-    stored = model.decoding_settings(calibrate=False)
-    if stored["calibration"] is not None and stored["prompt_lookup_num_tokens"] is not None:
-        settings.setdefault("prompt_lookup_num_tokens", stored["prompt_lookup_num_tokens"])  # plain keeps its 0
+    """Store what `calibrate` chose (`store_calibration`), with the lookup length the fit bounded by this machine's
+    costs (`machine.lookup_tokens_worth`; none where the default is plain) and, for strict verification, how many
+    positions it verifies."""
     if strict:
         settings["strict_rows"] = rows
     return store_calibration(model, settings, strict=strict)
