@@ -30,7 +30,7 @@ from .blocks.ngram import NGRAM_COMMAND, NGRAM_WEIGHTS_NAME
 from .blocks.packed import packed_views, packing_available, packing_unavailable_reason
 from .blocks.rescoring import Rescoring
 from .blocks.settings import DecodingSettings, resolve_settings, stored_settings
-from .blocks.strict import check_strict_support, row_invariant_rows
+from .blocks.strict import MAX_STRICT_ROWS, check_strict_support, row_invariant_rows
 from .calibration.first_use import MEASURED, first_use_enabled, machine_entry
 from .errors import UserError
 from .hardware import HardwareKey, calibrate_command, note_borrowed, note_no_entry, select_calibration
@@ -86,15 +86,19 @@ def call_settings(model: PreTrainedModel, effective: GenerationConfig, strict: b
     else the heads'). Under strict verification that can verify no draft strictly, plain decoding."""
     if strict:
         check_strict_support(model.base)
-    strict_rows = row_invariant_rows(model.base) if strict else None
     settings = resolve_settings(
         model.decoding_settings(strict=strict, calibrate=calibrate), model.config.num_heads, **overrides,
         lookup_tokens=effective.prompt_lookup_num_tokens,
         lookup_ngram=effective.max_matching_ngram_size or model.config.max_matching_ngram_size or DEFAULT_MAX_NGRAM,
-        strict_rows=strict_rows, has_rescorers=model.has_rescorers,
+        has_rescorers=model.has_rescorers,
     )
     check_rescorers(model, settings.rescoring)
-    if strict_rows == 1:
+    if not strict:
+        return settings
+    # measured only as tall as this call verifies: the measurement's cost grows with the square of its height
+    limit = max(2, min(settings.most_positions(model.config.num_heads), MAX_STRICT_ROWS))
+    settings = replace(settings, strict_rows=row_invariant_rows(model.base, limit))
+    if settings.strict_rows == 1:
         logger.warning_once(
             f"cerberus-hf: strict=True: this base's linear layers in {model.base.dtype} on {model.device} give "
             "a row computed in a batch other bits than the row alone, so no draft can be verified strictly "

@@ -132,7 +132,7 @@ def test_strict_attention_follows_a_tree_mask():
 def test_drafts_are_cut_to_the_row_invariant_height(monkeypatch):
     """Where the linear layers are row-invariant only up to 3 rows, each verification feeds at most 3 positions
     (the root and the chain's first 2 nodes) and the output is still exact."""
-    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base: 3)
+    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base, limit: min(3, limit))
     model = drafting_model("llama", torch.bfloat16, "medusa")
     install_oracle(model, [plain_output("llama", torch.bfloat16, NEW_TOKENS + 8)], tolerance=5e-2)
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)  # a chain of 4 heads
@@ -143,7 +143,7 @@ def test_drafts_are_cut_to_the_row_invariant_height(monkeypatch):
 
 
 def test_no_row_invariance_means_plain_decoding(monkeypatch):
-    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base: 1)
+    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base, limit: 1)
     model = drafting_model("llama", torch.bfloat16, "medusa")
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True, prompt_lookup_num_tokens=3)
     assert torch.equal(out, plain_output("llama", torch.bfloat16))
@@ -167,6 +167,41 @@ class RowDependent(RowByRow):
 def test_row_invariant_rows_finds_the_first_height_that_differs():
     assert row_invariant_rows(nn.Sequential(RowByRow(8, 8), RowDependent(8, 16))) == 3
     assert row_invariant_rows(nn.Sequential(RowByRow(8, 8)), limit=16) == 16
+
+
+class Tallest(RowByRow):
+    """A row-invariant layer that records the most rows it was given at once."""
+
+    tallest = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.tallest = max(self.tallest, x.shape[0])
+        return super().forward(x)
+
+
+def test_row_invariance_is_measured_only_as_tall_as_asked_and_remembered():
+    layer = Tallest(8, 8)
+    model = nn.Sequential(layer)
+    assert row_invariant_rows(model, limit=5) == 5 and layer.tallest == 5
+    layer.tallest = 0
+    assert row_invariant_rows(model, limit=3) == 3 and layer.tallest == 0  # the taller measurement serves
+    assert row_invariant_rows(model, limit=9) == 9 and layer.tallest == 9  # taller than measured: measured again
+    beside = Tallest(8, 8)
+    dependent = nn.Sequential(RowDependent(8, 8), beside)
+    assert row_invariant_rows(dependent, limit=8) == 3
+    beside.tallest = 0
+    assert row_invariant_rows(dependent, limit=64) == 3 and beside.tallest == 0  # a height that differed serves all
+
+
+def test_a_strict_call_measures_only_as_tall_as_it_verifies(monkeypatch):
+    """A chain of 4 heads and 3 copied tokens verifies at most 8 positions: the measurement goes no taller."""
+    limits = []
+    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base, limit: limits.append(limit) or limit)
+    model = drafting_model("llama", torch.bfloat16, "medusa")
+    out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True, prompt_lookup_num_tokens=3,
+                         draft_tree=None, dynamic_tree=None)
+    assert torch.equal(out, plain_output("llama", torch.bfloat16))
+    assert limits == [1 + 4 + 3] and model.generation_stats.strict_rows == 8
 
 
 class RarelyRowDependent(RowByRow):
@@ -225,7 +260,7 @@ def test_strict_calibration_is_stored_beside_the_entry_and_used_by_strict_genera
     assert model.decoding_settings()["draft_tree"] == own["draft_tree"]
     strict = model.decoding_settings(strict=True)
     assert strict["calibration"] == f"{key} (strict)" and strict["draft_tree"] == entry["strict"]["draft_tree"]
-    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base: 4)
+    monkeypatch.setattr(settings_selection, "row_invariant_rows", lambda base, limit: min(4, limit))
     out = model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS, strict=True)
     assert torch.equal(out, plain_output("llama", torch.bfloat16))
     assert model.generation_stats.calibration == f"{key} (strict)"

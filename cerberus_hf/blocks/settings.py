@@ -53,6 +53,13 @@ class DecodingSettings:
     def rescoring(self) -> Rescoring | None:
         return self.dynamic if isinstance(self.dynamic, Rescoring) else None
 
+    def most_positions(self, num_heads: int) -> int:
+        """The most positions one verification of these settings computes: the root, the largest draft (the grown
+        tree's budget, the static tree, else a chain through ``num_heads``) and the copied tokens grafted below."""
+        nodes = (self.dynamic.nodes if self.dynamic is not None
+                 else len(self.tree.paths) if self.tree is not None else num_heads)
+        return 1 + nodes + self.lookup_tokens
+
 
 def stored_settings(entry: dict, config: Any, calibration: str | None = None) -> dict:
     """The defaults of a call: a calibration ``entry`` (`cerberus-hf calibrate`; ``{}`` for none) over ``config``'s
