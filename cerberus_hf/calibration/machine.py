@@ -18,6 +18,7 @@ from transformers.utils import logging
 
 from ..blocks.packed import packing_available
 from ..blocks.rescoring import Rescoring
+from ..blocks.settings import resolve_settings, stored_settings
 from ..blocks.tree import DynamicTree
 from .fit import build_tree, dynamic_accepted, fit_dynamic_tree, fit_gate, static_accepted, walk
 from .measure import measure_chain_steps, measure_cost_curves, measure_draft_time, measure_gate_time
@@ -110,7 +111,11 @@ def measure_and_fit(model, statistics: PositionStatistics, plan: MeasurePlan, st
     plain_by_default(fitted, f"{model.device.type} in {str(model.base.dtype).removeprefix('torch.')}")
     if not fitted.report["plain"]:
         cost = costs[packings.index(packed)]
-        fitted.settings["prompt_lookup_num_tokens"] = lookup_tokens_worth(cost, _verified_rows(fitted.settings), lookup)
+        # the positions a drafted step of the fitted settings verifies, before copied tokens are grafted
+        heads = model.config.num_heads
+        drafted = resolve_settings(stored_settings(fitted.settings, model.config), heads, lookup_tokens=0)
+        rows = drafted.most_positions(heads)
+        fitted.settings["prompt_lookup_num_tokens"] = lookup_tokens_worth(cost, rows, lookup)
         fitted.report["lookup_tokens"] = {"configured": lookup, "kept": fitted.settings["prompt_lookup_num_tokens"]}
     return fitted
 
@@ -123,14 +128,6 @@ def lookup_tokens_worth(cost: dict[int, float], rows: int, configured: int) -> i
     while tokens and max(cost[n + tokens] - cost[n] for n in (1, rows)) > LOOKUP_COST_BUDGET * cost[1]:
         tokens -= 1
     return tokens
-
-
-def _verified_rows(settings: dict) -> int:
-    """The positions a drafted step of the fitted ``settings`` verifies at most: the root and its tree's nodes."""
-    kind = settings["tree_kind"]
-    nodes = (len(settings["draft_tree"]) if kind == "static"
-             else settings["rescoring" if kind == "rescored" else "dynamic_tree"]["nodes"])
-    return 1 + nodes
 
 
 def plain_by_default(fitted: Fitted, where: str) -> None:
