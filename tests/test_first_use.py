@@ -331,19 +331,39 @@ def test_first_use_fits_the_copied_tokens_to_this_machine(hf_home, per_position,
     assert torch.equal(model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS), reference("llama"))
 
 
-def test_an_entry_fitted_before_the_copied_tokens_were_is_measured_again(hf_home, measurements):
+@pytest.mark.parametrize("fit", [None, machine.FIT_VERSION - 1, machine.FIT_VERSION],
+                         ids=["unversioned", "older", "current"])
+def test_an_entry_of_an_older_fit_is_measured_again(hf_home, measurements, fit):
+    """A first-use entry written by an older fit (before the copied tokens were bounded, before the gain margin) may
+    hold settings this version would not choose: it is measured again, and one of the current fit is read back."""
     model = oracle_model()
     model.generate(get_prompt("llama"), max_new_tokens=4)
     cache = CalibrationCache(checkpoint_hash(model))
     data = json.loads(cache.path.read_text())
     for entry in data["entries"].values():
-        del entry["settings"]["prompt_lookup_num_tokens"]
+        assert entry["fit"] == machine.FIT_VERSION
+        if fit is None:
+            del entry["fit"]
+        else:
+            entry["fit"] = fit
     cache.path.write_text(json.dumps(data))
     CalibrationCache._remembered.clear()
     model.generate(get_prompt("llama"), max_new_tokens=4)
-    assert len(measurements) == 2
-    assert all("prompt_lookup_num_tokens" in entry["settings"]
+    assert len(measurements) == (1 if fit == machine.FIT_VERSION else 2)
+    assert all(entry.get("fit") == machine.FIT_VERSION
                for entry in json.loads(cache.path.read_text())["entries"].values())
+
+
+@pytest.mark.parametrize("gain, plain", [(0.9, True), (1.05, True), (1.2, False)])
+def test_drafting_is_the_default_only_where_it_is_expected_to_gain_the_margin(gain, plain):
+    """The fit leaves out the loop's own work per step, so a modelled gain under `DRAFT_GAIN_MARGIN` (10%) is no
+    gain: the entry decodes plain, without copied tokens, and says the modelled gain in its report."""
+    settings = {"gate_signal": "head_entropy", "gate_threshold": 2.0, "prompt_lookup_num_tokens": 5}
+    fitted = machine.Fitted(dict(settings), tokens_per_s=10.0 * gain, plain_tokens_per_s=10.0, report={})
+    machine.plain_by_default(fitted, "test machine")
+    assert fitted.report["plain"] is plain and fitted.report["expected_gain"] == pytest.approx(gain)
+    assert fitted.settings == ({**settings, "gate_threshold": 0.0, "prompt_lookup_num_tokens": 0} if plain else settings)
+    assert fitted.tokens_per_s == pytest.approx(10.0 if plain else 10.0 * gain)
 
 
 @pytest.mark.skipif(not packing_available(DEVICE, torch.float32), reason="this CPU and torch pack no float32 weights")

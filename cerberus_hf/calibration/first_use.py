@@ -6,9 +6,10 @@ the machine it runs on even where nobody calibrated that machine: the first `gen
 `hardware.select_calibration` finds no entry measures this machine's costs (`machine.measure_and_fit` with
 `FIRST_USE_PLAN`, about `FIRST_USE_SECONDS` in all on a 2-core CPU), fits the trees and the gate, and stores the entry
 in ``<HF_HOME>/cerberus_hf/calibration/<checkpoint hash>.json`` under the hardware key and torch's version
-(`CalibrationCache`); later calls and later processes read it back. `cerberus-hf calibrate --machine` does the same
-ahead of time, with every repeat. ``generate(calibrate=False)``, or ``CERBERUS_HF_CALIBRATE=0`` in the environment,
-keeps the stored entries and the config's settings.
+(`CalibrationCache`); later calls and later processes read it back (an entry of an older fit, `machine.FIT_VERSION`,
+is measured again). `cerberus-hf calibrate --machine` does the same ahead of time, with every repeat.
+``generate(calibrate=False)``, or ``CERBERUS_HF_CALIBRATE=0`` in the environment, keeps the stored entries and the
+config's settings.
 
 The cache file is written whole to a temporary file and moved into place (`files.write_atomically`, with the mode
 any file of the user gets), under a lock per file in this process and a file lock (`filelock`) across processes, held
@@ -34,7 +35,7 @@ from transformers.utils import logging
 from ..blocks.settings import check_entry
 from ..files import write_atomically
 from ..hardware import HardwareKey, describe_device
-from .machine import Fitted, MeasurePlan, measure_and_fit
+from .machine import FIT_VERSION, Fitted, MeasurePlan, measure_and_fit
 
 logger = logging.get_logger(__name__)
 
@@ -116,9 +117,9 @@ class CalibrationCache:
             return None
         if entry is None:
             return None
-        if "prompt_lookup_num_tokens" not in entry["settings"]:  # fitted before the copied tokens were
-            logger.warning_once(f"cerberus-hf: {self.path}: entry {self.label(key)!r} predates fitting prompt "
-                                "lookup to this machine; calibrating again.")
+        if entry.get("fit", 1) < FIT_VERSION:
+            logger.warning_once(f"cerberus-hf: {self.path}: entry {self.label(key)!r} predates this version's fit "
+                                f"({FIT_VERSION}); calibrating again.")
             return None
         try:
             check_entry(entry["settings"], config)
@@ -190,7 +191,8 @@ def calibrate_machine(model, plan: MeasurePlan, cache: CalibrationCache | None =
     started = time.perf_counter()
     fitted = measure_and_fit(model, model.calibration_statistics, plan)
     seconds = time.perf_counter() - started
-    cache.write(wanted, fitted.settings, {"seconds": round(seconds, 2), "machine": describe_device(model.device),
+    cache.write(wanted, fitted.settings, {"fit": FIT_VERSION, "seconds": round(seconds, 2),
+                                          "machine": describe_device(model.device),
                                           "tokens_per_s": fitted.tokens_per_s,
                                           "plain_tokens_per_s": fitted.plain_tokens_per_s,
                                           "measured": datetime.now(timezone.utc).isoformat(timespec="seconds")})

@@ -4,9 +4,9 @@ and the settings fitted from those costs and a checkpoint's `PositionStatistics`
 `measure_and_fit` measures the model as decoding runs it: on a CPU that packs the dtype's weights (`blocks.packed`),
 both with packed weights and through the base's own linear layers, and keeps whichever fits the faster settings
 (``"packed_weights": False`` in the entry where that is the unpacked one; `decoding_view` honours it). Where no
-tree is expected to beat a plain step, the default is plain decoding (`plain_by_default`), and prompt lookup copies
-only as many tokens as verify cheaply here (`lookup_tokens_worth`). `calibrate` runs it with every repeat a person
-asked for; first use (`calibration.first_use`) with a `MeasurePlan` bounded in seconds.
+tree is expected to beat a plain step by `DRAFT_GAIN_MARGIN`, the default is plain decoding (`plain_by_default`),
+and prompt lookup copies only as many tokens as verify cheaply here (`lookup_tokens_worth`). `calibrate` runs it
+with every repeat a person asked for; first use (`calibration.first_use`) with a `MeasurePlan` bounded in seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ EXIT_CONFIDENCES = tuple(i / 10 for i in range(10))  # a chain drafter's early e
 # they are bounded by cost alone: cheap rows (AVX-512 or AMX in fp32, a GPU) take all the configured ones, rows that
 # each cost a third of a step (bf16 without bf16 kernels) one or none, where five made decoding 0.72x plain.
 LOOKUP_COST_BUDGET = 0.5
+# The modelled gain over a plain step below which the default decodes plain. The fit models a step as its forward, its
+# drafting and its gate, not the loop's own work (acceptance, committing the cache, Python), which takes a few percent
+# of a small base's step: bf16 fits on an AVX2-only CPU expecting 1.05-1.09x decoded at 0.96-1.00x plain `generate()`.
+DRAFT_GAIN_MARGIN = 1.1
+# Raised when a fit would choose otherwise from the same measurements: a first-use entry of an older fit is measured
+# again (`first_use.CalibrationCache`). 2: copied tokens bounded by cost, `DRAFT_GAIN_MARGIN`.
+FIT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -131,14 +138,20 @@ def lookup_tokens_worth(cost: dict[int, float], rows: int, configured: int) -> i
 
 
 def plain_by_default(fitted: Fitted, where: str) -> None:
-    """Where the gate fitted never drafts (no tree is expected to beat a plain step: the threshold the fit chose is
-    0), make the entry plain decoding: no prompt lookup either (it drafts whatever the gate says), and say so."""
+    """Where drafting is not expected to gain `DRAFT_GAIN_MARGIN` over a plain step (the gate fitted never drafts,
+    or its modelled gain is smaller), make the entry plain decoding: gate threshold 0, no prompt lookup either (it
+    drafts whatever the gate says), and say so. The report keeps the modelled gain (``"expected_gain"``)."""
     settings = fitted.settings
-    fitted.report["plain"] = settings["gate_threshold"] == 0.0
+    gain = fitted.tokens_per_s / fitted.plain_tokens_per_s
+    fitted.report["expected_gain"] = gain
+    fitted.report["plain"] = settings["gate_threshold"] == 0.0 or gain < DRAFT_GAIN_MARGIN
     if fitted.report["plain"]:
+        settings["gate_threshold"] = 0.0
         settings["prompt_lookup_num_tokens"] = 0
+        fitted.tokens_per_s = fitted.plain_tokens_per_s
         logger.warning(f"cerberus-hf: on this {where}, no draft is expected to beat a plain step "
-                       f"({fitted.plain_tokens_per_s:.1f} tokens/s): the default decodes plain (gate_threshold 0).")
+                       f"({fitted.plain_tokens_per_s:.1f} tokens/s) by {DRAFT_GAIN_MARGIN - 1:.0%} (the best "
+                       f"modelled: {gain:.2f}x): the default decodes plain (gate_threshold 0).")
 
 
 def fit_tree(model, statistics: PositionStatistics, cost: dict[int, float], plan: MeasurePlan) -> Fitted:

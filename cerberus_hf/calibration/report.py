@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..blocks.ngram import NGRAM_COMMAND
+from .machine import DRAFT_GAIN_MARGIN
 
 
 def format_report(report: dict) -> str:
@@ -53,7 +54,8 @@ def _format_cost(report: dict) -> list[str]:
             "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |",
             *([f"linear layers: packed {packing['packed']:.1f} tokens/s (model), unpacked {packing['unpacked']:.1f}; "
                f"kept: {'packed' if report['packed_weights'] else 'unpacked'}"] if packing else []),
-            *(["no draft is expected to beat a plain step here: the default decodes plain (gate_threshold 0)"]
+            *([f"no draft is expected to beat a plain step here by {DRAFT_GAIN_MARGIN - 1:.0%} (the best modelled: "
+               f"{report.get('expected_gain', 0.0):.2f}x): the default decodes plain (gate_threshold 0)"]
               if report.get("plain") else [])]
 
 
