@@ -16,7 +16,8 @@ from cerberus_hf.calibration.pipeline import store_calibration
 from cerberus_hf.calibration.fit import (
     accepted_length, build_tree, dynamic_accepted, fit_dynamic_tree, fit_gate, path_frequencies, static_accepted, walk,
 )
-from cerberus_hf.calibration import measure
+from cerberus_hf import CerberusForCausalLM
+from cerberus_hf.calibration import machine, measure
 from cerberus_hf.calibration.measure import non_decreasing
 from cerberus_hf.calibration.positions import ChainPosition, PositionRecord, collect_chain_positions, collect_positions
 from cerberus_hf.blocks.tree import DynamicTree
@@ -123,6 +124,23 @@ def test_cost_curve_holds_its_shape_while_the_machine_drifts(monkeypatch):
     assert sorted(cost) == list(range(1, 9))
     for n in range(2, 9):
         assert cost[n] / cost[1] == pytest.approx((1 + n / 10) / 1.1)
+
+
+@pytest.mark.parametrize("head_type", ["eagle3", "hydra"])
+def test_drafting_timings_run_the_base_over_the_context_once(head_type):
+    """EAGLE-3 keeps a state over the sequence, so its drafting and gate timings start after a context the base runs
+    over: once for all of them (in bf16 without bf16 kernels each such forward took seconds of a first use bounded
+    to about 30). Heads that read the newest state need no such forward."""
+    base = tiny_model("llama")
+    model = CerberusForCausalLM.from_base(base, head_type=head_type, num_heads=2)
+    lengths = []
+    base.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]),
+                                   with_kwargs=True)
+    probe = DynamicTree(nodes=4, depth=2, top_k=2)
+    timings = machine.Timings.measure(model, {n: 1.0 for n in range(1, 8)}, machine.MeasurePlan(draft_repeats=2),
+                                      probe, [])
+    assert timings.draft > 0 and timings.dynamic > 0 and timings.gates["head_entropy"] > 0
+    assert lengths == ([] if head_type == "hydra" else [lengths[0]]) and all(n > 3 for n in lengths)
 
 
 def test_gate_threshold_separates_good_from_bad_positions():

@@ -21,7 +21,7 @@ from ..blocks.rescoring import Rescoring
 from ..blocks.settings import resolve_settings, stored_settings
 from ..blocks.tree import DynamicTree
 from .fit import build_tree, dynamic_accepted, fit_dynamic_tree, fit_gate, static_accepted, walk
-from .measure import measure_chain_steps, measure_cost_curves, measure_draft_time, measure_gate_time
+from .measure import measure_chain_steps, measure_cost_curves, measure_draft_time, measure_gate_time, step_builder
 from .positions import PositionRecord
 from .statistics import PositionStatistics
 
@@ -82,14 +82,16 @@ class Timings:
     def measure(cls, model, cost: dict[int, float], plan: MeasurePlan, probe: DynamicTree,
                 probes: list[Rescoring]) -> Timings:
         """The drafting and gate timings of ``model`` beside its measured ``cost`` curve."""
-        draft = measure_draft_time(model, repeats=plan.draft_repeats)
-        dynamic = measure_draft_time(model, repeats=plan.draft_repeats, dynamic=probe)
+        steps = step_builder(model)  # one step's drafting inputs, built once for every timing below
+        draft = measure_draft_time(model, repeats=plan.draft_repeats, steps=steps)
+        dynamic = measure_draft_time(model, repeats=plan.draft_repeats, dynamic=probe, steps=steps)
         # a gated step pays for the first head's guesses
-        gates = {"head_entropy": measure_gate_time(model, repeats=plan.draft_repeats)}
+        gates = {"head_entropy": measure_gate_time(model, repeats=plan.draft_repeats, steps=steps)}
         rescored = {}
         for settings in probes:
             if _uses(settings) not in rescored:
-                rescored[_uses(settings)] = measure_draft_time(model, repeats=plan.draft_repeats, dynamic=settings)
+                rescored[_uses(settings)] = measure_draft_time(model, repeats=plan.draft_repeats, dynamic=settings,
+                                                               steps=steps)
         return cls(cost, draft, dynamic, gates, rescored)
 
 

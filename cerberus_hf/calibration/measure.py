@@ -146,12 +146,13 @@ def non_decreasing(values: list[float]) -> list[float]:
 
 @torch.no_grad()
 def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescoring | None = None,
-                       context: int = 300) -> float:
+                       context: int = 300, steps: Callable[[], StepDrafts] | None = None) -> float:
     """Median seconds for the drafter to draft one step: the chain through every head, or a dynamic tree
     (a drafter that reads its drafted tokens pays one call per depth), rescored by whichever of
     ``model.ngram`` and ``model.rescorer`` ``dynamic`` weighs when it is a `Rescoring` (the LM after a
-    ``context``-token prefix, closing its scorer each time as decoding does)."""
-    step_drafts = _step_builder(model, context)
+    ``context``-token prefix, closing its scorer each time as decoding does). ``steps``: `step_builder`'s for
+    ``context``, shared by several measurements (built here when None)."""
+    step_drafts = steps or step_builder(model, context)
     chain = TreeSpec.chain(model.config.num_heads)
     history = torch.arange(context, device=model.device) % model.config.vocab_size
     index_of = model.rescorer.draft_index() if model.rescorer is not None else None
@@ -176,11 +177,12 @@ def measure_draft_time(model, repeats: int = 20, dynamic: DynamicTree | Rescorin
 
 
 @torch.no_grad()
-def measure_gate_time(model, repeats: int = 20, context: int = 300) -> float:
+def measure_gate_time(model, repeats: int = 20, context: int = 300,
+                      steps: Callable[[], StepDrafts] | None = None) -> float:
     """Median seconds a head-entropy gate costs a step it keeps from drafting: what the heads read and the first
     head's guesses, which the gate needs before it can decide (a drafted step reuses them, so only gated steps pay
-    this on top of a plain forward)."""
-    step_drafts = _step_builder(model, context)
+    this on top of a plain forward). ``steps`` as in `measure_draft_time`."""
+    step_drafts = steps or step_builder(model, context)
     return _median_seconds(model.device, repeats, lambda: step_drafts().root_logits())
 
 
@@ -196,8 +198,10 @@ def _median_seconds(device: torch.device, repeats: int, work: Callable[[], objec
     return statistics.median(values)
 
 
-def _step_builder(model, context: int) -> Callable[[], StepDrafts]:
-    """What makes one step's `StepDrafts` as decoding would, after ``context`` verified positions."""
+def step_builder(model, context: int = 300) -> Callable[[], StepDrafts]:
+    """What makes one step's `StepDrafts` as decoding would, after ``context`` verified positions; each call makes
+    the same step anew, so one builder serves every drafting and gate timing (for a drafter that keeps a state over
+    the sequence, building it runs the base over the context: seconds where the dtype has no fast kernels)."""
     if model.heads.trains_on_sequences and not model.heads.drafts_chains:  # a state kept over the sequence (EAGLE-3)
         return _sequence_steps(model, context)
     return _window_steps(model)
