@@ -140,13 +140,14 @@ def lookup_tokens_worth(cost: dict[int, float], rows: int, configured: int) -> i
 
 
 def plain_by_default(fitted: Fitted, where: str) -> None:
-    """Where drafting is not expected to gain `DRAFT_GAIN_MARGIN` over a plain step (the gate fitted never drafts,
-    or its modelled gain is smaller), make the entry plain decoding: gate threshold 0, no prompt lookup either (it
-    drafts whatever the gate says), and say so. The report keeps the modelled gain (``"expected_gain"``)."""
+    """Where drafting is not expected to gain `DRAFT_GAIN_MARGIN` over a plain step (a gate fitted never to draft
+    models at most a plain step's speed, so this covers it too), make the entry plain decoding: gate threshold 0, no
+    prompt lookup either (it drafts whatever the gate says), and say so. The report keeps the modelled gain
+    (``"expected_gain"``)."""
     settings = fitted.settings
     gain = fitted.tokens_per_s / fitted.plain_tokens_per_s
     fitted.report["expected_gain"] = gain
-    fitted.report["plain"] = settings["gate_threshold"] == 0.0 or gain < DRAFT_GAIN_MARGIN
+    fitted.report["plain"] = gain < DRAFT_GAIN_MARGIN
     if fitted.report["plain"]:
         settings["gate_threshold"] = 0.0
         settings["prompt_lookup_num_tokens"] = 0
