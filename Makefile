@@ -16,20 +16,18 @@ install:
 demo: install
 	$(PYTHON) -m cerberus_hf.tools.cli demo
 
-# What CI runs first: the tiny-model tests, then the real-model checks (marker real_model), each without the long tail
-# (marker slow: the rest of matrices whose faster cases cover the same code paths). The tiny-model tests run one
-# thread each, so they run in a process per core (pytest-xdist; TEST_WORKERS=0 runs them in this process); the
-# real-model ones use every core themselves.
+# What CI runs first: the tiny-model tests and the real-model checks (marker real_model), without the long tail
+# (marker slow: the rest of matrices whose faster cases cover the same code paths). Every test runs one thread
+# (tests/conftest.py), so they run in a process per core (pytest-xdist; TEST_WORKERS=0 runs them in this process),
+# a worker that runs out of tests taking queued ones from the other (worksteal: the long sampling tests come last).
 TEST_WORKERS ?= auto
-TINY = -p no:cacheprovider -n $(TEST_WORKERS) -q
+TINY = -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -q
 test: install
-	$(PYTHON) -m pytest $(TINY) -m "not real_model and not slow"
-	$(PYTHON) -m pytest -p no:cacheprovider -m "real_model and not slow" -q
+	$(PYTHON) -m pytest $(TINY) -m "not slow"
 
 # The long tail `make test` leaves out (CI runs it after `make test`).
 test-slow: install
-	$(PYTHON) -m pytest $(TINY) -m "not real_model and slow"
-	$(PYTHON) -m pytest -p no:cacheprovider -m "real_model and slow" -q
+	$(PYTHON) -m pytest $(TINY) -m slow
 
 # Inner loop while developing: tiny random models only, without the long tail.
 test-fast:
