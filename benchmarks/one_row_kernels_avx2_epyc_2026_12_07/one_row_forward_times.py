@@ -1,0 +1,118 @@
+"""How a one-token forward's linear layers compute fastest on a CPU: through the base's own `linear` (MKL), through
+weights packed for 8 rows (`cerberus_hf.blocks.packed`, what decoding uses), or through oneDNN on the weight as it is
+(`torch.ops.mkldnn._linear_pointwise` on the unpacked weight; several-token forwards stay packed).
+
+    python benchmarks/one_row_kernels_avx2_epyc_2026_12_07/one_row_forward_times.py --base qwen2.5-coder-1.5b-instruct \
+        [--repeats 12] [--json out.json]
+
+Part 1: one cached forward over n new tokens after 300 cached ones (`calibration.measure`'s timer), the three ways
+interleaved, medians of --repeats; the largest difference of a one-token forward's logits from the base's own.
+Part 2: one row through every linear weight of the base in turn (a forward's weights, without the rest of it), packed
+and as it is, interleaved, summed by weight shape. A measurement, not the library: the third way is a patch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import time
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from cerberus_hf.blocks import packed
+from cerberus_hf.calibration.measure import _forward_timer
+from cerberus_hf.hardware import describe_device
+from cerberus_hf.real_models import PACKAGED_MODELS, load_packaged_model
+
+SIZES = (1, 2, 5, 8)
+
+
+def own_layout_one_row(linear: nn.Linear, entry, x: torch.Tensor) -> torch.Tensor:
+    """`packed._packed_linear`, but a one-row product through oneDNN on the weight as it is."""
+    if x.dim() >= 2 and x.numel() == x.shape[-1] and not torch.is_grad_enabled() and x.dtype == linear.weight.dtype:
+        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [], "")
+    return PACKED_LINEAR(linear, entry, x)
+
+
+PACKED_LINEAR = packed._packed_linear
+
+
+def forward_times(base, repeats: int) -> dict:
+    weights = packed.PackedWeights()
+    views = {"own linear": base, "packed": packed.packed_view(base, weights)}
+    packed._packed_linear = own_layout_one_row
+    views["packed, one row as it is"] = packed.packed_view(base, weights)
+    packed._packed_linear = PACKED_LINEAR
+    timers = {name: _forward_timer(view, 300, False) for name, view in views.items()}
+    for timer in timers.values():
+        timer(1), timer(1)
+    seconds = {(name, n): [] for name in timers for n in SIZES}
+    for _ in range(repeats):
+        for n in SIZES:
+            for name, timer in timers.items():
+                if not (name.endswith("as it is") and n > 1):  # several rows: the packed way, already timed
+                    seconds[name, n].append(timer(n))
+    ids = torch.randint(100, 1000, (1, 20), generator=torch.Generator().manual_seed(0))
+    logits = {name: view(ids).logits[0, -1] for name, view in views.items()}  # the prompt's forward: several rows
+    one = {}
+    for name, view in views.items():  # the last token's forward after the others': one row
+        cache = DynamicCache(config=base.config)
+        view(ids[:, :-1], cache=cache, use_cache=True)
+        one[name] = view(ids[:, -1:], cache=cache, use_cache=True).logits[0, -1]
+    return {
+        "ms": {name: {n: 1000 * statistics.median(seconds[name, n]) for n in SIZES if seconds[name, n]}
+               for name in timers},
+        "max_logit_difference_one_row": {name: float((one[name] - one["own linear"]).abs().max()) for name in one},
+        "same_argmax_one_row": len({int(v.argmax()) for v in one.values()}) == 1,
+        "max_logit_difference_prompt": {name: float((logits[name] - logits["own linear"]).abs().max()) for name in logits},
+    }
+
+
+def weight_pass(base, repeats: int) -> dict:
+    linears = [m for m in base.modules() if isinstance(m, nn.Linear)]
+    layouts = [torch.ops.mkldnn._reorder_linear_weight(m.weight, packed._ROWS_HINT) for m in linears]
+    rows = {m.in_features: torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in linears}
+
+    def one_pass(use_packed: bool) -> dict:
+        spent = collections.defaultdict(float)
+        for linear, layout in zip(linears, layouts):
+            start = time.perf_counter()
+            torch.ops.mkldnn._linear_pointwise(rows[linear.in_features], layout if use_packed else linear.weight,
+                                               None, "none", [], "")
+            spent[tuple(linear.weight.shape)] += time.perf_counter() - start
+        return spent
+
+    one_pass(True), one_pass(False)
+    spent = {True: collections.defaultdict(list), False: collections.defaultdict(list)}
+    for _ in range(repeats):
+        for way in (True, False):
+            for shape, seconds in one_pass(way).items():
+                spent[way][shape].append(seconds)
+    count = collections.Counter(tuple(m.weight.shape) for m in linears)
+    return {f"{o}x{i}": {"weights": count[(o, i)], "packed_ms": 1000 * statistics.median(spent[True][(o, i)]),
+                         "as_it_is_ms": 1000 * statistics.median(spent[False][(o, i)])} for o, i in count}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="qwen2.5-coder-1.5b-instruct", choices=sorted(PACKAGED_MODELS))
+    parser.add_argument("--repeats", type=int, default=12)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    base, _ = load_packaged_model(PACKAGED_MODELS[args.base], dtype=torch.float32)
+    result = {"base": args.base, "dtype": "float32", "machine": describe_device(base.device),
+              "threads": torch.get_num_threads(), "forward": forward_times(base, args.repeats),
+              "weight_pass": weight_pass(base, args.repeats)}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(result, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
