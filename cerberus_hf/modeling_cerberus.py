@@ -333,7 +333,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         profile: bool = False,
         exit_confidence: float | None = None,
         strict: bool = False,
-        packed_weights: bool | None = None,
+        packed_weights: bool | str | None = None,
         device_step: bool | None = None,
         calibrate: bool | None = None,
         **kwargs,
@@ -363,7 +363,9 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
           drafts are cut to what this base's linear layers compute row-invariantly (``generation_stats.strict_rows``;
           1 means plain decoding). Needs sdpa attention and no sliding window.
         - ``packed_weights`` (default: on where it can be, a CPU in float32 or bfloat16, unless ``strict``): linear
-          layers through weights packed once for oneDNN (`blocks.packed`), kept beside the model; ``False``: off.
+          layers through weights packed once for oneDNN (`blocks.packed`), kept beside the model; ``False``: off;
+          ``"multi-row"``: packed for several rows, one row (a step verifying no draft) through the weight as it is,
+          where calibration found that faster (the default then).
         - ``device_step``: each step as one function of device buffers with one host read (`decoding.device_step`),
           in CUDA graphs on CUDA, where it is the default for greedy calls with a static tree; ``False``: off;
           ``True``: asked for elsewhere too (uncompiled).
@@ -415,7 +417,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         """Whether this model has every rescorer the ``rescoring`` settings give a weight (None: False)."""
         return settings_selection.has_rescorers(self, rescoring)
 
-    def decoding_view(self, strict: bool = False, packed_weights: bool | None = None,
+    def decoding_view(self, strict: bool = False, packed_weights: bool | str | None = None,
                       calibrate: bool | None = None) -> "CerberusForCausalLM":
         """This model as `generate()` runs it with these arguments: packed weights and grouped attention where they
         apply (`settings_selection.decoding_view`); else the model itself. Calibration measures this view."""

@@ -27,7 +27,7 @@ from .blocks.gate import EntropyGate
 from .blocks.grouped_attention import grouped_attention_view
 from .blocks.lookup import DEFAULT_MAX_NGRAM
 from .blocks.ngram import NGRAM_COMMAND, NGRAM_WEIGHTS_NAME
-from .blocks.packed import packed_views, packing_available, packing_unavailable_reason
+from .blocks.packed import ONE_ROW_AS_IS, packed_views, packing_available, packing_unavailable_reason
 from .blocks.rescoring import Rescoring
 from .blocks.settings import DecodingSettings, resolve_settings, stored_settings
 from .blocks.strict import MAX_STRICT_ROWS, check_strict_support, row_invariant_rows
@@ -128,21 +128,26 @@ def check_rescorers(model: PreTrainedModel, rescoring: Rescoring | None) -> None
                         "a Kangaroo checkpoint for this base with model.load_rescorer(folder).")
 
 
-def decoding_view(model: PreTrainedModel, strict: bool = False, packed_weights: bool | None = None,
+def decoding_view(model: PreTrainedModel, strict: bool = False, packed_weights: bool | str | None = None,
                   calibrate: bool | None = None) -> PreTrainedModel:
     """``model`` as `generate()` runs it with these arguments: a view (`module_views`) whose base and drafter
-    compute through packed weights (`blocks.packed`) where ``packed_weights`` asks for them or, when None, where
-    packing can apply, ``strict`` is off and the calibration entry used (`decoding_settings`, ``calibrate`` as
-    there) did not find the unpacked layers faster, and whose attention on a CPU groups query heads without copying
-    the cache (`blocks.grouped_attention`) unless ``strict``; else the model itself. Calibration measures this view,
-    so its costs are decoding's."""
+    compute through packed weights (`blocks.packed`) where ``packed_weights`` asks for them (`ONE_ROW_AS_IS`: one
+    row through the weight as it is) or, when None, where packing can apply, ``strict`` is off and the calibration
+    entry used (`decoding_settings`, ``calibrate`` as there) did not find the unpacked layers faster (one row as it
+    is where the entry says `ONE_ROW_AS_IS`), and whose attention on a CPU groups query heads without copying the
+    cache (`blocks.grouped_attention`) unless ``strict``; else the model itself. Calibration measures this view, so
+    its costs are decoding's."""
+    if not (packed_weights is None or isinstance(packed_weights, bool) or packed_weights == ONE_ROW_AS_IS):
+        raise UserError(f"packed_weights must be True, False, {ONE_ROW_AS_IS!r} (packed for several rows, one row "
+                        f"through the weight as it is) or None, got {packed_weights!r}.")
     if packed_weights and strict:
         raise UserError("packed_weights=True cannot be combined with strict=True: strict verification relies on "
                         "how this base's own linear layers compute each row.")
-    if packed_weights is None and not strict:
-        packed_weights = model.decoding_settings(calibrate=calibrate)["packed_weights"]
     available = packing_available(model.device, model.base.dtype)
     unavailable = packing_unavailable_reason(model.device, model.base.dtype)
+    if packed_weights is None and not strict:
+        stored = model.decoding_settings(calibrate=calibrate)["packed_weights"]
+        packed_weights = stored if available or not stored else None  # an entry's packing where nothing packs: none
     if packed_weights and not available:
         raise UserError(f"packed_weights=True needs a CPU, float32 or bfloat16 and oneDNN; this base is "
                         f"{model.base.dtype} on {model.device}" + (f", and {unavailable}." if unavailable else "."))
@@ -150,7 +155,8 @@ def decoding_view(model: PreTrainedModel, strict: bool = False, packed_weights: 
         logger.warning_once(f"cerberus-hf: linear layers run unpacked: {unavailable}.")
     base, heads = model.base, model.heads
     if packed_weights or (packed_weights is None and available and not strict):
-        base, heads = packed_views(model.packed_weights, model.base, model.heads)
+        base, heads = packed_views(model.packed_weights, model.base, model.heads,
+                                   one_row_as_is=packed_weights == ONE_ROW_AS_IS)
         heads = module_view(heads, linear=model.packed_weights.linear)  # the draft vocabulary's rows too
     if not strict:
         base = grouped_attention_view(base)

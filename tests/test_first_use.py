@@ -366,19 +366,38 @@ def test_drafting_is_the_default_only_where_it_is_expected_to_gain_the_margin(ga
     assert fitted.tokens_per_s == pytest.approx(10.0 if plain else 10.0 * gain)
 
 
+def _linear_way(view, layer) -> str:
+    """How ``view`` (the base or a view of it) computes ``layer``: "unpacked", "packed" or "one row as it is"."""
+    linear = view.model.layers[0].mlp.down_proj  # a view through packed weights has a view of it in its place
+    return "unpacked" if linear is layer else "one row as it is" if linear.forward.args[2] else "packed"
+
+
 @pytest.mark.skipif(not packing_available(DEVICE, torch.float32), reason="this CPU and torch pack no float32 weights")
-@pytest.mark.parametrize("packed_cost, expected", [(2.0, False), (0.5, None)])
-def test_packing_is_kept_only_where_it_pays(hf_home, packed_cost, expected):
+@pytest.mark.parametrize("packed_cost, one_row_cost, expected", [
+    (2.0, 2.0, False), (0.5, 0.5, None), (0.5, 0.4, "multi-row"), (0.5, 0.49, None)])
+def test_packing_is_kept_only_where_it_pays(hf_home, packed_cost, one_row_cost, expected):
     """Where forwards through packed weights (a view of the base) cost twice what the base's own cost, the entry
-    keeps the unpacked layers, and decoding honours it; where packing is the faster, the entry says nothing."""
+    keeps the unpacked layers, and decoding honours it; where packing is the faster, the entry says nothing, unless
+    a one-token forward with one row through the weights as they are costs `ONE_ROW_MARGIN` less than packed (4/5
+    of it: kept; 49/50: within the margin, not)."""
     base = tiny_model("llama")
     model = oracle_model(base)
-    layer = base.model.layers[0].mlp.down_proj  # a view through packed weights has a view of it in its place
-    with fake_clock(base, lambda view, n: 0.01 * (1 + n / 10) * (1.0 if view.model.layers[0].mlp.down_proj is layer
-                                                                 else packed_cost)):
+    layer = base.model.layers[0].mlp.down_proj
+    factor = {"unpacked": lambda n: 1.0, "packed": lambda n: packed_cost,
+              "one row as it is": lambda n: one_row_cost if n == 1 else packed_cost}
+    timed = []
+
+    def seconds(view, n: int) -> float:
+        timed.append((_linear_way(view, layer), n))
+        return 0.01 * (1 + n / 10) * factor[timed[-1][0]](n)
+
+    with fake_clock(base, seconds):
         settings = model.decoding_settings()
-    assert settings["packed_weights"] is expected
-    assert (model.decoding_view().base.model.layers[0].mlp.down_proj is layer) == (expected is False)
+    assert settings["packed_weights"] == expected and type(settings["packed_weights"]) is type(expected)
+    # the third way timed at one token only: its several-row forwards are the packed ones, timed at every size
+    assert {n for way, n in timed if way == "one row as it is"} == {1} and len({n for _, n in timed}) > 2
+    way = {False: "unpacked", None: "packed", "multi-row": "one row as it is"}[expected]
+    assert _linear_way(model.decoding_view().base, layer) == way
     assert torch.equal(model.generate(get_prompt("llama"), max_new_tokens=NEW_TOKENS), reference("llama"))
 
 

@@ -78,6 +78,8 @@ def test_weights_of_the_wrong_kind_are_refused(base, tmp_path, base_loads, tenso
     ({"dynamic_tree": {"nodes": 0, "depth": 2, "top_k": 2}}, "nodes must be an integer"),
     ({"tree_kind": "forest"}, "tree_kind"),
     ({"prompt_lookup_num_tokens": -2}, "prompt_lookup_num_tokens"),
+    ({"packed_weights": "sometimes"}, "packed_weights must be true, false, 'multi-row' or null"),
+    ({"packed_weights": 1}, "packed_weights must be"),
     ({"rescoring": {"nodes": 4, "depth": 9, "top_k": 2, "candidates": 3, "weight": 1.0}}, "depth 9 exceeds"),
     ({"strict": {"draft_tree": [[-1]]}}, r"\(strict\).*ranks >= 0"),
     ("fast", "must be a mapping"),
@@ -94,9 +96,10 @@ def test_a_bad_calibration_entry_is_refused_on_load(base, tmp_path, base_loads, 
 def test_a_good_calibration_entry_loads(base, tmp_path):  # noqa: F811
     folder = save_heads(base, tmp_path)
     write_calibration(folder, {"draft_tree": [[0], [1], [0, 0]], "gate_threshold": 2.5, "tree_kind": "static",
-                               "strict": {"draft_tree": [[0]], "gate_threshold": None}})
+                               "packed_weights": "multi-row", "strict": {"draft_tree": [[0]], "gate_threshold": None}})
     model = CerberusForCausalLM.from_pretrained(folder, base_model=base)
-    assert model.decoding_settings(device="cpu", dtype=torch.float32)["draft_tree"] == [[0], [1], [0, 0]]
+    settings = model.decoding_settings(device="cpu", dtype=torch.float32)
+    assert settings["draft_tree"] == [[0], [1], [0, 0]] and settings["packed_weights"] == "multi-row"
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00" * 40, b"not an n-gram file at all"])

@@ -13,6 +13,7 @@ import cerberus_hf.blocks.packed as packed
 import cerberus_hf.settings_selection as settings_selection
 from cerberus_hf import CerberusForCausalLM
 from cerberus_hf.blocks.packed import PackedWeights, packed_view, packing_available
+from cerberus_hf.errors import UserError
 from cerberus_hf.hardware import bf16_kernels
 from helpers import fresh_model, get_base, get_prompt, reference
 from tiny_models import ARCHITECTURES, DEVICE, prompt_ids, tiny_model
@@ -114,6 +115,35 @@ def test_generate_packs_by_default_on_a_cpu_but_not_when_told_or_strict(monkeypa
     assert torch.equal(model.generate(prompt, max_new_tokens=24, do_sample=False, packed_weights=False), expected)
     assert torch.equal(model.generate(prompt, max_new_tokens=24, do_sample=False, strict=True), expected)
     assert not calls
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_one_row_as_is_runs_one_row_on_the_weight_and_several_packed(monkeypatch, arch):
+    """`ONE_ROW_AS_IS`: a one-token forward's products run oneDNN on each weight as it is, a several-token forward's
+    on the packed weights, and both compute as the base does."""
+    layouts = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(packed.torch.ops.mkldnn, "_linear_pointwise",
+                        lambda x, weight, *rest: layouts.append(weight.is_mkldnn) or real(x, weight, *rest))
+    base = get_base(arch)
+    view = packed_view(base, PackedWeights(), one_row_as_is=True)
+    for length, packed_layouts in ((1, True), (6, False)):
+        ids = prompt_ids(7, length=length)
+        torch.testing.assert_close(_logits(view, ids), _logits(base, ids), rtol=1e-5, atol=1e-5)
+        linears = sum(isinstance(m, torch.nn.Linear) for m in base.modules())
+        assert len(layouts) >= linears and not any(layouts) if length == 1 else all(layouts)
+        layouts.clear()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_generate_one_row_as_is_is_exact_and_a_wrong_value_is_refused(arch):
+    model = fresh_model(arch, "hydra", num_heads=3)
+    prompt = get_prompt(arch)
+    out = model.generate(prompt, max_new_tokens=24, do_sample=False, packed_weights=packed.ONE_ROW_AS_IS)
+    assert torch.equal(out, reference(arch))
+    with pytest.raises(UserError, match="packed_weights must be True, False, 'multi-row'") as error:
+        model.generate(prompt, max_new_tokens=4, packed_weights="sometimes")
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("kernels", [False, True], ids=["without-bf16-kernels", "with-bf16-kernels"])

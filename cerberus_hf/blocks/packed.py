@@ -37,7 +37,12 @@ from ..hardware import bf16_kernels
 from ..module_views import replace_modules, with_forward
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-_ROWS_HINT = 8  # the row count oneDNN lays the weight out for; other row counts run as fast with it (docs/decoding.md)
+_ROWS_HINT = 8  # the row count oneDNN lays the weight out for (SmolLM2 on an AVX-512 EPYC: 1-64 rows ran alike)
+# `packed_weights` of a view (and of a calibration entry) whose products of several rows use the packed weights and
+# whose one-row products (a step that verifies no draft) run oneDNN on the weight as it is: on an AVX2-only EPYC a
+# 1.5B base's one-token forward was 9-13% faster that way, SmolLM2's 3% slower (docs/decoding.md), so calibration
+# measures it (`calibration.machine.measure_and_fit`)
+ONE_ROW_AS_IS = "multi-row"
 
 
 def _packable(dtype: torch.dtype) -> bool:
@@ -129,26 +134,30 @@ class PackedWeights:
         return PackedWeights()  # a copied model packs its own copied weights
 
 
-def packed_view(root: nn.Module, weights: PackedWeights) -> nn.Module:
+def packed_view(root: nn.Module, weights: PackedWeights, one_row_as_is: bool = False) -> nn.Module:
     """A view of ``root`` (`module_views`: the base itself is untouched, so other threads compute as before) whose
-    linear layers compute with their packed weights (packed into ``weights`` first where needed)."""
-    return packed_views(weights, root)[0]
+    linear layers compute with their packed weights (packed into ``weights`` first where needed); ``one_row_as_is``:
+    a one-row product through oneDNN on the weight as it is (`ONE_ROW_AS_IS`)."""
+    return packed_views(weights, root, one_row_as_is=one_row_as_is)[0]
 
 
-def packed_views(weights: PackedWeights, *roots: nn.Module) -> tuple[nn.Module, ...]:
+def packed_views(weights: PackedWeights, *roots: nn.Module, one_row_as_is: bool = False) -> tuple[nn.Module, ...]:
     """`packed_view` of each of ``roots`` (a base and its drafter), packed together: ``weights`` keeps the packed
     weights of exactly these modules, one copy of a weight they share."""
     table = weights.update(roots)
     return tuple(replace_modules(root, {
-        linear: with_forward(linear, functools.partial(_packed_linear, linear, table[id(linear.weight)]))
+        linear: with_forward(linear, functools.partial(_packed_linear, linear, table[id(linear.weight)],
+                                                       one_row_as_is))
         for linear in root.modules() if isinstance(linear, nn.Linear) and id(linear.weight) in table})
         for root in roots)
 
 
-def _packed_linear(linear: nn.Linear, entry: _Packed, x: torch.Tensor) -> torch.Tensor:
-    """``linear(x)`` through the packed weight; through `linear` itself where that cannot serve (gradients, another
-    dtype, a weight changed in place, moved or converted since, a 1-D input)."""
+def _packed_linear(linear: nn.Linear, entry: _Packed, one_row_as_is: bool, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` through the packed weight (one row through the weight as it is where ``one_row_as_is``);
+    through `linear` itself where that cannot serve (gradients, another dtype, a weight changed in place, moved or
+    converted since, a 1-D input)."""
     weight = linear.weight
     if torch.is_grad_enabled() or x.dtype != weight.dtype or x.dim() < 2 or not entry.fresh(weight):
         return nn.functional.linear(x, weight, linear.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, entry.packed, linear.bias, "none", [], "")
+    layout = weight if one_row_as_is and x.numel() == x.shape[-1] else entry.packed
+    return torch.ops.mkldnn._linear_pointwise(x, layout, linear.bias, "none", [], "")

@@ -16,6 +16,7 @@ from ..errors import UserError, check_int, check_number
 from .acceptance import TypicalAcceptance
 from .gate import EntropyGate
 from .lookup import DEFAULT_MAX_NGRAM
+from .packed import ONE_ROW_AS_IS
 from .rescoring import Rescoring
 from .tree import DynamicTree, TreeSpec
 
@@ -75,7 +76,8 @@ def stored_settings(entry: dict, config: Any, calibration: str | None = None) ->
         "rescoring_options": entry.get("rescoring_options", {}),
         "prompt_lookup_num_tokens": entry.get("prompt_lookup_num_tokens", config.prompt_lookup_num_tokens),
         "exit_confidence": entry.get("exit_confidence", config.exit_confidence),
-        "packed_weights": entry.get("packed_weights"),  # False: unpacked was faster here (None: pack where it can)
+        # False: unpacked was faster here; ONE_ROW_AS_IS: packed, one row through the weight as it is (None: pack)
+        "packed_weights": entry.get("packed_weights"),
     }
 
 
@@ -151,8 +153,10 @@ def check_entry(entry: Any, config: Any) -> None:
     if stored["tree_kind"] not in TREE_KINDS:
         raise ValueError(f"tree_kind must be static, dynamic or rescored, got {stored['tree_kind']!r}")
     check_int("prompt_lookup_num_tokens", stored["prompt_lookup_num_tokens"], 0, optional=True)
-    if stored["packed_weights"] is not None and not isinstance(stored["packed_weights"], bool):
-        raise ValueError(f"packed_weights must be true, false or null, got {stored['packed_weights']!r}")
+    packing = stored["packed_weights"]
+    if not (packing is None or isinstance(packing, bool) or packing == ONE_ROW_AS_IS):
+        raise ValueError(f"packed_weights must be true, false, {ONE_ROW_AS_IS!r} or null, got "
+                         f"{stored['packed_weights']!r}")
     for kind in TREE_KINDS:
         resolve_settings({**stored, "tree_kind": kind}, config.num_heads)
     for options in (stored["rescoring_options"] or {}).values():

@@ -2,11 +2,12 @@
 and the settings fitted from those costs and a checkpoint's `PositionStatistics`.
 
 `measure_and_fit` measures the model as decoding runs it: on a CPU that packs the dtype's weights (`blocks.packed`),
-both with packed weights and through the base's own linear layers, and keeps whichever fits the faster settings
-(``"packed_weights": False`` in the entry where that is the unpacked one; `decoding_view` honours it). Where no
-tree is expected to beat a plain step by `DRAFT_GAIN_MARGIN`, the default is plain decoding (`plain_by_default`),
-and prompt lookup copies only as many tokens as verify cheaply here (`lookup_tokens_worth`). `calibrate` runs it
-with every repeat a person asked for; first use (`calibration.first_use`) with a `MeasurePlan` bounded in seconds.
+with packed weights, with packed weights but one row through the weight as it is, and through the base's own linear
+layers, and keeps whichever fits the faster settings (``"packed_weights"`` in the entry where that is not packed:
+``"multi-row"`` or ``False``; `decoding_view` honours it). Where no tree is expected to beat a plain step by
+`DRAFT_GAIN_MARGIN`, the default is plain decoding (`plain_by_default`), and prompt lookup copies only as many
+tokens as verify cheaply here (`lookup_tokens_worth`). `calibrate` runs it with every repeat a person asked for;
+first use (`calibration.first_use`) with a `MeasurePlan` bounded in seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers.utils import logging
 
-from ..blocks.packed import packing_available
+from ..blocks.packed import ONE_ROW_AS_IS, packing_available
 from ..blocks.rescoring import Rescoring
 from ..blocks.settings import resolve_settings, stored_settings
 from ..blocks.tree import DynamicTree
@@ -36,9 +37,13 @@ LOOKUP_COST_BUDGET = 0.5
 # drafting and its gate, not the loop's own work (acceptance, committing the cache, Python), which takes a few percent
 # of a small base's step: bf16 fits on an AVX2-only CPU expecting 1.05-1.09x decoded at 0.96-1.00x plain `generate()`.
 DRAFT_GAIN_MARGIN = 1.1
+# A one-row product through the weight as it is is kept where a one-token forward is at least this much faster that
+# way than packed; a smaller difference is within a measurement's noise (`one_row_curve`).
+ONE_ROW_MARGIN = 0.97
+PACKING_NAMES = {True: "packed", ONE_ROW_AS_IS: "packed, one row as it is", False: "unpacked"}  # in the report
 # Raised when a fit would choose otherwise from the same measurements: a first-use entry of an older fit is measured
-# again (`first_use.CalibrationCache`). 2: copied tokens bounded by cost, `DRAFT_GAIN_MARGIN`.
-FIT_VERSION = 2
+# again (`first_use.CalibrationCache`). 2: copied tokens bounded by cost, `DRAFT_GAIN_MARGIN`; 3: `ONE_ROW_AS_IS`.
+FIT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -97,29 +102,35 @@ class Timings:
 
 def measure_and_fit(model, statistics: PositionStatistics, plan: MeasurePlan, strict: bool = False) -> Fitted:
     """The settings fitted to ``statistics`` and this machine's costs for ``model`` (`fit_tree` or `fit_chain`):
-    measured on each way decoding may run its linear layers here (packed and unpacked on a CPU that packs this
-    dtype; strict verification never packs; their cost curves interleaved, so that they compare), the faster kept
-    (``"packed_weights": False`` where that is unpacked), and plain decoding by default where no tree pays
-    (`plain_by_default`). The cost curves take most of a bounded ``plan``: drafting timings take milliseconds."""
-    packings = [False] if strict or not packing_available(model.device, model.base.dtype) else [True, False]
-    views = [model.decoding_view(strict, packed_weights=packed) for packed in packings]
+    measured on each way decoding may run its linear layers here (packed, packed but one row as it is, and unpacked
+    on a CPU that packs this dtype; strict verification never packs; their cost curves interleaved, so that they
+    compare), the faster kept (``"packed_weights"`` in the entry where that is not packed), and plain decoding by
+    default where no tree pays (`plain_by_default`). The cost curves take most of a bounded ``plan``: drafting
+    timings take milliseconds."""
+    packable = not strict and packing_available(model.device, model.base.dtype)
+    packings = [True, False, ONE_ROW_AS_IS] if packable else [False]  # the last timed at one token only
+    views = dict(zip(packings, (model.decoding_view(strict, packed_weights=packing) for packing in packings)))
     longest = model.config.num_heads if statistics.chains else max(statistics.max_nodes, statistics.probe.nodes)
     lookup = model.config.prompt_lookup_num_tokens or 0
-    costs = measure_cost_curves([view.base for view in views], max_tokens=longest + 1 + lookup, repeats=plan.repeats,
-                                strict=strict, seconds=plan.seconds * 0.8 if plan.seconds is not None else None)
+    costs = dict(zip(packings, measure_cost_curves(
+        [view.base for view in views.values()], max_tokens=longest + 1 + lookup, repeats=plan.repeats, strict=strict,
+        seconds=plan.seconds * 0.8 if plan.seconds is not None else None, one_token_only=1 if packable else 0)))
+    if packable:  # first where it is kept: a step that drafts nothing is cheaper that way, whatever the fit models
+        one_row = one_row_curve(costs.pop(ONE_ROW_AS_IS), costs[True])
+        costs = {ONE_ROW_AS_IS: one_row, **costs} if one_row is not None else costs
     fits = {}
-    for packed, view, cost in zip(packings, views, costs):
-        fits[packed] = (fit_chain if statistics.chains else fit_tree)(view, statistics, cost, plan)
-        fits[packed].report["packed_weights"] = packed
-    packed = max(fits, key=lambda p: fits[p].tokens_per_s)
-    fitted = fits[packed]
-    if len(fits) > 1:
-        fitted.report["packing"] = {("packed" if p else "unpacked"): fits[p].tokens_per_s for p in fits}
-        if not packed:
-            fitted.settings["packed_weights"] = False
+    for packing, cost in costs.items():
+        fits[packing] = (fit_chain if statistics.chains else fit_tree)(views[packing], statistics, cost, plan)
+        fits[packing].report["packed_weights"] = packing
+    packing = max(fits, key=lambda p: fits[p].tokens_per_s)
+    fitted = fits[packing]
+    if packable:
+        fitted.report["packing"] = {PACKING_NAMES[p]: fits[p].tokens_per_s for p in fits}
+        if packing is not True:
+            fitted.settings["packed_weights"] = packing
     plain_by_default(fitted, f"{model.device.type} in {str(model.base.dtype).removeprefix('torch.')}")
     if not fitted.report["plain"]:
-        cost = costs[packings.index(packed)]
+        cost = costs[packing]
         # the positions a drafted step of the fitted settings verifies, before copied tokens are grafted
         heads = model.config.num_heads
         drafted = resolve_settings(stored_settings(fitted.settings, model.config), heads, lookup_tokens=0)
@@ -127,6 +138,13 @@ def measure_and_fit(model, statistics: PositionStatistics, plan: MeasurePlan, st
         fitted.settings["prompt_lookup_num_tokens"] = lookup_tokens_worth(cost, rows, lookup)
         fitted.report["lookup_tokens"] = {"configured": lookup, "kept": fitted.settings["prompt_lookup_num_tokens"]}
     return fitted
+
+
+def one_row_curve(as_is: dict[int, float], packed: dict[int, float]) -> dict[int, float] | None:
+    """The cost curve of packed weights with one row through the weight as it is (`blocks.packed.ONE_ROW_AS_IS`):
+    the ``packed`` curve with the one-token forward measured that way (``as_is``, timed at one token only: its
+    forwards over several rows are the packed ones), where that is `ONE_ROW_MARGIN` faster; else None."""
+    return {**packed, 1: as_is[1]} if as_is[1] < ONE_ROW_MARGIN * packed[1] else None
 
 
 def lookup_tokens_worth(cost: dict[int, float], rows: int, configured: int) -> int:

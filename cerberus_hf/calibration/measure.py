@@ -31,7 +31,8 @@ def measure_cost_curve(base, max_tokens: int = 64, context: int = 300, repeats: 
 
 @torch.no_grad()
 def measure_cost_curves(bases: list, max_tokens: int = 64, context: int = 300, repeats: int = 5,
-                        strict: bool = False, seconds: float | None = None) -> list[dict[int, float]]:
+                        strict: bool = False, seconds: float | None = None,
+                        one_token_only: int = 0) -> list[dict[int, float]]:
     """`measure_cost_curve` for each of ``bases`` (views of one base that compute differently, e.g. through packed
     weights), measured interleaved so that their curves compare.
 
@@ -42,12 +43,16 @@ def measure_cost_curves(bases: list, max_tokens: int = 64, context: int = 300, r
     would pick a tree whose cost was under-measured. Each size is timed on every base in turn. ``strict``: the
     forwards verify as strict verification does (`blocks.strict`), one attention call per position. ``seconds``:
     about how long all of it may take: the sizes timed are thinned (`budget_sizes`; the others interpolated) and the
-    passes cut to what fits, at least one."""
+    passes cut to what fits, at least one. The last ``one_token_only`` of ``bases`` (views that compute differently
+    only for one token) are timed at one token alone, beside the others' one-token forwards: their curves hold n = 1.
+    Every base runs over one cached prefix, computed once."""
     deadline = time.perf_counter() + seconds if seconds is not None else None
     limit = getattr(bases[0].config.get_text_config(), "max_position_embeddings", None)
     if limit:
         context = max(1, min(context, limit - max_tokens - 1))
-    forwards = [_forward_timer(base, context, strict) for base in bases]
+    cache = _prefix_cache(bases[0], context)
+    forwards = [_forward_timer(base, context, strict, cache) for base in bases]
+    full = len(bases) - one_token_only  # the bases timed at every size
     singles: list[list[float]] = [[] for _ in bases]
     sizes = range(2, max_tokens + 1)
     if deadline is not None:  # what is left after the prefixes, for passes over sizes that fit it
@@ -61,27 +66,39 @@ def measure_cost_curves(bases: list, max_tokens: int = 64, context: int = 300, r
         if done and deadline is not None and time.perf_counter() > deadline:
             break
         for n in sizes:
-            for forward, own_singles, own_ratios in zip(forwards, singles, ratios):
+            for index, (forward, own_singles, own_ratios) in enumerate(zip(forwards, singles, ratios)):
                 single = forward(1)
                 own_singles.append(single)
-                own_ratios[n].append(forward(n) / single)
+                if index < full:
+                    own_ratios[n].append(forward(n) / single)
     curves = []
-    for own_singles, own_ratios in zip(singles, ratios):
-        measured = {1: 1.0, **{n: statistics.median(values) for n, values in own_ratios.items()}}
+    for index, (own_singles, own_ratios) in enumerate(zip(singles, ratios)):
         one = statistics.median(own_singles)
+        if index >= full:
+            curves.append({1: one})
+            continue
+        measured = {1: 1.0, **{n: statistics.median(values) for n, values in own_ratios.items()}}
         curves.append({n: one * r for n, r in enumerate(non_decreasing(interpolate(measured, max_tokens)), start=1)})
     return curves
 
 
-def _forward_timer(base, context: int, strict: bool) -> Callable[[int], float]:
-    """Seconds of one forward of ``base`` over ``n`` new random tokens after a ``context``-token random prefix (its
-    cache filled once, and cut back after each forward); ``strict``: verifying as strict verification does."""
-    device = base.device
+def _prefix_cache(base, context: int) -> DynamicCache:
+    """The cache of ``base`` after a ``context``-token random prefix."""
     vocab = base.get_output_embeddings().weight.shape[0]
-    generator = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, context), generator=generator).to(device)
+    prefix = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0)).to(base.device)
     cache = DynamicCache(config=base.config)
     base(input_ids=prefix, **cache_argument(cache), use_cache=True)
+    return cache
+
+
+def _forward_timer(base, context: int, strict: bool, cache: DynamicCache | None = None) -> Callable[[int], float]:
+    """Seconds of one forward of ``base`` over ``n`` new random tokens after a ``context``-token random prefix (its
+    ``cache``, filled once by `_prefix_cache` where not given, and cut back after each forward; views of one base
+    share one); ``strict``: verifying as strict verification does."""
+    device = base.device
+    vocab = base.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(1)
+    cache = _prefix_cache(base, context) if cache is None else cache
     verifier = strict_view(base) if strict else base
 
     def forward(n: int) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..blocks.ngram import NGRAM_COMMAND
-from .machine import DRAFT_GAIN_MARGIN
+from .machine import DRAFT_GAIN_MARGIN, PACKING_NAMES
 
 
 def format_report(report: dict) -> str:
@@ -52,8 +52,9 @@ def _format_cost(report: dict) -> list[str]:
             "| n | " + " | ".join(str(n) for n in sizes) + " |",
             "|---|" + "---|" * len(sizes),
             "| cost | " + " | ".join(f"{rel[n]:.2f}" for n in sizes) + " |",
-            *([f"linear layers: packed {packing['packed']:.1f} tokens/s (model), unpacked {packing['unpacked']:.1f}; "
-               f"kept: {'packed' if report['packed_weights'] else 'unpacked'}"] if packing else []),
+            *(["linear layers (tokens/s, modelled): "
+               + ", ".join(f"{way} {speed:.1f}" for way, speed in packing.items())
+               + f"; kept: {PACKING_NAMES[report['packed_weights']]}"] if packing else []),
             *([f"no draft is expected to beat a plain step here by {DRAFT_GAIN_MARGIN - 1:.0%} (the best modelled: "
                f"{report.get('expected_gain', 0.0):.2f}x): the default decodes plain (gate_threshold 0)"]
               if report.get("plain") else [])]

