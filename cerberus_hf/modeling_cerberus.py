@@ -362,10 +362,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
           and fp16 output equals plain `generate()`'s token for token, at one attention call per verified position;
           drafts are cut to what this base's linear layers compute row-invariantly (``generation_stats.strict_rows``;
           1 means plain decoding). Needs sdpa attention and no sliding window.
-        - ``packed_weights`` (default: on where it can be, a CPU in float32 or bfloat16, unless ``strict``): linear
-          layers through weights packed once for oneDNN (`blocks.packed`), kept beside the model; ``False``: off;
-          ``"multi-row"``: packed for several rows, one row (a step verifying no draft) through the weight as it is,
-          where calibration found that faster (the default then).
+        - ``packed_weights`` (default: on where it can be, a CPU in float32 or bfloat16, unless ``strict``; as
+          calibrated): weights packed for oneDNN (`blocks.packed`); ``False``: off; ``"multi-row"``: one row as is.
         - ``device_step``: each step as one function of device buffers with one host read (`decoding.device_step`),
           in CUDA graphs on CUDA, where it is the default for greedy calls with a static tree; ``False``: off;
           ``True``: asked for elsewhere too (uncompiled).

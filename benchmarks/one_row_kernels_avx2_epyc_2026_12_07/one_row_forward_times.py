@@ -5,10 +5,12 @@ weights packed for 8 rows (`cerberus_hf.blocks.packed`, what decoding uses), or 
     python benchmarks/one_row_kernels_avx2_epyc_2026_12_07/one_row_forward_times.py --base qwen2.5-coder-1.5b-instruct \
         [--repeats 12] [--json out.json]
 
-Part 1: one cached forward over n new tokens after 300 cached ones (`calibration.measure`'s timer), the three ways
+Part 1: one cached forward over n new tokens after 300 cached ones (the cache cut back after each), the three ways
 interleaved, medians of --repeats; the largest difference of a one-token forward's logits from the base's own.
 Part 2: one row through every linear weight of the base in turn (a forward's weights, without the rest of it), packed
-and as it is, interleaved, summed by weight shape. A measurement, not the library: the third way is a patch here.
+and as it is, interleaved, summed by weight shape. The committed JSON was made by this script's first version
+(commit 53ebeb3), which patched the third way in and used calibration's timer; it now runs the library's
+`packed_view(..., one_row_as_is=True)`, which computes the same, and a timer of its own.
 """
 
 from __future__ import annotations
@@ -18,36 +20,42 @@ import collections
 import json
 import statistics
 import time
+from typing import Callable
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from cerberus_hf.blocks import packed
-from cerberus_hf.calibration.measure import _forward_timer
+from cerberus_hf.blocks.packed import PackedWeights, packed_view
 from cerberus_hf.hardware import describe_device
 from cerberus_hf.real_models import PACKAGED_MODELS, load_packaged_model
 
 SIZES = (1, 2, 5, 8)
+ROWS = 8  # the row count `cerberus_hf.blocks.packed` packs for
 
 
-def own_layout_one_row(linear: nn.Linear, entry, x: torch.Tensor) -> torch.Tensor:
-    """`packed._packed_linear`, but a one-row product through oneDNN on the weight as it is."""
-    if x.dim() >= 2 and x.numel() == x.shape[-1] and not torch.is_grad_enabled() and x.dtype == linear.weight.dtype:
-        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [], "")
-    return PACKED_LINEAR(linear, entry, x)
+def forward_timer(model, context: int = 300) -> Callable[[int], float]:
+    """Seconds of one forward of ``model`` over n new random tokens after a ``context``-token random prefix."""
+    generator = torch.Generator().manual_seed(0)
+    cache = DynamicCache(config=model.config)
+    model(torch.randint(100, 40000, (1, context), generator=generator), cache=cache, use_cache=True)
 
+    def forward(n: int) -> float:
+        tokens = torch.randint(100, 40000, (1, n), generator=generator)
+        start = time.perf_counter()
+        model(tokens, cache=cache, position_ids=torch.arange(context, context + n)[None], use_cache=True)
+        seconds = time.perf_counter() - start
+        cache.crop(-n)
+        return seconds
 
-PACKED_LINEAR = packed._packed_linear
+    return forward
 
 
 def forward_times(base, repeats: int) -> dict:
-    weights = packed.PackedWeights()
-    views = {"own linear": base, "packed": packed.packed_view(base, weights)}
-    packed._packed_linear = own_layout_one_row
-    views["packed, one row as it is"] = packed.packed_view(base, weights)
-    packed._packed_linear = PACKED_LINEAR
-    timers = {name: _forward_timer(view, 300, False) for name, view in views.items()}
+    weights = PackedWeights()
+    views = {"own linear": base, "packed": packed_view(base, weights),
+             "packed, one row as it is": packed_view(base, weights, one_row_as_is=True)}
+    timers = {name: forward_timer(view) for name, view in views.items()}
     for timer in timers.values():
         timer(1), timer(1)
     seconds = {(name, n): [] for name in timers for n in SIZES}
@@ -74,7 +82,7 @@ def forward_times(base, repeats: int) -> dict:
 
 def weight_pass(base, repeats: int) -> dict:
     linears = [m for m in base.modules() if isinstance(m, nn.Linear)]
-    layouts = [torch.ops.mkldnn._reorder_linear_weight(m.weight, packed._ROWS_HINT) for m in linears]
+    layouts = [torch.ops.mkldnn._reorder_linear_weight(m.weight, ROWS) for m in linears]
     rows = {m.in_features: torch.randn(1, m.in_features, dtype=m.weight.dtype) for m in linears}
 
     def one_pass(use_packed: bool) -> dict:
