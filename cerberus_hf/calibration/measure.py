@@ -91,14 +91,13 @@ def _prefix_cache(base, context: int) -> DynamicCache:
     return cache
 
 
-def _forward_timer(base, context: int, strict: bool, cache: DynamicCache | None = None) -> Callable[[int], float]:
+def _forward_timer(base, context: int, strict: bool, cache: DynamicCache) -> Callable[[int], float]:
     """Seconds of one forward of ``base`` over ``n`` new random tokens after a ``context``-token random prefix (its
-    ``cache``, filled once by `_prefix_cache` where not given, and cut back after each forward; views of one base
-    share one); ``strict``: verifying as strict verification does."""
+    ``cache``, filled once by `_prefix_cache` and shared by views of one base, cut back after each forward);
+    ``strict``: verifying as strict verification does."""
     device = base.device
     vocab = base.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(1)
-    cache = _prefix_cache(base, context) if cache is None else cache
     verifier = strict_view(base) if strict else base
 
     def forward(n: int) -> float:
