@@ -126,6 +126,17 @@ def test_cost_curve_holds_its_shape_while_the_machine_drifts(monkeypatch):
         assert cost[n] / cost[1] == pytest.approx((1 + n / 10) / 1.1)
 
 
+def test_a_view_timed_at_one_token_only_is_budgeted_for_its_one_token_forwards_alone():
+    """A bounded cost curve plans its sizes from what a pass costs: a view timed at one token only (the one-row way)
+    adds a one-token forward a size, not one over n tokens, so it leaves room for more sizes than a view timed at every
+    size would. Three views of 1 s a token and 150 s: 8 of the 14 sizes fit when all are timed at every size, all 14
+    when the third is timed at one token only."""
+    every = measure.budget_sizes(64, single=3.0, seconds=150.0)
+    one_only = measure.budget_sizes(64, single=3.0, seconds=150.0, timed=2.0)
+    assert (len(every), len(one_only)) == (8, 14)
+    assert measure.pass_seconds(one_only, 3.0, 2.0) <= 150.0 < measure.pass_seconds(one_only, 3.0)
+
+
 @pytest.mark.parametrize("head_type", ["eagle3", "hydra"])
 def test_drafting_timings_run_the_base_over_the_context_once(head_type):
     """EAGLE-3 keeps a state over the sequence, so its drafting and gate timings start after a context the base runs

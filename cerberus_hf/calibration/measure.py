@@ -57,10 +57,11 @@ def measure_cost_curves(bases: list, max_tokens: int = 64, context: int = 300, r
     sizes = range(2, max_tokens + 1)
     if deadline is not None:  # what is left after the prefixes, for passes over sizes that fit it
         singles = [[forward(1) for _ in range(3)] for forward in forwards]
-        single = sum(statistics.median(values) for values in singles)
+        medians = [statistics.median(values) for values in singles]
+        single, timed = sum(medians), sum(medians[:full])
         left = deadline - time.perf_counter()
-        sizes = budget_sizes(max_tokens, single, left)
-        repeats = max(1, min(repeats, int(left // pass_seconds(sizes, single))))
+        sizes = budget_sizes(max_tokens, single, left, timed)
+        repeats = max(1, min(repeats, int(left // pass_seconds(sizes, single, timed))))
     ratios: list[dict[int, list[float]]] = [{n: [] for n in sizes} for _ in bases]
     for done in tqdm(range(repeats), desc="cost curve", unit="pass"):
         if done and deadline is not None and time.perf_counter() > deadline:
@@ -118,18 +119,20 @@ def _forward_timer(base, context: int, strict: bool, cache: DynamicCache) -> Cal
 BUDGET_SIZES = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 
-def pass_seconds(sizes: list[int], single: float) -> float:
-    """About how long one pass over ``sizes`` takes when one token's forward takes ``single`` seconds: a forward of n
-    tokens is taken to cost at most ``1 + n / 8`` of it (the steepest CPU curve measured, docs/calibration.md, costs
-    1.72x at 16 tokens), each after a one-token forward."""
-    return sum(single * (2 + n / 8) for n in sizes)
+def pass_seconds(sizes: list[int], single: float, timed: float | None = None) -> float:
+    """About how long one pass over ``sizes`` takes when one token's forward takes ``single`` seconds on every view,
+    ``timed`` on those timed at every size (None: all of them): each size costs a one-token forward on every view and
+    one of n tokens on each view timed at every size, taken to cost at most ``1 + n / 8`` of its one-token forward
+    (the steepest CPU curve measured, docs/calibration.md, costs 1.72x at 16 tokens)."""
+    timed = single if timed is None else timed
+    return sum(single + timed * (1 + n / 8) for n in sizes)
 
 
-def budget_sizes(max_tokens: int, single: float, seconds: float) -> list[int]:
+def budget_sizes(max_tokens: int, single: float, seconds: float, timed: float | None = None) -> list[int]:
     """The sizes a cost curve bounded to ``seconds`` times, up to ``max_tokens`` (always timed): `BUDGET_SIZES`,
-    every other one dropped (the smallest and the largest kept) while a pass does not fit."""
+    every other one dropped (the smallest and the largest kept) while a pass (`pass_seconds`) does not fit."""
     sizes = [n for n in BUDGET_SIZES if n < max_tokens] + [max_tokens] if max_tokens > 1 else []
-    while len(sizes) > 2 and pass_seconds(sizes, single) > seconds:
+    while len(sizes) > 2 and pass_seconds(sizes, single, timed) > seconds:
         sizes = sizes[:-1:2] + sizes[-1:]
     return sizes
 
