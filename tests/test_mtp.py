@@ -31,6 +31,7 @@ from cerberus_hf.decoding import paths
 from cerberus_hf.errors import UserError
 from cerberus_hf.testing import DEVICE, MTP_ARCHITECTURES, prompt_ids, tiny_model, tiny_mtp_model
 from helpers import check_rows_against_states, get_base
+from test_sampling import CHECKS, LONG, PROMPT, assert_follows_the_base
 
 NEW = 24
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]][:5]  # two depths: the tiny bases ship two MTP layers
@@ -296,12 +297,10 @@ def test_a_base_without_its_mtp_weights_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(error.value) and len(str(error.value)) < 400
 
 
-@pytest.mark.parametrize("check", ["sequences", pytest.param("pairs", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("check", CHECKS)
 def test_sampling_follows_the_base(tmp_path, check):
     """Sampled tokens follow the base's distribution with MTP drafts accepted (the chi-square checks of test_sampling,
     on a GLM-4.5 layout over its 12-token vocabulary)."""
-    from test_sampling import LONG, PROMPT, assert_follows_the_base
-
     base = tiny_mtp_model("glm4_moe", str(tmp_path), vocab_size=12, bos_token_id=0, eos_token_id=None,
                           pad_token_id=None, max_position_embeddings=PROMPT.shape[1] + LONG).cpu()  # (prompts: CPU)
     model = CerberusForCausalLM.from_base(base, head_type="mtp", num_heads=1)

@@ -201,11 +201,8 @@ def test_batched_rows_each_follow_the_base(base, head_type, check):
     ids = torch.cat([torch.cat([torch.zeros(1, 2, dtype=torch.long), PROMPT], dim=1), other])
     options = dict(attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6]), pad_token_id=0, **TREES["tree"])
     if check == "sequences":
-        values, accepted = long_samples(model, base, ids, (PROMPT.shape[1], other.shape[1]), SEQUENCES // 2,
-                                        **options)
-        assert accepted > len(values) // 20
-        stat, bound = uniformity(values)
-        assert stat < bound, f"chi-square {stat:.1f} >= {bound:.1f}"
+        assert_follows_the_base(model, base, check, ids=ids, prompts=(PROMPT.shape[1], other.shape[1]),
+                                calls=SEQUENCES // 2, **options)
         return
     counts = [torch.zeros(V, V), torch.zeros(V, V)]
     accepted = 0
