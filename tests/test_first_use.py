@@ -369,7 +369,7 @@ def test_drafting_is_the_default_only_where_it_is_expected_to_gain_the_margin(ga
 def _linear_way(view, layer) -> str:
     """How ``view`` (the base or a view of it) computes ``layer``: "unpacked", "packed" or "one row as it is"."""
     linear = view.model.layers[0].mlp.down_proj  # a view through packed weights has a view of it in its place
-    return "unpacked" if linear is layer else "one row as it is" if linear.forward.args[2] else "packed"
+    return "unpacked" if linear is layer else "one row as it is" if linear.forward.keywords["one_row_as_is"] else "packed"
 
 
 @pytest.mark.skipif(not packing_available(DEVICE, torch.float32), reason="this CPU and torch pack no float32 weights")

@@ -105,7 +105,7 @@ def test_models_on_one_base_share_one_packed_copy_dropped_with_the_last(monkeypa
 def test_generate_packs_by_default_on_a_cpu_but_not_when_told_or_strict(monkeypatch):
     calls = []
     real = packed._packed_linear
-    monkeypatch.setattr(packed, "_packed_linear", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(packed, "_packed_linear", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     model = fresh_model("llama", "hydra", num_heads=3)
     prompt = get_prompt("llama")
     expected = reference("llama")
@@ -155,7 +155,7 @@ def test_bfloat16_is_packed_only_where_onednn_has_bf16_kernels(monkeypatch, kern
     monkeypatch.setattr(packed, "bf16_kernels", lambda: kernels)
     calls = []
     real = packed._packed_linear
-    monkeypatch.setattr(packed, "_packed_linear", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(packed, "_packed_linear", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     model = CerberusForCausalLM.from_base(tiny_model("llama").to(torch.bfloat16), head_type="hydra", num_heads=3)
     assert packing_available(DEVICE, torch.bfloat16) == kernels and packing_available(DEVICE, torch.float32)
     prompt = get_prompt("llama")

@@ -147,12 +147,12 @@ def packed_views(weights: PackedWeights, *roots: nn.Module, one_row_as_is: bool 
     table = weights.update(roots)
     return tuple(replace_modules(root, {
         linear: with_forward(linear, functools.partial(_packed_linear, linear, table[id(linear.weight)],
-                                                       one_row_as_is))
+                                                       one_row_as_is=one_row_as_is))
         for linear in root.modules() if isinstance(linear, nn.Linear) and id(linear.weight) in table})
         for root in roots)
 
 
-def _packed_linear(linear: nn.Linear, entry: _Packed, one_row_as_is: bool, x: torch.Tensor) -> torch.Tensor:
+def _packed_linear(linear: nn.Linear, entry: _Packed, x: torch.Tensor, one_row_as_is: bool = False) -> torch.Tensor:
     """``linear(x)`` through the packed weight (one row through the weight as it is where ``one_row_as_is``);
     through `linear` itself where that cannot serve (gradients, another dtype, a weight changed in place, moved or
     converted since, a 1-D input)."""
