@@ -241,3 +241,31 @@ def test_reference_answers_multi_turn_and_long_prompts(model_and_tokenizer, tmp_
     with pytest.raises(ValueError, match="no reference answer"):
         generate_distillation_data(model, tokenizer, [{"id": "x", "prompt": "w5"}], tmp_path / "x.jsonl",
                                    answers="reference", progress=False)
+
+
+def test_distilling_keeps_each_answers_states_and_the_cache_takes_them(model_and_tokenizer, tmp_path, monkeypatch):
+    """`states_dir`: the continuous engine keeps, for every answer, the lm_head's input before each of its tokens
+    (`answer_states`); the hidden-state cache built over those answers then runs the base over no record whose
+    states are kept and holds what it computes itself (float16 of fp32 states from batched left-padded decoding
+    against one forward per record: equal up to one float16 rounding step), teacher included. A record whose file
+    is gone or holds the wrong shape is computed as before."""
+    from cerberus_hf.training import answer_states, hidden_cache
+
+    model, tokenizer = model_and_tokenizer
+    states_dir = tmp_path / "cache"
+    path = _run(model, tokenizer, _prompts(9), tmp_path / "answers.jsonl", sample_fraction=0.3, states_dir=states_dir)
+    records = read_records(path)
+    folder = answer_states.states_folder(states_dir, hidden_cache.base_fingerprint(model))
+    assert len(list(folder.glob("*.safetensors"))) == len(records) > 9  # greedy and sampled answers alike
+    computed = hidden_cache.build_hidden_cache(model, records, tmp_path / "computed", teacher_topk=4,
+                                               show_progress=False)
+    (folder / f"{records[0].content_hash()}.safetensors").unlink()  # a kill between the state and the line
+    answer_states.save_states(folder, records[1].content_hash(), torch.zeros(2, model.config.hidden_size))
+    real, rows = hidden_cache.right_padded, []  # the rows of the base's forwards over records
+    monkeypatch.setattr(hidden_cache, "right_padded", lambda ids, pad: rows.append(len(ids)) or real(ids, pad))
+    kept = hidden_cache.build_hidden_cache(model, records, states_dir, teacher_topk=4, show_progress=False)
+    assert sum(rows) == 2  # the two records without usable states, and only them
+    assert kept.record_ids == computed.record_ids and torch.equal(kept.tokens, computed.tokens)
+    step = computed.hidden.float().abs().clamp(min=2 ** -14) * 2 ** -10  # one float16 step at each value
+    assert bool(((kept.hidden.float() - computed.hidden.float()).abs() <= step).all())
+    assert (kept.teacher_ids[:, 0] == computed.teacher_ids[:, 0]).float().mean() > 0.99

@@ -18,6 +18,7 @@ from ..training.data import (
     read_records,
 )
 from ..training.distill import ANSWERS, ENGINES, MODES, generate_distillation_data, vllm_classes
+from ..training.hidden_cache import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ def _add_arguments(parser):
     parser.add_argument("--threads", type=arguments.positive_int, default=None,
                         help="torch CPU threads (default: torch's choice). On a CPU shared with other jobs, 1 is "
                              "often much faster than oversubscribing the cores")
+    parser.add_argument("--keep-states", nargs="?", const="default", default=None, metavar="CACHE_DIR",
+                        help="keep the base's state before every answer token in this hidden-state cache folder "
+                             "(default: train's), so that `cerberus-hf train` (Medusa, Cerberus, Hydra, Clover) need "
+                             "not run the base over these answers again")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -100,7 +105,8 @@ def run_cli(args) -> int:
         model, tokenizer, prompts, args.output, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         sample_fraction=args.sample_fraction, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         system_prompt=args.system_prompt, progress=not args.no_progress, engine=args.engine, answers=args.answers,
-        max_prompt_tokens=args.max_prompt_tokens)
+        max_prompt_tokens=args.max_prompt_tokens,
+        states_dir=default_cache_dir() if args.keep_states == "default" else args.keep_states)
     records = read_records(path)
     logger.info("done in %.0f s: %s holds %d records (%d greedy, %d sample, %d text, %d answer tokens)",
                 time.perf_counter() - started, path, len(records), *(sum(r.mode == m for r in records) for m in MODES),

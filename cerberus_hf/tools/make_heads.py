@@ -166,6 +166,7 @@ class Recipe:
         """The base's answers to the sources' prompts, source after source, until the budget is spent."""
         from ..real_models import load_named_model
         from ..training.distill import generate_distillation_data
+        from ..training.hidden_cache import default_cache_dir
 
         args = self.args
         model, tokenizer = load_named_model(args.base, getattr(torch, self.dtype))
@@ -182,7 +183,7 @@ class Recipe:
                     model, tokenizer, training_prompts(source), path, batch_size=args.batch_size,
                     max_new_tokens=args.max_new_tokens, sample_fraction=0.0, progress=not args.no_progress,
                     max_prompt_tokens=MAX_PROMPT_TOKENS, token_budget=args.budget_tokens - tokens,
-                    seconds_budget=seconds_left)
+                    seconds_budget=seconds_left, states_dir=default_cache_dir())
             finally:  # a kill keeps the answers written; the hours spent count towards --budget-hours
                 self.state["distill_seconds"] += time.perf_counter() - started
                 _write_json(self.output / STATE, self.state)

@@ -56,14 +56,16 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ..compat import cache_argument, output_cache
+from ..drafters.base import capture_states
 from ..errors import UserError
-from .data import read_records
+from .answer_states import save_states, states_folder
+from .data import Record, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -228,19 +230,21 @@ class _Window:
 
 
 class _Row:
-    __slots__ = ("task", "generated", "sample", "next_position", "first_column")
+    __slots__ = ("task", "generated", "sample", "next_position", "first_column", "states")
 
     def __init__(self, task, sample: bool, prompt_length: int, first_column: int):
         self.task, self.sample, self.generated = task, sample, []
         self.next_position, self.first_column = prompt_length, first_column
+        self.states: list[torch.Tensor] = []  # the lm_head's input before each generated token, where kept
 
 
 class _SlotBatch:
     """The continuous engine's batch: the row in each slot, the key/value buffers (made at the first prefill), the
     attention mask over their columns and the window of columns the live rows occupy."""
 
-    def __init__(self, model, batch_size: int, widest: int, capacity: int):
+    def __init__(self, model, batch_size: int, widest: int, capacity: int, keep_states: bool = False):
         self.model, self.device, self.widest, self.capacity = model, model.device, widest, capacity
+        self.keep_states = keep_states
         self.rows: list[_Row | None] = [None] * batch_size
         self.mask = torch.zeros((batch_size, capacity), dtype=torch.long, device=self.device)
         self.window = _Window(widest)  # columns before `widest` leave room for any prompt to end at `end`
@@ -249,9 +253,10 @@ class _SlotBatch:
     def free_slots(self) -> list[int]:
         return [i for i, row in enumerate(self.rows) if row is None]
 
-    def prefill(self, new: list, slots: list[int], pad_id: int) -> torch.Tensor:
+    def prefill(self, new: list, slots: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the prompts of the tasks ``new`` (together, left padded) and write their keys and values into
-        ``slots`` so that they end at the window's end; returns each one's next-token logits."""
+        ``slots`` so that they end at the window's end; returns each one's next-token logits, and the states they
+        came from (`forward`)."""
         width = max(len(t[3]) for t in new)
         ids = torch.full((len(new), width), pad_id, dtype=torch.long)
         new_mask = torch.zeros((len(new), width), dtype=torch.long)
@@ -260,9 +265,9 @@ class _SlotBatch:
             new_mask[i, width - len(t[3]):] = 1
         positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
         device = self.device
-        out = self.model(input_ids=ids.to(device), attention_mask=new_mask.to(device),
-                         position_ids=positions.to(device), **cache_argument(DynamicCache(config=self.model.config)),
-                         use_cache=True, logits_to_keep=1)
+        out, states = self.forward(input_ids=ids.to(device), attention_mask=new_mask.to(device),
+                                   position_ids=positions.to(device),
+                                   **cache_argument(DynamicCache(config=self.model.config)), logits_to_keep=1)
         if self.cache is None:  # buffers shaped like the layers' keys and values, over every slot and column
             self.cache = Cache(layers=[
                 _SlotLayer(*(torch.zeros((len(self.rows), *t.shape[1:2], self.capacity, t.shape[3]), dtype=t.dtype,
@@ -275,11 +280,11 @@ class _SlotBatch:
             layer.buffer_values[index, :, begin:end] = new_layer.values
         self.mask[index] = 0
         self.mask[index, begin:end] = new_mask.to(device)
-        return out.logits[:, -1, :]
+        return out.logits[:, -1, :], states
 
-    def decode(self, pad_id: int) -> tuple[list[int], torch.Tensor]:
-        """One decoding step for every slot (a free slot's row is computed and ignored): the live slots and every
-        slot's next-token logits."""
+    def decode(self, pad_id: int) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+        """One decoding step for every slot (a free slot's row is computed and ignored): the live slots, every
+        slot's next-token logits and the states they came from (`forward`)."""
         if self.window.end == self.capacity:
             self.compact()
         live = [i for i, row in enumerate(self.rows) if row is not None]
@@ -290,10 +295,20 @@ class _SlotBatch:
             self.rows[i].next_position += 1
         window = self.window
         self.mask[:, window.end] = 1  # a free slot attends to its own column only, so its row stays finite
-        out = self.model(input_ids=feed.to(self.device), attention_mask=self.mask[:, window.start: window.end + 1],
-                         position_ids=positions.to(self.device), **cache_argument(self.cache), use_cache=True)
+        out, states = self.forward(input_ids=feed.to(self.device),
+                                   attention_mask=self.mask[:, window.start: window.end + 1],
+                                   position_ids=positions.to(self.device), **cache_argument(self.cache))
         window.end += 1
-        return live, out.logits[:, -1, :]
+        return live, out.logits[:, -1, :], states
+
+    def forward(self, **inputs) -> tuple:
+        """The model's output on ``inputs``, and where states are kept, the lm_head's input at each row's last
+        position (``[rows, hidden]``, float16 on the CPU: `answer_states`); else None."""
+        if not self.keep_states:
+            return self.model(**inputs, use_cache=True), None
+        with capture_states(self.model) as captured:
+            out = self.model(**inputs, use_cache=True)
+        return out, captured["lm_head_input"][:, -1].to(torch.float16).cpu()
 
     def compact(self) -> None:
         """Move the live columns to start at ``widest``, so that the window can grow again."""
@@ -328,7 +343,8 @@ class _SlotBatch:
 
 @torch.inference_mode()
 def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size: int, max_new_tokens: int,
-                         temperature: float, top_p: float, generator: torch.Generator, slack: int | None = None):
+                         temperature: float, top_p: float, generator: torch.Generator, slack: int | None = None,
+                         on_states: Callable | None = None):
     """Continuous batching over ``batch_size`` slots: an answer that finishes frees its slot at once, and the
     next queued prompts are prefilled (together, left padded) into the free slots before the next step.
 
@@ -339,45 +355,55 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
     ``max_new_tokens``), so nothing is copied on an ordinary step. Every row attends to exactly its own tokens
     (the rest is masked), so greedy answers equal one-at-a-time greedy decoding up to floating-point rounding.
     Once the queue is empty, the free slots are dropped each time an eighth of them has emptied, so the last
-    answers do not pay for a full batch (a short run is mostly this tail).
+    answers do not pay for a full batch (a short run is mostly this tail). ``on_states(task, output_ids, states)``
+    is given each answer's states (`answer_states`: ``[answer tokens, hidden]``, float16) before it is yielded.
     """
     from collections import deque
 
     queue = deque(tasks)
     widest = max(len(t[3]) for t in tasks)
     span = widest + max_new_tokens  # the most columns the live rows can occupy together
-    batch = _SlotBatch(model, batch_size, widest, widest + span + (max_new_tokens if slack is None else slack))
+    batch = _SlotBatch(model, batch_size, widest, widest + span + (max_new_tokens if slack is None else slack),
+                       keep_states=on_states is not None)
     while queue or any(batch.rows):
         free, finished = batch.free_slots(), []
         if queue and free:  # prefill new prompts into the free slots
             new = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-            logits = batch.prefill(new, free[: len(new)], pad_id)
+            logits, states = batch.prefill(new, free[: len(new)], pad_id)
             sample = torch.tensor([t[1] == "sample" for t in new], device=model.device)
-            for slot, t, token in zip(free, new, _choose(logits, sample, temperature, top_p, generator).tolist()):
+            chosen = _choose(logits, sample, temperature, top_p, generator).tolist()
+            for number, (slot, t, token) in enumerate(zip(free, new, chosen)):
                 batch.rows[slot] = _Row(t, t[1] == "sample", len(t[3]), batch.window.end - len(t[3]))
-                finished += _advance(batch.rows, slot, token, eos, max_new_tokens)
+                finished += _advance(batch.rows, slot, token, eos, max_new_tokens, states, number)
         # The window begins at the first column of the oldest live row (rows are left padded to `end`).
         batch.window.start = min((row.first_column for row in batch.rows if row is not None), default=batch.window.end)
         empty = sum(row is None for row in batch.rows)
         if not queue and max(1, len(batch.rows) // 8) <= empty < len(batch.rows):
             batch.keep_only_live()
         if any(batch.rows):
-            live, logits = batch.decode(pad_id)
+            live, logits, states = batch.decode(pad_id)
             sample = torch.tensor([row is not None and row.sample for row in batch.rows], device=model.device)
             chosen = _choose(logits, sample, temperature, top_p, generator).tolist()
             for i in live:
-                finished += _advance(batch.rows, i, chosen[i], eos, max_new_tokens)
+                finished += _advance(batch.rows, i, chosen[i], eos, max_new_tokens, states, i)
         if finished:
-            yield finished
+            if on_states is not None:
+                for row in finished:
+                    on_states(row.task, row.generated, torch.stack(row.states))
+            yield [(row.task, row.generated, row.generated[-1] in eos) for row in finished]
 
 
-def _advance(slots: list, slot: int, token: int, eos: set[int], max_new_tokens: int) -> list:
-    """Append ``token`` to the row in ``slot``; if that ends its answer, free the slot and return the result."""
+def _advance(slots: list, slot: int, token: int, eos: set[int], max_new_tokens: int,
+             states: torch.Tensor | None = None, state_row: int = 0) -> list:
+    """Append ``token`` (and the state it came from, row ``state_row`` of ``states`` where kept) to the row in
+    ``slot``; if that ends its answer, free the slot and return the row, in a list (else an empty list)."""
     row = slots[slot]
     row.generated.append(token)
+    if states is not None:
+        row.states.append(states[state_row])
     if token in eos or len(row.generated) >= max_new_tokens:
         slots[slot] = None
-        return [(row.task, row.generated, token in eos)]
+        return [row]
     return []
 
 
@@ -422,7 +448,8 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
                                system_prompt: str | None = None, progress: bool = True,
                                engine: str = "auto", answers: str = "base",
                                max_prompt_tokens: int | None = None, token_budget: int | None = None,
-                               seconds_budget: float | None = None) -> Path:
+                               seconds_budget: float | None = None,
+                               states_dir: str | os.PathLike | None = None) -> Path:
     """Write answers to ``prompts`` to ``output_path`` (JSONL; see the module doc).
 
     ``prompts`` is a list of dicts with ``id`` and ``prompt`` and optionally ``messages`` / ``reference``
@@ -435,7 +462,8 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
     default). Prompts longer than ``max_prompt_tokens`` are skipped (and counted). Records already in the
     file are skipped. Generation stops after the answer that brings this call's new answer tokens to
     ``token_budget``, or once ``seconds_budget`` seconds have passed (the progress bar then counts tokens
-    against the budget); a later call continues where it stopped. Returns the path.
+    against the budget); a later call continues where it stopped. ``states_dir``: a hidden-state cache folder
+    where the continuous engine keeps each answer's states for training (`answer_states`). Returns the path.
     """
     if answers not in ANSWERS:
         raise ValueError(f"answers must be one of {ANSWERS}, not {answers!r}")
@@ -473,7 +501,8 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
     queue = sorted(((pid, mode, text, ids) for mode in MODES for pid, text, ids, _ in tasks[mode]),
                    key=lambda t: (-len(t[3]), t[1], t[0]))
     answered = _engine_answers(model, queue, pad_id, eos, engine, batch_size=batch_size,
-                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                               on_states=states_dir and _states_keeper(model, states_dir))
     _append_answers(output_path, answered, total, progress, token_budget, seconds_budget)
     return output_path
 
@@ -531,16 +560,34 @@ def _write_references(output_path: Path, tokenizer, tasks: list, eos: set[int], 
         _sync(handle)
 
 
+def _states_keeper(model, states_dir: str | os.PathLike) -> Callable:
+    """``on_states`` for `_continuous_generate`: each answer's states kept under ``states_dir`` for its record."""
+    from .hidden_cache import base_fingerprint
+
+    folder = states_folder(states_dir, base_fingerprint(model))
+
+    def keep(task: tuple, output_ids: list[int], states: torch.Tensor) -> None:
+        pid, mode, _, input_ids = task
+        record = Record(id=pid, input_ids=tuple(input_ids), output_ids=tuple(output_ids), mode=mode)
+        save_states(folder, record.content_hash(), states)
+
+    return keep
+
+
 def _engine_answers(model, queue: list, pad_id: int, eos: set[int], engine: str, *, batch_size: int,
-                    max_new_tokens: int, temperature: float, top_p: float, seed: int):
+                    max_new_tokens: int, temperature: float, top_p: float, seed: int, on_states: Callable | None = None):
     """The base's answers to the ``(id, mode, text, input_ids)`` of ``queue`` through ``engine`` (``"auto"``: the
-    continuous one where the model's cache allows it), as lists of ``(task, output_ids, finished)`` as they finish."""
+    continuous one where the model's cache allows it), as lists of ``(task, output_ids, finished)`` as they finish;
+    ``on_states``: `_continuous_generate`'s (the other engines keep no states)."""
     if engine == "auto":
         engine = "continuous" if _plain_dynamic_cache(model) else "static"
+    if on_states is not None and engine != "continuous":
+        logger.info("the %s engine keeps no answer states: training computes them", engine)
     sampling = dict(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     if engine == "continuous":
         generator = torch.Generator(device=model.device).manual_seed(seed)
-        yield from _continuous_generate(model, queue, pad_id, eos, generator=generator, **sampling)
+        yield from _continuous_generate(model, queue, pad_id, eos, generator=generator, on_states=on_states,
+                                        **sampling)
     elif engine == "transformers":
         yield from _transformers_generate(model, queue, pad_id, eos, seed=seed, **sampling)
     elif engine == "static":

@@ -52,6 +52,7 @@ from tqdm.auto import tqdm
 from ..drafters.base import capture_states
 from ..errors import UserError
 from ..files import save_safetensors, write_atomically
+from .answer_states import load_states, states_folder
 from .data import Record, read_records
 
 logger = logging.getLogger(__name__)
@@ -287,13 +288,32 @@ def _compute_shard(
     pad_token_id: int,
     progress: tqdm | None,
     state_source: str = "lm_head_input",
+    kept: Path | None = None,
 ) -> dict[str, torch.Tensor]:
-    device = base.get_output_embeddings().weight.device
+    """The shard of ``plan``'s records: the base run over them, except those whose states distilling kept in the
+    folder ``kept`` (`answer_states`; where the cache keeps the lm_head's input), whose teacher, where one is kept,
+    comes from the kept float16 state through the lm_head alone."""
+    lm_head = base.get_output_embeddings().weight
     sequences = [record_sequence(records[i], max_seq_len) for i in plan.records]
     per_record: list[dict[str, torch.Tensor] | None] = [None] * len(sequences)
-    for batch in batches_by_length([len(ids) for ids, _ in sequences], batch_tokens):
+    if kept is not None and state_source == "lm_head_input":
+        for i, (ids, answer) in enumerate(sequences):
+            states = load_states(kept, records[plan.records[i]].content_hash(), answer, lm_head.shape[1])
+            if states is None:
+                continue
+            entry = per_record[i] = {"hidden": states, "tokens": torch.tensor(ids[len(ids) - answer:],
+                                                                              dtype=torch.int32)}
+            if teacher_topk:
+                entry["teacher_ids"], entry["teacher_logprobs"] = teacher_topk_rows(
+                    base, states.to(device=lm_head.device, dtype=lm_head.dtype), teacher_topk)
+            if progress is not None:
+                progress.update(len(ids))
+    left = [i for i, entry in enumerate(per_record) if entry is None]
+    for batch in batches_by_length([len(sequences[i][0]) for i in left], batch_tokens):
+        batch = [left[b] for b in batch]
         input_ids, mask = right_padded([sequences[i][0] for i in batch], pad_token_id)
-        hidden, head_input = base_states(base, input_ids.to(device), mask.to(device), use_decoder, state_source)
+        hidden, head_input = base_states(base, input_ids.to(lm_head.device), mask.to(lm_head.device), use_decoder,
+                                         state_source)
         for row, i in enumerate(batch):
             ids, answer = sequences[i]
             start = len(ids) - answer - 1  # state at p - 1 predicts the first answer token
@@ -419,7 +439,8 @@ def build_hidden_cache(
         base: the base causal LM (any device; it is run in eval mode without gradients).
         data: a distillation JSONL path, or records.
         cache_dir: where shards go; a sub-folder per base and settings keeps different caches apart, so one
-            folder can be shared by several training runs (e.g. Medusa and Cerberus heads on the same data).
+            folder can be shared by several training runs (e.g. Medusa and Cerberus heads on the same data). The
+            states distilling kept there for a record (`answer_states`) are taken instead of running the base.
         teacher_topk: how many of the base's top next-token log-probabilities to keep per position (for
             distillation; 0 keeps none).
         max_seq_len: cut sequences to this many tokens (default: the base's ``max_position_embeddings``).
@@ -458,8 +479,10 @@ def build_hidden_cache(
         if accelerator is not None and accelerator.num_processes > 1:
             missing = missing[accelerator.process_index :: accelerator.num_processes]
             logger.info("hidden-state cache: process %d computes %d shards", accelerator.process_index, len(missing))
+        kept = states_folder(cache_dir, fingerprint)
         _fill_shards(base, records, missing, folder, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
-                     batch_tokens=batch_tokens, show_progress=show_progress and is_main, state_source=state_source)
+                     batch_tokens=batch_tokens, show_progress=show_progress and is_main, state_source=state_source,
+                     kept=kept if kept.is_dir() else None)
     if accelerator is not None:
         accelerator.wait_for_everyone()
     cache = load_hidden_cache(folder, plans, records)
@@ -484,7 +507,7 @@ def _check_room(base, records, missing, folder: Path, teacher_topk: int, num_pla
 
 
 def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_len, batch_tokens, show_progress,
-                 state_source):
+                 state_source, kept: Path | None):
     if not plans:
         return
     was_training = base.training
@@ -503,7 +526,7 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
         for number, plan in enumerate(plans):
             shard = _compute_shard(base, records, plan, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
                                    batch_tokens=batch_tokens, use_decoder=use_decoder, pad_token_id=int(pad),
-                                   progress=progress, state_source=state_source)
+                                   progress=progress, state_source=state_source, kept=kept)
             metadata = {"format": str(CACHE_FORMAT_VERSION), "digest": plan.digest,
                         "record_ids": json.dumps([records[i].id for i in plan.records])}
             tmp = folder / f".{plan.filename}.tmp-{os.getpid()}"
