@@ -86,6 +86,7 @@ def test_a_run_stopped_in_a_stage_resumes_to_the_same_data_and_heads(base_folder
                                                                      monkeypatch, stage):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert main(command(base_folder, prompts_file, whole)) == 0
+    monkeypatch.setenv("CERBERUS_HF_CACHE", str(tmp_path / "resumed-cache"))  # nothing of the first run's reused
     if stage == "distill":  # killed after its first answers were written
         from cerberus_hf.training import distill
 
@@ -98,6 +99,7 @@ def test_a_run_stopped_in_a_stage_resumes_to_the_same_data_and_heads(base_folder
             if len(calls) == 2:
                 raise Stop
         monkeypatch.setattr(distill, "_sync", stop_after_two)
+        stopped = distill, "_sync", original
     else:  # killed after training's first checkpoint
         from cerberus_hf.training import trainer
 
@@ -107,9 +109,10 @@ def test_a_run_stopped_in_a_stage_resumes_to_the_same_data_and_heads(base_folder
             original(*args, **kwargs)
             raise Stop
         monkeypatch.setattr(trainer, "save_checkpoint", stop_after_saving)
+        stopped = trainer, "save_checkpoint", original
     with pytest.raises(Stop):
         main(command(base_folder, prompts_file, resumed))
-    monkeypatch.undo()
+    monkeypatch.setattr(*stopped)  # the rerun as a user's: the same cache as the run that was stopped
     assert main(command(base_folder, prompts_file, resumed)) == 0
     data = "data/answers-prompts.jsonl"
     assert (resumed / data).read_text() == (whole / data).read_text()
