@@ -269,3 +269,21 @@ def test_distilling_keeps_each_answers_states_and_the_cache_takes_them(model_and
     step = computed.hidden.float().abs().clamp(min=2 ** -14) * 2 ** -10  # one float16 step at each value
     assert bool(((kept.hidden.float() - computed.hidden.float()).abs() <= step).all())
     assert (kept.teacher_ids[:, 0] == computed.teacher_ids[:, 0]).float().mean() > 0.99
+
+
+def test_prompts_are_answered_in_a_seeded_sample_order_longest_first_within_windows():
+    """A budget stops after the first answers, so those must be a sample like the whole set, not its longest
+    prompts; within each bucket of a few batches the longest come first (prompts prefilled together are of similar
+    lengths); the order is the same on every run, and a resumed run (some answered) keeps it for the rest; it moves
+    with the seed."""
+    tasks = [(f"p{i}", "greedy", "", [7] * (i + 1)) for i in range(400)]
+    order = distill.distill_order(tasks, 400, batch_size=4, seed=0)
+    assert sorted(order) == sorted(tasks) and order == distill.distill_order(list(reversed(tasks)), 400, 4, 0)
+    rest = [t for t in order if t[0][-1] != "3"]
+    assert distill.distill_order(rest, 400, 4, 0) == rest
+    lengths = [len(t[3]) for t in order]
+    rises = [i + 1 for i, (earlier, later) in enumerate(zip(lengths, lengths[1:])) if later > earlier]
+    assert len(rises) <= 12  # longest first within each of the 13 buckets (400 / 32, rounded up)
+    first = lengths[:rises[0]]  # the first bucket: what a budget of about 32 answers spends itself on
+    assert 15 < len(first) < 50 and 100 < sum(first) / len(first) < 300  # the set's mean: 200.5, its 32 longest: 384.5
+    assert distill.distill_order(tasks, 400, batch_size=4, seed=1) != order

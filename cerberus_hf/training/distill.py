@@ -35,7 +35,10 @@ truncated last line (a run killed mid-write) is dropped and the file rewritten w
 
 Batching
 --------
-Prompts are tokenised and queued longest first. The default engine does continuous batching: up to
+Prompts are tokenised and queued in a seeded random order, longest first within every few batches' worth
+(`distill_order`): a budget that stops after the first answers has answered a sample like the whole set, not its
+longest prompts (which cost the most prefill and, in ShareGPT, are mostly pasted documents), and prompts prefilled
+together are of similar lengths. The default engine does continuous batching: up to
 ``batch_size`` answers decode together with left padding; an answer that finishes frees its slot at once
 and the next queued prompts (of similar length, so little padding) are prefilled into it. No compute is
 spent waiting on a batch's longest answer, as a static batch would. The keys and values live in one
@@ -497,9 +500,8 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
     if answers == "reference":
         _write_references(output_path, tokenizer, tasks["text"], eos, max_new_tokens)
         return output_path
-    # Longest prompts first: the slowest work (and any memory trouble) comes early; similar lengths batch together.
-    queue = sorted(((pid, mode, text, ids) for mode in MODES for pid, text, ids, _ in tasks[mode]),
-                   key=lambda t: (-len(t[3]), t[1], t[0]))
+    queue = distill_order([(pid, mode, text, ids) for mode in MODES for pid, text, ids, _ in tasks[mode]],
+                          len(prompts), batch_size, seed)
     answered = _engine_answers(model, queue, pad_id, eos, engine, batch_size=batch_size,
                                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                on_states=states_dir and _states_keeper(model, states_dir))
@@ -558,6 +560,16 @@ def _write_references(output_path: Path, tokenizer, tasks: list, eos: set[int], 
             output_ids, finished = _reference_ids(tokenizer, input_ids, reference, eos, max_new_tokens)
             _write_record(handle, pid, "text", text, input_ids, output_ids, finished)
         _sync(handle)
+
+
+def distill_order(tasks: list[tuple], prompts: int, batch_size: int, seed: int, window: int = 8) -> list[tuple]:
+    """``tasks`` (``(id, mode, text, input_ids)``, of a set of ``prompts`` prompts) in the order they are answered:
+    each in a bucket drawn from a hash of ``seed`` and its id, about ``window`` batches' worth of the set to a
+    bucket, the buckets in turn, longest first within each, so that prompts prefilled into freed slots together are
+    of similar lengths. A task's place depends on itself and the set alone, so a resumed run answers the rest in the
+    order an uninterrupted one would."""
+    buckets = max(1, -(-prompts // (window * batch_size)))
+    return sorted(tasks, key=lambda t: (_prompt_seed(seed, t[0]) * buckets >> 64, -len(t[3]), t[0], t[1]))
 
 
 def _states_keeper(model, states_dir: str | os.PathLike) -> Callable:
