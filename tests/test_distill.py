@@ -212,6 +212,13 @@ def test_cli(model_and_tokenizer, tmp_path):
                               "--sample-fraction", "0", "--device", "cpu", "--no-progress"])
     args.func(args)
     assert sorted(r["id"] for r in _lines(shard)) == ["p3", "p4"]
+    kept = tmp_path / "kept.jsonl"  # --keep-states CACHE_DIR: one file of states per answer under that folder
+    args = parser.parse_args(["distill", "--model", str(folder), "--prompts", str(prompt_file), "--output", str(kept),
+                              "--limit", "2", "--max-new-tokens", "5", "--sample-fraction", "0", "--no-progress",
+                              "--keep-states", str(tmp_path / "cache")])
+    args.func(args)
+    assert len(list((tmp_path / "cache" / "answer-states").glob("*/*.safetensors"))) == 2
+    assert parser.parse_args(["distill", "--output", "o", "--keep-states"]).keep_states == "default"  # train's folder
 
 
 def test_reference_answers_multi_turn_and_long_prompts(model_and_tokenizer, tmp_path):
