@@ -141,6 +141,17 @@ def packed_view(root: nn.Module, weights: PackedWeights, one_row_as_is: bool = F
     return packed_views(weights, root, one_row_as_is=one_row_as_is)[0]
 
 
+def packed_model(model: nn.Module) -> nn.Module:
+    """A view of ``model`` through packed weights where `packing_available` (else ``model``), for work that runs one
+    model over many rows without gradients (distilling answers, caching states): at those row counts oneDNN's
+    product over packed weights outran MKL's over the weights as they are on every CPU measured (docs/data.md). The
+    packed copy (the weights' size again in memory) lives as long as the view."""
+    weight = next(model.parameters(), None)
+    if weight is None or not packing_available(weight.device, weight.dtype):
+        return model
+    return packed_view(model, PackedWeights())
+
+
 def packed_views(weights: PackedWeights, *roots: nn.Module, one_row_as_is: bool = False) -> tuple[nn.Module, ...]:
     """`packed_view` of each of ``roots`` (a base and its drafter), packed together: ``weights`` keeps the packed
     weights of exactly these modules, one copy of a weight they share."""

@@ -64,6 +64,7 @@ from typing import Callable, Iterable
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from ..blocks.packed import packed_model
 from ..compat import cache_argument, output_cache
 from ..drafters.base import capture_states
 from ..errors import UserError
@@ -356,13 +357,15 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
     the current column, and each step appends one column for every slot. The live columns are moved back to
     the buffer's start when the window reaches its end (every ``slack`` steps or more; default
     ``max_new_tokens``), so nothing is copied on an ordinary step. Every row attends to exactly its own tokens
-    (the rest is masked), so greedy answers equal one-at-a-time greedy decoding up to floating-point rounding.
+    (the rest is masked), so greedy answers equal one-at-a-time greedy decoding up to floating-point rounding. On a
+    CPU the model computes through packed weights (`packed_model`).
     Once the queue is empty, the free slots are dropped each time an eighth of them has emptied, so the last
     answers do not pay for a full batch (a short run is mostly this tail). ``on_states(task, output_ids, states)``
     is given each answer's states (`answer_states`: ``[answer tokens, hidden]``, float16) before it is yielded.
     """
     from collections import deque
 
+    model = packed_model(model)
     queue = deque(tasks)
     widest = max(len(t[3]) for t in tasks)
     span = widest + max_new_tokens  # the most columns the live rows can occupy together

@@ -49,6 +49,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..blocks.packed import packed_model
 from ..drafters.base import capture_states
 from ..errors import UserError
 from ..files import save_safetensors, write_atomically
@@ -512,8 +513,9 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
         return
     was_training = base.training
     base.eval()
+    model = packed_model(base)
     sample = torch.tensor([list(record_sequence(records[plans[0].records[0]], max_seq_len)[0])])
-    use_decoder = decoder_output_is_lm_head_input(base, sample.to(base.get_output_embeddings().weight.device))
+    use_decoder = decoder_output_is_lm_head_input(model, sample.to(base.get_output_embeddings().weight.device))
     if not use_decoder:
         logger.info("%s: the backbone output is not the lm_head input; caching through the full model",
                     type(base).__name__)
@@ -524,7 +526,7 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
     started = time.perf_counter()
     try:
         for number, plan in enumerate(plans):
-            shard = _compute_shard(base, records, plan, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
+            shard = _compute_shard(model, records, plan, teacher_topk=teacher_topk, max_seq_len=max_seq_len,
                                    batch_tokens=batch_tokens, use_decoder=use_decoder, pad_token_id=int(pad),
                                    progress=progress, state_source=state_source, kept=kept)
             metadata = {"format": str(CACHE_FORMAT_VERSION), "digest": plan.digest,
