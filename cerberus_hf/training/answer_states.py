@@ -39,17 +39,16 @@ def states_folder(cache_dir: str | os.PathLike, fingerprint: dict) -> Path:
     return Path(cache_dir) / FOLDER / key
 
 
-def save_states(folder: Path, record_hash: str, hidden: torch.Tensor) -> bool:
-    """Keep ``hidden`` ``[answer tokens, hidden size]`` for the record with this content hash (float16); False,
-    and nothing kept, where a state overflows float16 (the cache then computes the record, and says so)."""
+def save_states(folder: Path, record_hash: str, hidden: torch.Tensor) -> None:
+    """Keep ``hidden`` ``[answer tokens, hidden size]`` for the record with this content hash (float16); nothing is
+    kept where a state overflows float16 (the cache then computes the record, and refuses it the same way)."""
     half = hidden.to(torch.float16).cpu().contiguous()
     if not bool(torch.isfinite(half).all()):
-        return False
+        return
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{record_hash}.tmp-{os.getpid()}"
     save_safetensors({"hidden": half}, tmp)
     os.replace(tmp, folder / f"{record_hash}.safetensors")
-    return True
 
 
 def load_states(folder: Path | None, record_hash: str, tokens: int, hidden_size: int) -> torch.Tensor | None:
