@@ -73,18 +73,33 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
     give_user_mode(path)
 
 
-def write_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it (flushed to disk, given
-    `user_file_mode`), then moved into place, so that a reader or a killed run never sees half a file."""
+@contextlib.contextmanager
+def _replaced_atomically(path: str | os.PathLike):
+    """Yield the name of a new temporary file beside ``path`` to write; it is moved onto ``path`` (given
+    `user_file_mode`) when the block ends and removed when it raises: a reader or a killed run never sees half a file,
+    and two writers (processes or threads) never share a temporary name."""
     path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
+        yield temporary
         give_user_mode(temporary)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (flushed to disk before it takes the name)."""
+    with _replaced_atomically(path) as temporary, open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def save_safetensors_atomically(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
+                                metadata: dict[str, str] | None = None) -> None:
+    """`save_safetensors` whole or not at all: written beside ``path`` under a temporary name, then renamed."""
+    with _replaced_atomically(path) as temporary:
+        save_file(tensors, temporary, metadata=metadata)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import constants
+from safetensors.torch import load_file
 
 from cerberus_hf import files
 from cerberus_hf.calibration.first_use import CalibrationCache
@@ -90,3 +91,12 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_one(tmp_path
     with pytest.raises(TypeError):
         files.write_atomically(path, b"new")  # bytes to a text file: fails once the temporary file exists
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_a_failed_safetensors_save_leaves_the_old_file_and_no_temporary_one(tmp_path, expected_mode):
+    path = tmp_path / "shard.safetensors"
+    files.save_safetensors_atomically({"x": torch.ones(2)}, path)
+    with pytest.raises(ValueError):  # refused after the temporary file exists
+        files.save_safetensors_atomically({"x": torch.ones(2), "y": "not a tensor"}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["shard.safetensors"] and modes(tmp_path) == {path.name: expected_mode}
+    assert load_file(path)["x"].tolist() == [1.0, 1.0]

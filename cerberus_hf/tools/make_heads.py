@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import shutil
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 from ..errors import UserError
+from ..files import write_atomically
 from ..hardware import bf16_kernels
 from ..training.checkpointing import CHECKPOINTS_DIR
 from . import arguments
@@ -322,6 +322,4 @@ def _run(*argv: str) -> None:
 
 
 def _write_json(path: Path, payload: dict) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(payload, indent=1) + "\n")
-    os.replace(partial, path)
+    write_atomically(path, json.dumps(payload, indent=1) + "\n")

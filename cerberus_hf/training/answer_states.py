@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..files import save_safetensors
+from ..files import save_safetensors_atomically
 
 FOLDER = "answer-states"
 
@@ -46,9 +46,7 @@ def save_states(folder: Path, record_hash: str, hidden: torch.Tensor) -> None:
     if not bool(torch.isfinite(half).all()):
         return
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{record_hash}.tmp-{os.getpid()}"
-    save_safetensors({"hidden": half}, tmp)
-    os.replace(tmp, folder / f"{record_hash}.safetensors")
+    save_safetensors_atomically({"hidden": half}, folder / f"{record_hash}.safetensors")
 
 
 def load_states(folder: Path | None, record_hash: str, tokens: int, hidden_size: int) -> torch.Tensor | None:

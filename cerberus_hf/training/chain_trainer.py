@@ -38,7 +38,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..drafters.kangaroo import capture_exit_states, first_layers
-from ..files import save_safetensors
+from ..files import save_safetensors, save_safetensors_atomically
 from .base_features import CachedStates, OnlineStates, checked_feature_mode
 from .data import Record
 from .evaluation import outside_of, top_hits
@@ -76,14 +76,14 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
     out = _compute_exit_states(base, exit_layer, sequences, batches, show_progress and rank == 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     if processes == 1:
-        _save_atomically({"states": torch.cat(out)}, path)
+        save_safetensors_atomically({"states": torch.cat(out)}, path)
         return out
     parts = [path.with_suffix(f".part-{r}-of-{processes}") for r in range(processes)]
     save_safetensors({str(i): states for i, states in enumerate(out) if states is not None}, parts[rank])
     accelerator.wait_for_everyone()
     if rank == 0:  # every sequence is in one part
         joined = {int(i): states for part in parts for i, states in load_file(part).items()}
-        _save_atomically({"states": torch.cat([joined[i] for i in range(len(sequences))])}, path)
+        save_safetensors_atomically({"states": torch.cat([joined[i] for i in range(len(sequences))])}, path)
         for part in parts:
             part.unlink()
     accelerator.wait_for_everyone()
@@ -92,13 +92,6 @@ def exit_states(base: nn.Module, records: Sequence[Record], exit_layer: int, cac
 
 def _read_states(path: Path, sequences: list[list[int]]) -> list[torch.Tensor]:
     return list(load_file(path)["states"].split([len(s) for s in sequences]))
-
-
-def _save_atomically(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Save under a temporary name and rename: a killed run leaves no incomplete file at ``path``."""
-    partial = path.with_suffix(".partial")
-    save_safetensors(tensors, partial)
-    os.replace(partial, path)
 
 
 def _compute_exit_states(base: nn.Module, exit_layer: int, sequences: list[list[int]], batches: list[list[int]],

@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 from ..blocks.packed import packed_model
 from ..drafters.base import capture_states
 from ..errors import UserError
-from ..files import save_safetensors, write_atomically
+from ..files import save_safetensors_atomically, write_atomically
 from .answer_states import load_states, states_folder
 from .data import Record, read_records
 
@@ -531,9 +531,8 @@ def _fill_shards(base, records, plans, folder: Path, *, teacher_topk, max_seq_le
                                    progress=progress, state_source=state_source, kept=kept)
             metadata = {"format": str(CACHE_FORMAT_VERSION), "digest": plan.digest,
                         "record_ids": json.dumps([records[i].id for i in plan.records])}
-            tmp = folder / f".{plan.filename}.tmp-{os.getpid()}"
-            save_safetensors({k: v.contiguous() for k, v in shard.items()}, tmp, metadata=metadata)
-            os.replace(tmp, folder / plan.filename)
+            save_safetensors_atomically({k: v.contiguous() for k, v in shard.items()}, folder / plan.filename,
+                                        metadata=metadata)
             if number == 0 and len(plans) > 1:
                 rate = plan.tokens / (time.perf_counter() - started)
                 logger.info("hidden-state cache: %.0f sequence tokens/s; the other %d shards take about %.0f min",
