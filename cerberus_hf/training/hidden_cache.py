@@ -200,6 +200,7 @@ class ShardPlan:
     records: list[int]  # indices into the record list
     digest: str
     tokens: int  # sequence tokens the base reads for this shard
+    record_hashes: list[str]  # each record's `Record.content_hash`, in ``records`` order
 
     @property
     def filename(self) -> str:
@@ -245,7 +246,7 @@ def plan_shards(records: Sequence[Record], shard_tokens: int, max_seq_len: int |
 def _make_plan(index: int, members: list[int], hashes: list[str], tokens: int) -> ShardPlan:
     """A shard of ``members`` (record indices) named by the digest of their content hashes ``hashes``."""
     digest = hashlib.sha256("".join(hashes).encode()).hexdigest()
-    return ShardPlan(index=index, records=list(members), digest=digest, tokens=tokens)
+    return ShardPlan(index=index, records=list(members), digest=digest, tokens=tokens, record_hashes=list(hashes))
 
 
 def batches_by_length(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -299,7 +300,7 @@ def _compute_shard(
     per_record: list[dict[str, torch.Tensor] | None] = [None] * len(sequences)
     if kept is not None and state_source == "lm_head_input":
         for i, (ids, answer) in enumerate(sequences):
-            states = load_states(kept, records[plan.records[i]].content_hash(), answer, lm_head.shape[1])
+            states = load_states(kept, plan.record_hashes[i], answer, lm_head.shape[1])
             if states is None:
                 continue
             entry = per_record[i] = {"hidden": states, "tokens": torch.tensor(ids[len(ids) - answer:],
