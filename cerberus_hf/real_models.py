@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -217,10 +218,32 @@ def load_named_model(name: str, dtype: torch.dtype = torch.float32, with_tokeniz
     from .checkpoint import check_source
 
     check_source(name, "config.json")  # a mistyped path is named as such, not sent to the Hub as an id
+    if not os.path.isdir(name):
+        _check_hub_model(name)
     tokenizer = _tokenizer(name) if with_tokenizer else None
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     model.generation_config.do_sample = False
     return model.eval(), tokenizer
+
+
+def _check_hub_model(name: str) -> None:
+    """Refuse in one line a Hub id whose config cannot be had (no such model, or offline and not cached): a mistyped
+    base is named as such, not blamed on its tokenizer."""
+    from .checkpoint import resolve_file
+
+    hub_http = logging.getLogger("huggingface_hub.utils._http")  # its retry warning would make the error 2 lines
+    level = hub_http.level
+    hub_http.setLevel(logging.ERROR)
+    try:
+        resolve_file(name, "config.json")
+    except OSError:
+        packaged = [m.name for m in PACKAGED_MODELS.values() if m.hub_id.lower() == name.lower()]
+        hint = f"; a 4-bit GGUF copy of it is packaged as {packaged[0]!r}" if packaged else ""
+        raise UserError(f"no base {name!r}: not a folder, not a packaged base ({', '.join(PACKAGED_MODELS)}), and "
+                        "no Hub model of that name could be read (none exists, or this machine is offline and has "
+                        f"not cached it){hint}") from None
+    finally:
+        hub_http.setLevel(level)
 
 
 def _tokenizer(name: str):

@@ -8,9 +8,11 @@ import argparse
 import json
 import sys
 
+import huggingface_hub
 import pytest
 import torch
 
+import cerberus_hf.checkpoint as checkpoint
 import cerberus_hf.real_models as real_models
 from cerberus_hf import CerberusConfig
 from cerberus_hf.errors import UserError
@@ -87,6 +89,31 @@ def test_base_folder_without_tokenizer(capsys, tmp_path, monkeypatch, command):
     line = one_line_error(capsys, *command, "--base", str(tmp_path / "base"))
     assert line.endswith(f"{tmp_path / 'base'} has no tokenizer transformers can load; this command needs the base's "
                          f"tokenizer beside its weights: tokenizer.save_pretrained('{tmp_path / 'base'}')")
+
+
+def test_base_that_is_no_folder_packaged_base_or_readable_hub_model(capsys, tmp_path, monkeypatch):
+    """A mistyped base is named as such, not blamed on its tokenizer; a packaged model's Hub id gets the packaged
+    name."""
+    monkeypatch.setattr(real_models, "load_named_model", LOAD_NAMED_MODEL)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # nothing cached under a made-up id
+    line = one_line_error(capsys, "bench", "--base", "nobody-here/no-such-model")
+    assert line.endswith("error: no base 'nobody-here/no-such-model': not a folder, not a packaged base "
+                         f"({', '.join(real_models.PACKAGED_MODELS)}), and no Hub model of that name could be read "
+                         "(none exists, or this machine is offline and has not cached it)")
+
+    def unreadable(*args, **kwargs):
+        raise OSError("offline")
+
+    monkeypatch.setattr(checkpoint, "resolve_file", unreadable)
+    line = one_line_error(capsys, "make-heads", "--base", "HuggingFaceTB/SmolLM2-135M-Instruct", "--output",
+                          str(tmp_path / "made"))
+    assert line.endswith("not cached it); a 4-bit GGUF copy of it is packaged as 'smollm2-135m-instruct'")
+
+
+def test_make_heads_refuses_a_mistyped_prompt_source_before_loading_the_base(capsys, tmp_path):
+    line = one_line_error(capsys, "make-heads", "--base", "smollm2-135m-instruct", "--output", str(tmp_path / "made"),
+                          "--prompts", "packaged", "--prompts", str(tmp_path / "no_such_prompts.jsonl"))
+    assert line.endswith(f"error: no file {tmp_path / 'no_such_prompts.jsonl'}")
 
 
 def test_missing_model_path(capsys, tmp_path):

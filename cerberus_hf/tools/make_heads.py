@@ -165,10 +165,14 @@ class Recipe:
     def distill(self) -> dict:
         """The base's answers to the sources' prompts, source after source, until the budget is spent."""
         from ..real_models import load_named_model
+        from ..training.data import prompt_source_kind
         from ..training.distill import generate_distillation_data
         from ..training.hidden_cache import default_cache_dir
 
         args = self.args
+        for source in self.sources:  # a mistyped source is refused before the base loads
+            if source != "packaged":
+                prompt_source_kind(source)
         model, tokenizer = load_named_model(args.base, getattr(torch, self.dtype))
         model.to(args.device)
         self.state.setdefault("distill_seconds", 0.0)  # hours spent here, over runs (none where answers were made)

