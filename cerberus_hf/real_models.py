@@ -23,6 +23,7 @@ import importlib.metadata
 import logging
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,9 +232,13 @@ def _check_hub_model(name: str) -> None:
     base is named as such, not blamed on its tokenizer."""
     from .checkpoint import resolve_file
 
-    hub_http = logging.getLogger("huggingface_hub.utils._http")  # its retry warning would make the error 2 lines
-    level = hub_http.level
-    hub_http.setLevel(logging.ERROR)
+    # the Hub client's retry warning would make the error two lines: left out for this thread's check alone
+    hub_http, thread = logging.getLogger("huggingface_hub.utils._http"), threading.get_ident()
+
+    def quiet(record: logging.LogRecord) -> bool:
+        return record.thread != thread or record.levelno >= logging.ERROR
+
+    hub_http.addFilter(quiet)
     try:
         resolve_file(name, "config.json")
     except OSError:
@@ -243,7 +248,7 @@ def _check_hub_model(name: str) -> None:
                         "no Hub model of that name could be read (none exists, or this machine is offline and has "
                         f"not cached it){hint}") from None
     finally:
-        hub_http.setLevel(level)
+        hub_http.removeFilter(quiet)
 
 
 def _tokenizer(name: str):
