@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
+import time
 
 import huggingface_hub
 import pytest
@@ -259,6 +263,28 @@ def test_train_leaves_the_process_group_of_torchrun(capsys, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- --debug, bugs
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signal handlers are set in the main thread only")
+def test_a_sigterm_unwinds_the_command_through_its_finally_blocks(monkeypatch):
+    """A SIGTERM (kill, a scheduler's stop) ends a command as Ctrl-C does, with status 143, after its finally blocks
+    (make-heads writes its state there); the handler is the caller's again afterwards."""
+    from cerberus_hf.tools import make_heads
+
+    unwound, before = [], signal.getsignal(signal.SIGTERM)
+
+    def run(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # the handler raises in here
+        finally:
+            unwound.append(True)
+
+    monkeypatch.setattr(make_heads, "run_cli", run)
+    with pytest.raises(SystemExit) as stop:
+        main(["make-heads", "--base", "b", "--head-type", "hydra", "--output", "o"])
+    assert stop.value.code == 143 and unwound == [True] and signal.getsignal(signal.SIGTERM) is before
+
+
 def test_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
     prompts = write(tmp_path / "prompts.jsonl", "not json\n")
     with pytest.raises(UserError, match="line 1: not JSON"):

@@ -4,6 +4,7 @@ that loads with from_pretrained; a run stopped in a stage and run again ends wit
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -139,3 +140,27 @@ def test_the_demo_picks_the_dtype_that_keeps_output_identical(monkeypatch, isa, 
     monkeypatch.setattr(demo, "bf16_matmul", lambda device: isa)
     chosen, strict_chosen, why = demo.best_setup("cpu")
     assert (chosen, strict_chosen) == (dtype, strict) and words in why
+
+
+def test_the_hours_spent_distilling_are_on_disk_while_it_runs(base_folder, prompts_file, tmp_path, hf_cache,
+                                                              monkeypatch):
+    """--budget-hours counts over runs: the time spent is written every COUNT_EVERY seconds during the stage, so a
+    run killed without unwinding (SIGKILL) has it counted too."""
+    from cerberus_hf.training import distill
+
+    state = tmp_path / "made" / make_heads.STATE
+    seen = []
+
+    def distilling(*args, **kwargs):  # stands in for the base's answers: waits until the count reaches the disk
+        started = time.perf_counter()
+        while time.perf_counter() - started < 5:
+            if state.is_file() and json.loads(state.read_text()).get("distill_seconds", 0) > 0:
+                seen.append(json.loads(state.read_text())["distill_seconds"])
+                raise Stop
+            time.sleep(0.01)
+
+    monkeypatch.setattr(make_heads, "COUNT_EVERY", 0.02)
+    monkeypatch.setattr(distill, "generate_distillation_data", distilling)
+    with pytest.raises(Stop):
+        main(command(base_folder, prompts_file, tmp_path / "made", "--budget-hours", "1"))
+    assert len(seen) == 1 and 0 < seen[0] <= json.loads(state.read_text())["distill_seconds"] < 5

@@ -3,15 +3,20 @@
 A user's mistake (a bad argument, a missing or malformed file, a setting a checkpoint refuses) is reported
 as one line, ``cerberus-hf <command>: error: <message>``, with exit status 2; ``--debug`` (or the
 environment variable ``CERBERUS_HF_DEBUG=1``) shows the full traceback instead. Anything else, a bug
-included, ends with its traceback as usual.
+included, ends with its traceback as usual. A SIGTERM (``kill``, a job scheduler's stop) ends a command as Ctrl-C
+does, through its ``finally`` blocks, so that what it keeps for a rerun (a state file, a temporary file removed) is
+written as on any other stop; the exit status is 143.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from ..errors import UserError
@@ -64,11 +69,29 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def _terminated(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """Within: a SIGTERM raises SystemExit(143) in the main thread (its default ends the process where it stands)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
     try:
-        return args.func(args)
+        with _sigterm_unwinds():
+            return args.func(args)
     except (UserError, OSError) as error:  # a user's mistake or a file problem; a bug keeps its traceback
         if debug:
             raise

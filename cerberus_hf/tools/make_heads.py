@@ -11,14 +11,17 @@ other settings than the folder was made with is refused rather than mixed into i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shlex
 import shutil
+import threading
 import time
 from pathlib import Path
 
 import torch
+
 from ..errors import UserError
 from ..files import write_atomically
 from ..hardware import bf16_kernels
@@ -30,6 +33,7 @@ STATE = "recipe.json"
 STAGES = ("distill", "train", "calibrate", "bench", "card")
 BENCH = "bench_held_out.json"
 HELD_OUT_PROMPTS = "held_out_prompts.jsonl"
+COUNT_EVERY = 60.0  # seconds between writes of a stage's time spent (`Recipe._counting`)
 MAX_PROMPT_TOKENS = 512  # longer prompts are skipped (ShareGPT has pasted documents)
 EVAL_FRACTION = 0.05  # training's held-out share (train --eval-fraction): calibration and the bench read those records
 # The training options per family: the shipped SmolLM2 heads' recipe (scripts/train_shipped_heads.sh, docs/training.md)
@@ -158,6 +162,30 @@ class Recipe:
         _write_json(self.output / STATE, self.state)
         print(f"make-heads: {stage} finished in {seconds:.0f} s")
 
+    @contextlib.contextmanager
+    def _counting(self, key: str):
+        """Add the seconds spent within to ``state[key]``, written to the state file every `COUNT_EVERY` seconds and
+        at the end: a run killed even without its ``finally`` (SIGKILL, the machine lost) loses at most that much of
+        the count towards ``--budget-hours``."""
+        since, counted, done = time.perf_counter(), self.state[key], threading.Event()
+
+        def write() -> None:
+            self.state[key] = counted + time.perf_counter() - since
+            _write_json(self.output / STATE, self.state)
+
+        def beat() -> None:
+            while not done.wait(COUNT_EVERY):
+                write()
+
+        beating = threading.Thread(target=beat, name="make-heads-count", daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beating.join()
+            write()
+
     def data_files(self) -> list[Path]:
         return [self.data_dir / f"answers-{source_name(source)}.jsonl" for source in self.sources]
 
@@ -181,16 +209,12 @@ class Recipe:
             seconds_left = args.budget_hours and 3600 * args.budget_hours - self.state["distill_seconds"]
             if tokens >= args.budget_tokens or (seconds_left is not None and seconds_left <= 0):
                 break
-            started = time.perf_counter()
-            try:
+            with self._counting("distill_seconds"):  # a kill keeps the answers written and the hours spent
                 generate_distillation_data(
                     model, tokenizer, training_prompts(source), path, batch_size=args.batch_size,
                     max_new_tokens=args.max_new_tokens, sample_fraction=0.0, progress=not args.no_progress,
                     max_prompt_tokens=MAX_PROMPT_TOKENS, token_budget=args.budget_tokens - tokens,
                     seconds_budget=seconds_left, states_dir=default_cache_dir())
-            finally:  # a kill keeps the answers written; the hours spent count towards --budget-hours
-                self.state["distill_seconds"] += time.perf_counter() - started
-                _write_json(self.output / STATE, self.state)
         del model
         files = [path for path in self.data_files() if path.is_file()]
         tokens = sum(answer_tokens(file) for file in files)
