@@ -109,11 +109,13 @@ def test_continuous_engine_moves_its_window_and_frees_slots(model_and_tokenizer,
     with torch.no_grad():  # a token the tiny model emits early acts as EOS, so answers end at different steps
         stop = int(model.generate(torch.tensor([tasks[0][3]]), max_new_tokens=3, do_sample=False,
                                   pad_token_id=PAD)[0, -1])
-    results = {}
+    results, counted = {}, []
     for done in distill._continuous_generate(model, tasks, PAD, {stop}, batch_size=3, max_new_tokens=9,
-                                             temperature=1.0, top_p=1.0, generator=torch.Generator(), slack=slack):
+                                             temperature=1.0, top_p=1.0, generator=torch.Generator(), slack=slack,
+                                             on_tokens=counted.append):
         results.update({task[0]: (output, finished) for task, output, finished in done})
     assert sorted(results) == sorted(t[0] for t in tasks)
+    assert sum(counted) == sum(len(output) for output, _ in results.values())  # each token reported once, as chosen
     assert 1 < len({len(output) for output, _ in results.values()})
     widest = max(len(t[3]) for t in tasks)
     steps = sum(len(output) for output, _ in results.values()) / 3  # at least this many decoding steps ran
@@ -294,3 +296,20 @@ def test_prompts_are_answered_in_a_seeded_sample_order_longest_first_within_wind
     first = lengths[:rises[0]]  # the first bucket: what a budget of about 32 answers spends itself on
     assert 15 < len(first) < 50 and 100 < sum(first) / len(first) < 300  # the set's mean: 200.5, its 32 longest: 384.5
     assert distill.distill_order(tasks, 400, batch_size=4, seed=1) != order
+
+
+def test_the_progress_bar_counts_each_token_once_and_says_the_time_left(monkeypatch):
+    """Tokens are counted as steps choose them where the engine reports steps, not again when their answer is
+    written; the time left comes from the rate since the first token."""
+    clock = iter([10.0, 12.0, 13.0, 14.0])
+    monkeypatch.setattr(distill.time, "perf_counter", lambda: next(clock))
+    with distill._DistillBar(1000, "tok", disable=True) as bar:
+        bar.decoded(50)  # t = 10: the first tokens
+        bar.decoded(50)  # t = 12: 100 tokens in 2 s
+        bar.written(3, 100)  # their answers: not counted again
+        assert bar.count == 100 and bar.bar.postfix == "50.0 tok/s, about 00:18 left"
+        bar.decoded(5000)  # t = 13: no further than the total
+        assert bar.count == 1000
+    with distill._DistillBar(4, "answer", disable=True) as answers:
+        answers.written(3, 100)  # t = 14
+        assert answers.count == 3

@@ -348,7 +348,7 @@ class _SlotBatch:
 @torch.inference_mode()
 def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size: int, max_new_tokens: int,
                          temperature: float, top_p: float, generator: torch.Generator, slack: int | None = None,
-                         on_states: Callable | None = None):
+                         on_states: Callable | None = None, on_tokens: Callable[[int], None] | None = None):
     """Continuous batching over ``batch_size`` slots: an answer that finishes frees its slot at once, and the
     next queued prompts are prefilled (together, left padded) into the free slots before the next step.
 
@@ -361,7 +361,8 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
     CPU the model computes through packed weights (`packed_model`).
     Once the queue is empty, the free slots are dropped each time an eighth of them has emptied, so the last
     answers do not pay for a full batch (a short run is mostly this tail). ``on_states(task, output_ids, states)``
-    is given each answer's states (`answer_states`: ``[answer tokens, hidden]``, float16) before it is yielded.
+    is given each answer's states (`answer_states`: ``[answer tokens, hidden]``, float16) before it is yielded;
+    ``on_tokens(n)`` the number of answer tokens each prefill and step chose (for a progress bar of tokens decoded).
     """
     from collections import deque
 
@@ -381,6 +382,8 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
             for number, (slot, t, token) in enumerate(zip(free, new, chosen)):
                 batch.rows[slot] = _Row(t, t[1] == "sample", len(t[3]), batch.window.end - len(t[3]))
                 finished += _advance(batch.rows, slot, token, eos, max_new_tokens, states, number)
+            if on_tokens is not None:
+                on_tokens(len(new))
         # The window begins at the first column of the oldest live row (rows are left padded to `end`).
         batch.window.start = min((row.first_column for row in batch.rows if row is not None), default=batch.window.end)
         empty = sum(row is None for row in batch.rows)
@@ -392,6 +395,8 @@ def _continuous_generate(model, tasks, pad_id: int, eos: set[int], *, batch_size
             chosen = _choose(logits, sample, temperature, top_p, generator).tolist()
             for i in live:
                 finished += _advance(batch.rows, i, chosen[i], eos, max_new_tokens, states, i)
+            if on_tokens is not None:
+                on_tokens(len(live))
         if finished:
             if on_states is not None:
                 for row in finished:
@@ -505,10 +510,13 @@ def generate_distillation_data(model, tokenizer, prompts, output_path, *, batch_
         return output_path
     queue = distill_order([(pid, mode, text, ids) for mode in MODES for pid, text, ids, _ in tasks[mode]],
                           len(prompts), batch_size, seed)
+    bar = _DistillBar(token_budget or total, "tok" if token_budget else "answer", disable=not progress)
     answered = _engine_answers(model, queue, pad_id, eos, engine, batch_size=batch_size,
                                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                               on_states=states_dir and _states_keeper(model, states_dir))
-    _append_answers(output_path, answered, total, progress, token_budget, seconds_budget)
+                               on_states=states_dir and _states_keeper(model, states_dir),
+                               on_tokens=bar.decoded if token_budget else None)
+    with bar:
+        _append_answers(output_path, answered, bar, token_budget, seconds_budget)
     return output_path
 
 
@@ -590,10 +598,12 @@ def _states_keeper(model, states_dir: str | os.PathLike) -> Callable:
 
 
 def _engine_answers(model, queue: list, pad_id: int, eos: set[int], engine: str, *, batch_size: int,
-                    max_new_tokens: int, temperature: float, top_p: float, seed: int, on_states: Callable | None = None):
+                    max_new_tokens: int, temperature: float, top_p: float, seed: int, on_states: Callable | None = None,
+                    on_tokens: Callable[[int], None] | None = None):
     """The base's answers to the ``(id, mode, text, input_ids)`` of ``queue`` through ``engine`` (``"auto"``: the
     continuous one where the model's cache allows it), as lists of ``(task, output_ids, finished)`` as they finish;
-    ``on_states``: `_continuous_generate`'s (the other engines keep no states)."""
+    ``on_states`` and ``on_tokens``: `_continuous_generate`'s (the other engines keep no states and report answers
+    only as they finish)."""
     if engine == "auto":
         engine = "continuous" if _plain_dynamic_cache(model) else "static"
     if on_states is not None and engine != "continuous":
@@ -602,7 +612,7 @@ def _engine_answers(model, queue: list, pad_id: int, eos: set[int], engine: str,
     if engine == "continuous":
         generator = torch.Generator(device=model.device).manual_seed(seed)
         yield from _continuous_generate(model, queue, pad_id, eos, generator=generator, on_states=on_states,
-                                        **sampling)
+                                        on_tokens=on_tokens, **sampling)
     elif engine == "transformers":
         yield from _transformers_generate(model, queue, pad_id, eos, seed=seed, **sampling)
     elif engine == "static":
@@ -683,25 +693,63 @@ def _vllm_folder(model, tmp: Path) -> str:
     return str(tmp)
 
 
-def _append_answers(output_path: Path, answers, total: int, progress: bool, token_budget: int | None = None,
+class _DistillBar:
+    """Distilling's progress bar: answers written, or, against a token budget, answer tokens, counted as each step
+    chooses them where the engine reports its steps (else as each answer is written). Its ETA comes from the rate
+    since the first token: answers finish in bursts and only after a prefill of a whole batch, so a rate of the
+    last few updates (tqdm's own) swung between minutes and days."""
+
+    def __init__(self, total: int, unit: str, disable: bool):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc="distill", unit=unit, disable=disable, dynamic_ncols=True,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
+        self.total, self.unit, self.count, self.first, self.per_step = total, unit, 0, None, False
+        self.interval = tqdm.format_interval
+
+    def decoded(self, tokens: int) -> None:
+        """``tokens`` answer tokens chosen by a step."""
+        self.per_step = True
+        self._add(tokens)
+
+    def written(self, answers: int, tokens: int) -> None:
+        """``answers`` answers of ``tokens`` tokens in all written."""
+        if self.unit == "answer":
+            self._add(answers)
+        elif not self.per_step:
+            self._add(tokens)
+
+    def _add(self, count: int) -> None:
+        now = time.perf_counter()
+        self.first = self.first or now
+        count = min(count, self.total - self.count)
+        self.count += count
+        self.bar.update(count)
+        if now > self.first and self.count:
+            rate = self.count / (now - self.first)
+            left = self.interval((self.total - self.count) / rate)
+            self.bar.set_postfix_str(f"{rate:.1f} {self.unit}/s, about {left} left", refresh=False)
+
+    def __enter__(self) -> "_DistillBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
+def _append_answers(output_path: Path, answers, bar: _DistillBar, token_budget: int | None = None,
                     seconds_budget: float | None = None) -> None:
     """Append the ``answers`` (lists of ``(task, output_ids, finished)``) to ``output_path`` as they come, each list
-    synced to disk, with a progress bar of the ``total`` expected (of ``token_budget`` tokens where one is given),
-    until the budgets are spent."""
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=token_budget or total, desc="distill", unit="tok" if token_budget else "answer",
-               disable=not progress, dynamic_ncols=True)
+    synced to disk and counted on ``bar``, until the budgets are spent."""
     new_tokens, started = 0, time.perf_counter()
     with output_path.open("a", encoding="utf-8") as handle:
         for results in answers:
             for (pid, mode, text, input_ids), output_ids, finished in results:
                 _write_record(handle, pid, mode, text, input_ids, output_ids, finished)
-                new_tokens += len(output_ids)
             _sync(handle)
-            bar.update(min(new_tokens, bar.total) - bar.n if token_budget else len(results))
+            tokens = sum(len(output_ids) for _, output_ids, _ in results)
+            new_tokens += tokens
+            bar.written(len(results), tokens)
             elapsed = time.perf_counter() - started
-            bar.set_postfix(tok_s=f"{new_tokens / max(elapsed, 1e-9):.1f}")
             if (token_budget and new_tokens >= token_budget) or (seconds_budget and elapsed >= seconds_budget):
                 break
-    bar.close()
