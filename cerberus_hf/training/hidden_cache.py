@@ -34,6 +34,7 @@ leaves a half-written shard behind.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -198,9 +199,13 @@ def teacher_topk_rows(base: nn.Module, head_input: torch.Tensor, teacher_topk: i
 class ShardPlan:
     index: int
     records: list[int]  # indices into the record list
-    digest: str
     tokens: int  # sequence tokens the base reads for this shard
     record_hashes: list[str]  # each record's `Record.content_hash`, in ``records`` order
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """The shard's content: the digest of its records' content hashes."""
+        return hashlib.sha256("".join(self.record_hashes).encode()).hexdigest()
 
     @property
     def filename(self) -> str:
@@ -244,9 +249,8 @@ def plan_shards(records: Sequence[Record], shard_tokens: int, max_seq_len: int |
 
 
 def _make_plan(index: int, members: list[int], hashes: list[str], tokens: int) -> ShardPlan:
-    """A shard of ``members`` (record indices) named by the digest of their content hashes ``hashes``."""
-    digest = hashlib.sha256("".join(hashes).encode()).hexdigest()
-    return ShardPlan(index=index, records=list(members), digest=digest, tokens=tokens, record_hashes=list(hashes))
+    """A shard of ``members`` (record indices) whose content hashes are ``hashes``."""
+    return ShardPlan(index=index, records=list(members), tokens=tokens, record_hashes=list(hashes))
 
 
 def batches_by_length(lengths: list[int], batch_tokens: int) -> list[list[int]]:
