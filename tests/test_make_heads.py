@@ -142,11 +142,12 @@ def test_the_demo_picks_the_dtype_that_keeps_output_identical(monkeypatch, isa, 
     assert (chosen, strict_chosen) == (dtype, strict) and words in why
 
 
-def test_the_hours_spent_distilling_are_on_disk_while_it_runs(base_folder, prompts_file, tmp_path, hf_cache,
-                                                              monkeypatch):
-    """--budget-hours counts over runs: the time spent is written every COUNT_EVERY seconds during the stage, so a
-    run killed without unwinding (SIGKILL) has it counted too."""
-    from cerberus_hf.training import distill
+def test_each_stage_counts_its_seconds_over_runs_killed_ones_included(base_folder, prompts_file, tmp_path, hf_cache,
+                                                                      monkeypatch):
+    """A stage's time spent is written every COUNT_EVERY seconds while it runs, so a run killed without unwinding
+    (SIGKILL) has it counted too (towards --budget-hours); the stage's seconds in recipe.json add up every run's,
+    a folder's count from before every stage was counted (``distill_seconds``) included."""
+    from cerberus_hf.training import distill, trainer
 
     state = tmp_path / "made" / make_heads.STATE
     seen = []
@@ -154,13 +155,33 @@ def test_the_hours_spent_distilling_are_on_disk_while_it_runs(base_folder, promp
     def distilling(*args, **kwargs):  # stands in for the base's answers: waits until the count reaches the disk
         started = time.perf_counter()
         while time.perf_counter() - started < 5:
-            if state.is_file() and json.loads(state.read_text()).get("distill_seconds", 0) > 0:
-                seen.append(json.loads(state.read_text())["distill_seconds"])
+            if state.is_file() and json.loads(state.read_text()).get("spent", {}).get("distill", 0) > 0:
+                seen.append(json.loads(state.read_text())["spent"]["distill"])
                 raise Stop
             time.sleep(0.01)
 
     monkeypatch.setattr(make_heads, "COUNT_EVERY", 0.02)
-    monkeypatch.setattr(distill, "generate_distillation_data", distilling)
-    with pytest.raises(Stop):
-        main(command(base_folder, prompts_file, tmp_path / "made", "--budget-hours", "1"))
-    assert len(seen) == 1 and 0 < seen[0] <= json.loads(state.read_text())["distill_seconds"] < 5
+    with monkeypatch.context() as patched:
+        patched.setattr(distill, "generate_distillation_data", distilling)
+        with pytest.raises(Stop):
+            main(command(base_folder, prompts_file, tmp_path / "made", "--budget-hours", "1"))
+    assert len(seen) == 1 and 0 < seen[0] <= json.loads(state.read_text())["spent"]["distill"] < 5
+    written = json.loads(state.read_text())
+    written["distill_seconds"] = written.pop("spent")["distill"] + 100  # as a folder written before this count
+    state.write_text(json.dumps(written))
+
+    def stop_after_saving(*args, **kwargs):
+        save_checkpoint(*args, **kwargs)
+        raise Stop
+    save_checkpoint = trainer.save_checkpoint
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer, "save_checkpoint", stop_after_saving)
+        with pytest.raises(Stop):
+            main(command(base_folder, prompts_file, tmp_path / "made", "--budget-hours", "1"))
+    written = json.loads(state.read_text())
+    assert "distill_seconds" not in written and written["stages"]["distill"]["seconds"] > 100 + seen[0]
+    assert written["spent"]["distill"] == pytest.approx(written["stages"]["distill"]["seconds"], abs=0.1)
+    killed_training = written["spent"]["train"]
+    assert killed_training > 0 and "train" not in written["stages"]
+    assert main(command(base_folder, prompts_file, tmp_path / "made", "--budget-hours", "1")) == 0
+    assert json.loads(state.read_text())["stages"]["train"]["seconds"] > killed_training

@@ -5,7 +5,8 @@ budget of answer tokens or hours), the heads train on its answers (``train``), t
 this machine (``calibrate``), the folder is timed against plain ``generate()`` on prompts held out of training
 (``bench``) and described (``card``). Each stage resumes after a kill (the answers file, training's checkpoints and
 the bench's partial file keep their progress) and is skipped once ``recipe.json`` records it done; a rerun with
-other settings than the folder was made with is refused rather than mixed into it.
+other settings than the folder was made with is refused rather than mixed into it. Each stage's seconds are counted
+over every run that worked on it, killed ones included.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ STATE = "recipe.json"
 STAGES = ("distill", "train", "calibrate", "bench", "card")
 BENCH = "bench_held_out.json"
 HELD_OUT_PROMPTS = "held_out_prompts.jsonl"
-COUNT_EVERY = 60.0  # seconds between writes of a stage's time spent (`Recipe._counting`)
+COUNT_EVERY = 60.0  # seconds between writes of a stage's time spent (`Recipe.counting`)
 MAX_PROMPT_TOKENS = 512  # longer prompts are skipped (ShareGPT has pasted documents)
 EVAL_FRACTION = 0.05  # training's held-out share (train --eval-fraction): calibration and the bench read those records
 # The training options per family: the shipped SmolLM2 heads' recipe (scripts/train_shipped_heads.sh, docs/training.md)
@@ -107,9 +108,9 @@ def run_cli(args: argparse.Namespace) -> int:
         if recipe.done(stage):
             print(f"make-heads: {stage} done before ({recipe.state['stages'][stage]['seconds']:.0f} s), skipped")
             continue
-        started = time.perf_counter()
-        facts = getattr(recipe, stage)()
-        recipe.finish(stage, time.perf_counter() - started, facts)
+        with recipe.counting(stage):  # a kill keeps what the stage wrote and the time it spent
+            facts = getattr(recipe, stage)()
+        recipe.finish(stage, facts)
     print(recipe.summary())
     return 0
 
@@ -128,6 +129,8 @@ class Recipe:
                          "train_vocab": args.train_vocab, "train_args": args.train_args}
         self.state = self._read_state()
         self._check_budget()
+        self._counted: str | None = None  # the stage `counting` is timing, since `_since`
+        self._since, self._clock = 0.0, threading.Lock()
 
     def _read_state(self) -> dict:
         path = self.output / STATE
@@ -135,6 +138,8 @@ class Recipe:
             self.output.mkdir(parents=True, exist_ok=True)
             return {"settings": self.settings, "stages": {}}
         state = json.loads(path.read_text())
+        if "distill_seconds" in state:  # written before every stage's time was counted
+            state.setdefault("spent", {})["distill"] = state.pop("distill_seconds")
         changed = {k: (v, self.settings.get(k)) for k, v in state["settings"].items() if self.settings.get(k) != v}
         if changed:
             said = ", ".join(f"{k} {old!r} (now {new!r})" for k, (old, new) in changed.items())
@@ -157,21 +162,30 @@ class Recipe:
     def done(self, stage: str) -> bool:
         return stage in self.state["stages"]
 
-    def finish(self, stage: str, seconds: float, facts: dict) -> None:
+    def finish(self, stage: str, facts: dict) -> None:
+        seconds = self.spent(stage)
         self.state["stages"][stage] = {"seconds": round(seconds, 1), **facts}
         _write_json(self.output / STATE, self.state)
-        print(f"make-heads: {stage} finished in {seconds:.0f} s")
+        print(f"make-heads: {stage} finished ({seconds:.0f} s in all its runs)")
+
+    def spent(self, stage: str) -> float:
+        """Seconds spent on ``stage`` over every run, this one's so far included."""
+        with self._clock:
+            counted = self.state.get("spent", {}).get(stage, 0.0)
+            return counted + (time.perf_counter() - self._since if self._counted == stage else 0.0)
 
     @contextlib.contextmanager
-    def _counting(self, key: str):
-        """Add the seconds spent within to ``state[key]``, written to the state file every `COUNT_EVERY` seconds and
-        at the end: a run killed even without its ``finally`` (SIGKILL, the machine lost) loses at most that much of
-        the count towards ``--budget-hours``."""
-        since, counted, done = time.perf_counter(), self.state[key], threading.Event()
+    def counting(self, stage: str):
+        """Add the seconds spent within to ``stage``'s count, written to the state file every `COUNT_EVERY` seconds
+        and at the end: a run killed even without its ``finally`` (SIGKILL, the machine lost) loses at most that much
+        of the count (towards ``--budget-hours``, and the stage's seconds in ``recipe.json``)."""
+        self._counted, self._since, done = stage, time.perf_counter(), threading.Event()
 
         def write() -> None:
-            self.state[key] = counted + time.perf_counter() - since
-            _write_json(self.output / STATE, self.state)
+            with self._clock:
+                now, spent = time.perf_counter(), self.state.setdefault("spent", {})
+                spent[stage], self._since = spent.get(stage, 0.0) + now - self._since, now
+                _write_json(self.output / STATE, self.state)
 
         def beat() -> None:
             while not done.wait(COUNT_EVERY):
@@ -185,6 +199,7 @@ class Recipe:
             done.set()
             beating.join()
             write()
+            self._counted = None
 
     def data_files(self) -> list[Path]:
         return [self.data_dir / f"answers-{source_name(source)}.jsonl" for source in self.sources]
@@ -203,23 +218,20 @@ class Recipe:
                 prompt_source_kind(source)
         model, tokenizer = load_named_model(args.base, getattr(torch, self.dtype))
         model.to(args.device)
-        self.state.setdefault("distill_seconds", 0.0)  # hours spent here, over runs (none where answers were made)
         for source, path in zip(self.sources, self.data_files()):
             tokens = sum(answer_tokens(file) for file in self.data_files())
-            seconds_left = args.budget_hours and 3600 * args.budget_hours - self.state["distill_seconds"]
+            seconds_left = args.budget_hours and 3600 * args.budget_hours - self.spent("distill")
             if tokens >= args.budget_tokens or (seconds_left is not None and seconds_left <= 0):
                 break
-            with self._counting("distill_seconds"):  # a kill keeps the answers written and the hours spent
-                generate_distillation_data(
-                    model, tokenizer, training_prompts(source), path, batch_size=args.batch_size,
-                    max_new_tokens=args.max_new_tokens, sample_fraction=0.0, progress=not args.no_progress,
-                    max_prompt_tokens=MAX_PROMPT_TOKENS, token_budget=args.budget_tokens - tokens,
-                    seconds_budget=seconds_left, states_dir=default_cache_dir())
+            generate_distillation_data(
+                model, tokenizer, training_prompts(source), path, batch_size=args.batch_size,
+                max_new_tokens=args.max_new_tokens, sample_fraction=0.0, progress=not args.no_progress,
+                max_prompt_tokens=MAX_PROMPT_TOKENS, token_budget=args.budget_tokens - tokens,
+                seconds_budget=seconds_left, states_dir=default_cache_dir())
         del model
         files = [path for path in self.data_files() if path.is_file()]
         tokens = sum(answer_tokens(file) for file in files)
-        if tokens < args.budget_tokens and args.budget_hours and \
-                self.state["distill_seconds"] >= 3600 * args.budget_hours:
+        if tokens < args.budget_tokens and args.budget_hours and self.spent("distill") >= 3600 * args.budget_hours:
             print(f"make-heads: {args.budget_hours} h of distilling spent at {tokens} of {args.budget_tokens} answer "
                   "tokens; training on what there is")
         if not tokens:
@@ -227,7 +239,7 @@ class Recipe:
         return {"answer_tokens": tokens, "budget_tokens": args.budget_tokens, "budget_hours": args.budget_hours,
                 "records": sum(len(read(file)) for file in files),
                 "files": [str(file) for file in files], "dtype": self.dtype,
-                "hours": round(self.state["distill_seconds"] / 3600, 2)}
+                "hours": round(self.spent("distill") / 3600, 2)}
 
     def train(self) -> dict:
         args = self.args
