@@ -161,7 +161,7 @@ TREES = {
 # once: a token is kept only where it equals the base's own sample (`blocks.acceptance`), so what a case adds is the
 # tree kind's and the family's way to the verified positions, not the drafter's guesses. `make test-slow` (CI runs it
 # too) runs the sequence check on every other case, variants included (another drafter architecture of a family,
-# drafting along its family's way), and the pair check (30-50 s each: 2,500 calls) on the diagonal: every case is
+# drafting along its family's way), and the pair check (25-50 s each: 2,500 calls) on the diagonal: every case is
 # checked in CI by one of the two, and every family and every tree kind by both.
 _TREE_FAMILIES = [h for h in (*ANY_BASE_TYPES, *VARIANTS)
                   if not DRAFTER_CLASSES[family_options(h)["head_type"]].drafts_chains]
