@@ -125,9 +125,10 @@ def describe_device(device: torch.device | str) -> str:
 
 
 def reduced_precision_note(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """What someone decoding in ``dtype`` on ``device`` should know about this processor (None: nothing). Only
-    a CPU with AMX makes a verification of dozens of bf16 tokens cost about one token; elsewhere float32, the
-    default of every command, stays the dtype to use unless a measured run says otherwise."""
+    """What someone decoding in ``dtype`` on ``device`` should know about this processor (None: nothing). With
+    AMX, strict bf16 verification is both fast and identical; with AVX512-BF16 alone bf16 is faster than float32
+    but a batched check may round a near-tie differently, and strict verification there usually decodes plain
+    (docs/precision.md); without either, bf16 buys nothing. float32 is the default of every command."""
     if torch.device(device).type != "cpu" or dtype == torch.float32:
         return None
     name = str(dtype).removeprefix("torch.")
@@ -137,8 +138,9 @@ def reduced_precision_note(device: torch.device | str, dtype: torch.dtype) -> st
     if bf16 is None:
         return (f"this CPU has neither AMX nor AVX512-BF16: {name} matrix products run through float32 here and are no "
                 "faster; float32 (the default) is the dtype to use")
-    return (f"this CPU has no AMX, only {bf16}: {name} verification is cheaper than float32's but its cost still "
-            "grows with the tokens verified; float32 stays the default")
+    return (f"this CPU has no AMX, only {bf16}: {name} decodes faster than float32 here, but checking several "
+            f"tokens at once may round a near-tie differently from plain {name} decoding; float32 (the default) "
+            "keeps the output identical")
 
 
 @dataclass(frozen=True)
