@@ -199,6 +199,23 @@ def test_shipped_heads_are_exact_and_get_drafts_accepted(smollm2, name):
     assert new_tokens / steps > 1.1, "trained heads should get drafts accepted"
 
 
+def test_the_demo_decodes_identically_beside_plain_and_its_peer(smollm2, capsys):
+    """`make demo`'s job on a small scale: the shipped Hydra and Cerberus heads on SmolLM2, each output identical to
+    plain generate(), and on a CPU that packs weights the peer the heads must beat there timed beside them."""
+    from cerberus_hf.blocks.packed import packing_available
+    from cerberus_hf.tools.cli import main
+
+    base, _, _ = smollm2
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "8", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("hydra and cerberus heads (Hydra: the fastest shipped family")
+    assert "hydra: identical to plain generate(): 1/1" in out and "cerberus: identical to plain generate(): 1/1" in out
+    peer = "plain generate() through the packed weights the heads verify with: "
+    assert (peer in out) == packing_available(base.device, torch.float32), out
+    if peer in out:
+        assert "hydra" in out.split(peer)[1] and "x that peer" in out.split(peer)[1]
+
+
 @pytest.fixture(scope="module")
 def gemma3():
     try:

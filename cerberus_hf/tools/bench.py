@@ -206,6 +206,17 @@ def build_methods(
     return methods
 
 
+def packed_plain(base, head_models: dict) -> tuple[torch.nn.Module, str] | None:
+    """Plain decoding's peer on a CPU and its row's name: the base through the same kernels as the head rows'
+    verification (`blocks.packed`), so a table shows what drafting adds on top of them; None where packing is not
+    available. One row goes through the weights as they are where a head row's calibration found that faster (its
+    steps that draft nothing run so). Build it once, outside any timed call."""
+    if not packing_available(base.device, base.dtype):
+        return None
+    one_row = any(model.decoding_settings()["packed_weights"] == ONE_ROW_AS_IS for model in head_models.values())
+    return packed_view(base, PackedWeights(), one_row_as_is=one_row), PACKED_PEER + (ONE_ROW_PEER if one_row else "")
+
+
 def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: list[str] | None, profile: bool,
                       prompt_lookup: bool, packed_peer: bool, own_drafters: bool = False,
                       assisted: list[Method] = ()) -> list[Method]:
@@ -213,14 +224,10 @@ def _methods_for_call(base, head_models: dict, call: dict, tag: str, variants: l
     peers, the ``assisted`` rows, then the checkpoints'."""
     methods = [Method("plain generate()" + tag,
                       lambda inputs: (base.generate(**_arguments(inputs), **call), None))]
-    if packed_peer and packing_available(base.device, base.dtype):
-        # the same kernels as the head rows' verification (`blocks.packed`): what drafting adds on top of them; one
-        # row through the weights as they are where a head row's calibration found that faster (its steps that draft
-        # nothing run so). The view is built once here, not inside the timed call
-        one_row = any(model.decoding_settings()["packed_weights"] == ONE_ROW_AS_IS for model in head_models.values())
-        packed = packed_view(base, PackedWeights(), one_row_as_is=one_row)
-        methods.append(Method(PACKED_PEER + (ONE_ROW_PEER if one_row else ""), lambda inputs: (
-            packed.generate(**_arguments(inputs), **call), None)))
+    peer = packed_plain(base, head_models) if packed_peer else None
+    if peer is not None:
+        packed, name = peer
+        methods.append(Method(name, lambda inputs: (packed.generate(**_arguments(inputs), **call), None)))
     if prompt_lookup:
         methods.append(Method("prompt lookup", lambda inputs: (
             base.generate(**_arguments(inputs), prompt_lookup_num_tokens=10, **call), None)))

