@@ -16,26 +16,8 @@ BASE_LOADING_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementatio
 
 def load_base_model(config: CerberusConfig, **kwargs) -> nn.Module:
     """Load the base decoder that ``config`` names, with a message that says what to do when it cannot."""
-    name = config.base_model_source or config.base_model_name_or_path
-    if not name:
-        raise UserError("This CerberusConfig names no base model: pass base_model=<a loaded model> instead.")
-    load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOADING_KWARGS}
-    from .real_models import resolve_source  # the packaged-base loader, off the package's import path
-
-    try:
-        location, source_kwargs = resolve_source(name)
-    except (ModuleNotFoundError, FileNotFoundError) as error:
-        raise OSError(f"The base model these heads were built for, {name!r}, is not available: {error}") from error
-    load_kwargs.update(source_kwargs)
-    if location.startswith((os.sep, ".", "~")) and not os.path.exists(os.path.expanduser(location)):
-        raise OSError(
-            f"The base model these heads were built for, {name!r}, is not there: no such folder. Pass the base "
-            "yourself with from_pretrained(..., base_model=model), or fix base_model_name_or_path."
-        )
-    if config.base_model_revision:
-        load_kwargs["revision"] = config.base_model_revision
-    if config.base_gguf_file:
-        load_kwargs["gguf_file"] = config.base_gguf_file
+    name, location, load_kwargs = _base_location(config)
+    load_kwargs.update({k: v for k, v in kwargs.items() if k in BASE_LOADING_KWARGS})
     try:
         base = AutoModelForCausalLM.from_pretrained(location, **load_kwargs)
         base.name_or_path = name
@@ -46,6 +28,42 @@ def load_base_model(config: CerberusConfig, **kwargs) -> nn.Module:
             f"{' (' + config.base_gguf_file + ')' if config.base_gguf_file else ''}, could not be loaded: {error}\n"
             "Pass the base yourself with from_pretrained(..., base_model=model), or fix base_model_name_or_path."
         ) from error
+
+
+def load_base_tokenizer(config: CerberusConfig):
+    """The tokenizer of the base that ``config`` names (what a folder of heads, which holds none, tokenizes with)."""
+    from transformers import AutoTokenizer
+
+    name, location, load_kwargs = _base_location(config)
+    try:
+        return AutoTokenizer.from_pretrained(location, **load_kwargs)
+    except (OSError, ValueError) as error:
+        raise OSError(f"The tokenizer of the base these heads were built for, {name!r}, could not be loaded: {error}\n"
+                      "Pass the base's tokenizer yourself (pipeline(..., tokenizer=...)).") from error
+
+
+def _base_location(config: CerberusConfig) -> tuple[str, str, dict]:
+    """(the base's recorded name, where to load it from, ``from_pretrained`` keywords that say which file and revision)
+    for the base that ``config`` names; a one-line error where it cannot be had."""
+    name = config.base_model_source or config.base_model_name_or_path
+    if not name:
+        raise UserError("This CerberusConfig names no base model: pass base_model=<a loaded model> instead.")
+    from .real_models import resolve_source  # the packaged-base loader, off the package's import path
+
+    try:
+        location, load_kwargs = resolve_source(name)
+    except (ModuleNotFoundError, FileNotFoundError) as error:
+        raise OSError(f"The base model these heads were built for, {name!r}, is not available: {error}") from error
+    if location.startswith((os.sep, ".", "~")) and not os.path.exists(os.path.expanduser(location)):
+        raise OSError(
+            f"The base model these heads were built for, {name!r}, is not there: no such folder. Pass the base "
+            "yourself with from_pretrained(..., base_model=model), or fix base_model_name_or_path."
+        )
+    if config.base_model_revision:
+        load_kwargs["revision"] = config.base_model_revision
+    if config.base_gguf_file:
+        load_kwargs["gguf_file"] = config.base_gguf_file
+    return name, location, dict(load_kwargs)
 
 
 def base_shape(base: nn.Module) -> tuple[str, int, int]:

@@ -22,6 +22,9 @@ PICKLE_WEIGHT_NAMES = ("cerberus_heads.bin", "pytorch_model.bin", "cerberus_head
                        "medusa_lm_head.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt")  # how a pickle is named
 
+# from_pretrained keywords that say which copy of a folder or Hub repository to read
+HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
+
 
 def check_source(name_or_path: str, filename: str | None = None) -> None:
     """Refuse a folder or Hub id that can be neither: not an existing folder, and not shaped like a Hub id

@@ -236,8 +236,8 @@ class CerberusConfig(PreTrainedConfig):
             raise UserError(f"{where}: {error}") from error
 
     def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False, **kwargs) -> None:
-        """Write ``config.json`` with the ``auto_map`` of `remote_code`, and the two stub modules it names, which
-        import the installed package (so the folder loads with ``trust_remote_code=True``)."""
+        """Write ``config.json`` with the ``auto_map`` of `remote_code`, and the stub modules it and the tokenizer's
+        entry name, which import the installed package (so the folder loads with ``trust_remote_code=True``)."""
         os.makedirs(save_directory, exist_ok=True)
         self.auto_map = dict(AUTO_MAP)
         write_loading_code(save_directory)

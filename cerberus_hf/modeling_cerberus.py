@@ -3,8 +3,9 @@
 The wrapper computes exactly the base's logits in `forward`; only `generate()` differs, and only in speed: it runs the
 base's own `generate()` preparation with a draft-verify loop as the decoding method (`decoding.paths`, `decoding.call`),
 fed by a `Proposer`, with the settings `settings_selection` chooses. The class keeps what a user calls. Checkpoints hold
-only the heads (safetensors), a config naming the base, and two stub modules that import this package (`remote_code`),
-so they load with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` where it is installed.
+only the heads (safetensors), a config naming the base, and stub modules that import this package (`remote_code`), so
+they load with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` where it is installed (and
+tokenize with the base's tokenizer: `tokenization_cerberus`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
 from .base_model import base_shape, check_base_compatible, greedy_generation_config, load_base_model
-from .checkpoint import resolve_file, save_heads_state_dict
+from .checkpoint import HUB_KWARGS, resolve_file, save_heads_state_dict
 from .compat import cache_argument
 from .configuration_cerberus import CerberusConfig
 from .blocks.acceptance import TypicalAcceptance
@@ -53,7 +54,6 @@ from . import settings_selection
 
 logger = logging.get_logger(__name__)
 _thread_stats = threading.local()  # per thread: each model's latest generate() statistics
-HUB_KWARGS = ("revision", "cache_dir", "force_download", "local_files_only", "token", "subfolder")
 
 
 class CerberusPreTrainedModel(PreTrainedModel):
@@ -162,7 +162,7 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
             logger.warning_once(
                 f"cerberus-hf: {path} carries {len(copied)} modules of package code an earlier release copied into it. "
                 "Loading here ignores them, but trust_remote_code=True would run that frozen copy: "
-                f"`cerberus-hf refresh-folder {shlex.quote(path)}` replaces it with two stubs that import the installed "
+                f"`cerberus-hf refresh-folder {shlex.quote(path)}` replaces it with stubs that import the installed "
                 "package."
             )
         config = read_config(path, config, hub_kwargs)
@@ -184,8 +184,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
         return model
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
-        """Write the heads (safetensors), ``config.json`` with ``auto_map``, the loading code (`remote_code`: two stub
-        modules and ``custom_generate/``), ``generation_config.json`` and the calibration positions where the model
+        """Write the heads (safetensors), ``config.json`` with ``auto_map``, the loading code (`remote_code`: stub
+        modules, the tokenizer's entry and ``custom_generate/``), ``generation_config.json`` and the calibration positions where the model
         holds them (`calibration.statistics`). The base's weights are never written."""
         if kwargs.get("push_to_hub"):
             raise UserError("Use model.push_to_hub(repo_id) to upload; save_pretrained only writes a folder.")

@@ -1,10 +1,10 @@
-"""The code a saved folder carries so that it loads with ``trust_remote_code=True``: two short modules that import
-the installed package, and transformers' ``custom_generate/`` folder.
+"""The code a saved folder carries so that it loads with ``trust_remote_code=True``: three short modules that import
+the installed package (the config, the model, the base's tokenizer), and transformers' ``custom_generate/`` folder.
 
 Why imports and not the code itself: release 0.1 copied 27 to 30 package modules into every saved folder,
 flattened so that transformers' copier could follow them. A copy is frozen when it is saved: it carries no version
 pin, so it broke on the day its user upgraded transformers (5.24 renamed the cache argument), it cannot be mended
-by upgrading the package, and it made every Hub repository of heads a fork of the package. With the two stubs the
+by upgrading the package, and it made every Hub repository of heads a fork of the package. With the stubs the
 code lives in one place, the installed package, which pip versions; a folder holds weights, config, card and
 calibration. A user who lacks the package is told by transformers' own import check what to install
 (``pip install cerberus_hf``; pip reads the underscore as the hyphen).
@@ -52,7 +52,13 @@ LOADING_CODE = {
         what="The configuration of these draft heads", module="configuration_cerberus", name="CerberusConfig"),
     "modeling_cerberus.py": _STUB.format(
         what="The base model with these draft heads", module="modeling_cerberus", name="CerberusForCausalLM"),
+    "tokenization_cerberus.py": _STUB.format(
+        what="The tokenizer of these draft heads' base", module="tokenization_cerberus", name="CerberusTokenizer"),
 }
+# The folder's tokenizer_config.json, where it has no tokenizer of its own: AutoTokenizer (and so pipeline()) finds
+# the base's tokenizer through the stub (`tokenization_cerberus`)
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+TOKENIZER_ENTRY = {"auto_map": {"AutoTokenizer": [None, "tokenization_cerberus.CerberusTokenizer"]}}
 
 CUSTOM_GENERATE_CODE = {
     "custom_generate/generate.py": '''"""Speculative decoding with the draft heads of this repository, for a base model loaded already:
@@ -90,14 +96,19 @@ def custom_generate_code(head_type: str) -> dict[str, str]:
 
 
 def write_loading_code(folder: str | os.PathLike, files: dict[str, str] = LOADING_CODE) -> list[Path]:
-    """Write ``files`` (by default the two stub modules, whose ``auto_map`` is `AUTO_MAP`, which the config writes;
-    `CUSTOM_GENERATE_CODE` for the ``custom_generate/`` folder) into ``folder``; returns the paths written."""
+    """Write ``files`` (by default the stub modules, whose ``auto_map`` is `AUTO_MAP`, which the config writes, with
+    the tokenizer's `TOKENIZER_ENTRY`; `CUSTOM_GENERATE_CODE` for the ``custom_generate/`` folder) into ``folder``;
+    returns the paths written. A tokenizer saved in the folder is kept: its own config is not replaced."""
     written = []
     for name, text in files.items():
         path = Path(folder) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         written.append(path)
+    entry = Path(folder) / TOKENIZER_CONFIG_NAME
+    if "tokenization_cerberus.py" in files and not entry.is_file():
+        entry.write_text(json.dumps(TOKENIZER_ENTRY, indent=2) + "\n", encoding="utf-8")
+        written.append(entry)
     return written
 
 
@@ -128,7 +139,8 @@ def refresh_folder(folder: str | os.PathLike) -> tuple[list[Path], list[Path]]:
     for path in removed:
         path.unlink()
     has_heads = (folder / HEADS_WEIGHTS_NAME).is_file()
-    written = write_loading_code(folder, {**LOADING_CODE, **(CUSTOM_GENERATE_CODE if has_heads else {})})
+    generate_code = custom_generate_code(config.get("head_type", "cerberus")) if has_heads else {}
+    written = write_loading_code(folder, {**LOADING_CODE, **generate_code})
     if config.get("auto_map") != AUTO_MAP:
         config["auto_map"] = AUTO_MAP
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,5 +1,5 @@
 """The shipped Hydra heads in `pipeline("text-generation")`, loaded as remote code: the folder holds the heads,
-their config and stubs importing cerberus_hf, and finds its base from the config.
+their config and stubs importing cerberus_hf, and finds its base, and the base's tokenizer, from the config.
 
     python examples/pipeline.py [HEADS_FOLDER]
 """
@@ -9,13 +9,10 @@ from pathlib import Path
 
 from transformers import pipeline
 
-from cerberus_hf.real_models import load_packaged_model
-
 HEADS = Path(__file__).resolve().parents[1] / "model_cards" / "hydra-smollm2-135m-instruct"
 folder = sys.argv[1] if len(sys.argv) > 1 else str(HEADS)
-tokenizer = load_packaged_model()[1]  # the heads' folder has no tokenizer of its own: the base's
 
-generator = pipeline("text-generation", model=folder, tokenizer=tokenizer, trust_remote_code=True)
+generator = pipeline("text-generation", model=folder, trust_remote_code=True)
 messages = [{"role": "user", "content": "Name two uses of a paperclip."}]
 print(generator(messages, max_new_tokens=48)[0]["generated_text"][-1]["content"])
 stats = generator.model.generation_stats

@@ -28,8 +28,8 @@ LAYERS = [
     ["drafters", "drafters.*"],
     # the draft-verify loop, which knows drafters only through their interface
     ["decoding", "decoding.*"],
-    # reading a saved folder (or one in another project's layout) and the base it names
-    ["loading", "base_model", "real_models", "importing"],
+    # reading a saved folder (or one in another project's layout) and the base it names, with its tokenizer
+    ["loading", "base_model", "real_models", "importing", "tokenization_cerberus"],
     # training, then calibration (which reads training data's held-out split)
     ["training", "training.*"],
     ["calibration", "calibration.*"],

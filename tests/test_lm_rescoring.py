@@ -108,7 +108,7 @@ def test_lm_rescoring_switch_files_and_errors(tmp_path):
     # saved beside the heads and loaded with them, also as remote code would find it
     model.save_pretrained(tmp_path)
     assert (tmp_path / RESCORER_FOLDER / HEADS_WEIGHTS_NAME).is_file()
-    # with the config's two stubs for trust_remote_code, no package code
+    # with the config's stubs for trust_remote_code, no package code
     assert sorted(p.name for p in (tmp_path / RESCORER_FOLDER).rglob("*.py")) == sorted(LOADING_CODE)
     loaded = CerberusForCausalLM.from_pretrained(tmp_path, base_model=model.base)
     for (name, mine), theirs in zip(model.rescorer.state_dict().items(), loaded.rescorer.state_dict().values()):

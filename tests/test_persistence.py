@@ -53,11 +53,11 @@ def build(base, base_dir, **kwargs) -> CerberusForCausalLM:
 
 @pytest.fixture(scope="module")
 def saved(base, base_dir, tmp_path_factory):
-    """(model, folder): random cerberus heads with a gate, saved with the tokenizer."""
+    """(model, folder): random cerberus heads with a gate, saved without a tokenizer: AutoTokenizer and pipeline()
+    find the base's through the folder's stub."""
     model = build(base, base_dir, head_type="cerberus", gate_threshold=10.0)
     folder = str(tmp_path_factory.mktemp("heads"))
     model.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
     return model, folder
 
 
@@ -81,7 +81,7 @@ def test_save_writes_heads_config_code_and_generation_config(saved, base_dir):
     model, folder = saved
     files = set(os.listdir(folder))
     assert {HEADS_FILE, "config.json", "generation_config.json"} <= files
-    # the two stubs that import the installed package (trust_remote_code) and transformers' custom_generate folder
+    # the stubs that import the installed package (trust_remote_code) and transformers' custom_generate folder
     assert {"modeling_cerberus.py", "configuration_cerberus.py", "custom_generate"} <= files
     # never the base's weights
     weights = [f for f in files if f.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json"))]
@@ -121,7 +121,7 @@ def test_heads_file_holds_only_heads(saved):
 
 
 def _assert_is_the_loading_code(folder: str, custom_generate: bool = True) -> None:
-    """``folder`` holds the two stub modules of `remote_code` and, with ``custom_generate``, its
+    """``folder`` holds the stub modules of `remote_code` and, with ``custom_generate``, its
     ``custom_generate/`` folder, exactly, and no other code: the package's code lives in the package."""
     code = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*") if p.suffix in (".py", ".txt"))
     head_type = json.loads((Path(folder) / "config.json").read_text()).get("head_type", "cerberus")
@@ -344,6 +344,35 @@ def test_remote_code_runs_the_installed_package(saved, base_dir, tmp_path):
     assert len(result["text"].split()) >= 6
 
 
+def test_a_folder_of_heads_tokenizes_with_its_base(saved, base, base_dir, tmp_path):
+    """AutoTokenizer on a folder of heads, which holds no tokenizer, gives the base's (through the folder's stub,
+    with trust_remote_code); a tokenizer the user saved in the folder, before or after the heads, is kept."""
+    from transformers import AutoTokenizer
+
+    model, folder = saved
+    ours, theirs = AutoTokenizer.from_pretrained(folder, trust_remote_code=True), AutoTokenizer.from_pretrained(base_dir)
+    assert type(ours) is type(theirs) and ours.get_vocab() == theirs.get_vocab()
+    assert ours("w5 w17 w33").input_ids == theirs("w5 w17 w33").input_ids
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    own = tiny_tokenizer()
+    own.add_tokens(["<own>"])
+    own.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    assert "<own>" in AutoTokenizer.from_pretrained(tmp_path).get_vocab()
+
+
+def test_refreshing_a_folder_keeps_the_release_its_family_needs(base, base_dir, tmp_path):
+    """`refresh-folder` on an EAGLE-3 folder keeps its custom_generate requirement on the release that runs EAGLE-3
+    (it wrote the first release's, which cannot run it)."""
+    from cerberus_hf.tools.cli import main
+
+    build(base, base_dir, head_type="eagle3").save_pretrained(tmp_path)
+    assert main(["refresh-folder", str(tmp_path)]) == 0
+    _assert_is_the_loading_code(str(tmp_path))
+    assert (tmp_path / "custom_generate" / "requirements.txt").read_text() == "cerberus-hf>=0.3.0\n"
+
+
 def test_custom_generate_on_a_loaded_base(saved, base):
     """base.generate(custom_generate=<heads>, trust_remote_code=True) equals the same call without it, greedy and
     sampled with one seed, reuses one wrapper around the very base, and needs trust_remote_code."""
@@ -372,6 +401,8 @@ def test_a_folder_of_the_previous_layout_loads_and_refreshes(saved, base, tmp_pa
     old = tmp_path / "old"
     shutil.copytree(saved[1], old)
     shutil.rmtree(old / "custom_generate")
+    for name in ("tokenization_cerberus.py", "tokenizer_config.json"):  # newer than 0.1
+        (old / name).unlink()
     for name in ("decoding_loop.py", "drafters_base.py", "compat.py", "modeling_cerberus.py"):
         (old / name).write_text("raise ImportError('a frozen 0.1 copy')\n")
     (old / "notes.py").write_text("# the user's own file\n")
@@ -382,7 +413,7 @@ def test_a_folder_of_the_previous_layout_loads_and_refreshes(saved, base, tmp_pa
     assert loaded.generate(prompt(), max_new_tokens=NEW_TOKENS).tolist() == greedy(base)
 
     assert main(["refresh-folder", str(old)]) == 0
-    assert "removed 4 copied modules, wrote 4 files" in capsys.readouterr().out
+    assert "removed 4 copied modules, wrote 6 files" in capsys.readouterr().out
     (old / "notes.py").unlink()
     _assert_is_the_loading_code(str(old))
     for name in (HEADS_FILE, "config.json", "generation_config.json"):

@@ -246,7 +246,7 @@ def _summary_lines(config, calibration: dict | None) -> list[str]:
     return lines + [
         "",
         "The code that runs the heads is the `cerberus-hf` package's (`pip install cerberus-hf`); this repository "
-        "holds two stub modules that import it.",
+        "holds stub modules that import it, and tokenizes with the base's own tokenizer.",
         "",
         "```python",
         "from transformers import AutoModelForCausalLM",

@@ -1,6 +1,7 @@
 """`cerberus-hf refresh-folder`: bring folders of heads saved by an earlier release to this release's layout: the code
-that release copied into them is replaced by two stubs that import the installed package, ``custom_generate/`` is
-written and ``config.json`` gets its ``auto_map``; weights, configs, calibration and card are kept.
+that release copied into them is replaced by stubs that import the installed package, ``custom_generate/`` and the
+tokenizer's entry are written and ``config.json`` gets its ``auto_map``; weights, configs, calibration and card are
+kept.
 
 The work is `remote_code.refresh_folder`'s.
 """
