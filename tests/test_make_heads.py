@@ -129,6 +129,30 @@ def test_the_demo_finds_the_heads_shipped_for_its_base():
     assert shipped_heads("no-such-base") == []
 
 
+@pytest.mark.parametrize("families, words", [
+    (("hydra", "cerberus"), "hydra and cerberus heads (Hydra: the fastest shipped family or within 4% of it in every "
+                            "run measured; Cerberus, the namesake, beside it)"),
+    (("hydra",), "hydra heads (Hydra: the fastest shipped family or within 4% of it in every run measured)"),
+    (("clover",), "clover heads (every family shipped for tiny)"),
+])
+def test_the_demo_says_which_shipped_heads_it_decodes_with(monkeypatch, tmp_path, capsys, families, words):
+    """The demo's first line names the families it loaded and why, and claims no family the base ships none of."""
+    import argparse
+
+    from cerberus_hf.testing import tiny_model
+    from cerberus_hf.tools import demo
+
+    base = tiny_model("llama")
+    folders = []
+    for family in families:
+        CerberusForCausalLM.from_base(base, head_type=family).save_pretrained(tmp_path / family)
+        folders.append(tmp_path / family)
+    monkeypatch.setattr(demo, "shipped_heads", lambda name: folders)
+    models = demo._load_heads(argparse.Namespace(heads=None, base="tiny", head_type="cerberus"), base, "float32: why")
+    assert list(models) == list(families)
+    assert capsys.readouterr().out.startswith(f"{words} in float32: why; from ")
+
+
 @pytest.mark.parametrize("isa, dtype, strict, words", [
     ("AMX", "bfloat16", True, "AMX"),
     ("AVX512-BF16", "float32", False, "rows change with the batch"),  # strict bf16 would decode plain there
