@@ -29,7 +29,7 @@ DEMO_PROMPTS = (
     "What is the difference between a list and a tuple in Python?",
 )
 MODEL_CARDS = Path(__file__).resolve().parents[2] / "model_cards"
-# Hydra measured the fastest shipped family, or within 4% of it, in every run of benchmarks/README.md's tables;
+# Hydra measured the fastest shipped family, or within 5% of it, in every run of the README's Results tables;
 # Cerberus, the namesake, is shown beside it where both ship.
 BEST_FAMILY, NAMESAKE_FAMILY = "hydra", "cerberus"
 
@@ -138,7 +138,7 @@ def _load_heads(args: argparse.Namespace, base, setup: str) -> dict:
         chosen = ""
     elif BEST_FAMILY in models:
         namesake = "; Cerberus, the namesake, beside it" if NAMESAKE_FAMILY in models else ""
-        chosen = f" (Hydra: the fastest shipped family or within 4% of it in every run measured{namesake})"
+        chosen = f" (Hydra: the fastest shipped family or within 5% of it in every run measured{namesake})"
     else:
         chosen = f" (every family shipped for {args.base})"
     print(f"{' and '.join(models)} heads{chosen} in {setup}; from {', '.join(sources)}")
