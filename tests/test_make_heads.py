@@ -86,6 +86,7 @@ class Stop(Exception):
 def test_a_run_stopped_in_a_stage_resumes_to_the_same_data_and_heads(base_folder, prompts_file, tmp_path, hf_cache,
                                                                      monkeypatch, stage):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    monkeypatch.setenv("CERBERUS_HF_CACHE", str(tmp_path / "whole-cache"))
     assert main(command(base_folder, prompts_file, whole)) == 0
     monkeypatch.setenv("CERBERUS_HF_CACHE", str(tmp_path / "resumed-cache"))  # nothing of the first run's reused
     if stage == "distill":  # killed after its first answers were written
@@ -118,7 +119,24 @@ def test_a_run_stopped_in_a_stage_resumes_to_the_same_data_and_heads(base_folder
     data = "data/answers-prompts.jsonl"
     assert (resumed / data).read_text() == (whole / data).read_text()
     ours, theirs = load_file(resumed / HEADS_FILE), load_file(whole / HEADS_FILE)
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert ours.keys() == theirs.keys()
+    # The states kept while distilling come from batched steps, whose sums depend on the rows beside them: a kill,
+    # which changes which answers share a step, changes a few by a float16 rounding step (here with AVX-512 and with
+    # AVX2 kernels), and the heads trained on them may then differ in their last bits (docs/training.md). Where the
+    # kept states come out the same, so does every bit of the heads.
+    kept, kept_whole = _cached_states(tmp_path / "resumed-cache"), _cached_states(tmp_path / "whole-cache")
+    assert kept.keys() == kept_whole.keys()
+    if all(torch.equal(kept[k], kept_whole[k]) for k in kept):
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    else:
+        assert all(torch.allclose(kept[k].float(), kept_whole[k].float(), rtol=2 ** -10, atol=0) for k in kept)
+        assert all(torch.allclose(ours[k].float(), theirs[k].float(), rtol=1e-5, atol=1e-8) for k in ours)
+
+
+def _cached_states(cache) -> dict:
+    """Every tensor of the hidden-state cache under ``cache``, by its file's name and its own."""
+    return {(path.name, name): tensor for path in sorted(cache.rglob("*.safetensors"))
+            for name, tensor in load_file(path).items()}
 
 
 def test_the_demo_finds_the_heads_shipped_for_its_base():
