@@ -134,7 +134,7 @@ def _assert_is_the_loading_code(folder: str, custom_generate: bool = True) -> No
         assert imports == [f"cerberus_hf.{name[:-3]}"], (name, imports)
 
 
-def test_saved_code_is_two_stubs_and_custom_generate(saved):
+def test_saved_code_is_the_stubs_and_custom_generate(saved):
     """No package module is copied into a saved folder."""
     _assert_is_the_loading_code(saved[1])
 
