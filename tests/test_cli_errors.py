@@ -225,13 +225,15 @@ def test_gate_threshold_must_be_a_number(capsys):
     assert "argument --gate-threshold: must be a number" in one_line_error(capsys, "demo", "--gate-threshold", "high")
 
 
-def test_the_demo_names_the_base_that_heads_were_made_for(capsys):
-    """Heads made for another packaged base than the demo's are refused before the base loads, with the line to run."""
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_heads_for_another_packaged_base_name_the_base_to_pass(capsys, command):
+    """Heads made for another packaged base than ``--base`` are refused before the base loads, naming the right one."""
     from cerberus_hf.tools.demo import MODEL_CARDS
 
     heads = str(MODEL_CARDS / "hydra-qwen2.5-coder-1.5b-instruct")
-    line = one_line_error(capsys, "demo", "--heads", heads)
-    assert line.endswith(f"cerberus-hf demo --base qwen2.5-coder-1.5b-instruct --heads {heads}"), line
+    line = one_line_error(capsys, command, "--heads", heads)
+    assert line.endswith("holds heads for Qwen/Qwen2.5-Coder-1.5B-Instruct, not smollm2-135m-instruct: pass --base "
+                         "qwen2.5-coder-1.5b-instruct"), line
 
 
 @pytest.mark.parametrize("command", ["bench", "divergence", "calibrate"])

@@ -128,6 +128,23 @@ def add_model_option(parser: argparse.ArgumentParser, flag: str = "--base") -> N
                              "config.json or a Hub id")
 
 
+def check_heads_base(sources: list[str], base: str) -> None:
+    """Refuse, before anything loads, heads made for a packaged base other than ``base`` (its short name, source or
+    Hub id), naming the ``--base`` to pass; a folder in another project's layout is left to loading to judge."""
+    from ..configuration_cerberus import CerberusConfig
+    from ..errors import UserError
+    from ..real_models import PACKAGED_MODELS
+
+    for source in sources:
+        try:
+            wanted = CerberusConfig.from_pretrained(source).base_model_source
+        except (OSError, ValueError):
+            continue
+        for packaged in PACKAGED_MODELS.values():
+            if wanted == packaged.source and base not in (packaged.name, packaged.source, packaged.hub_id):
+                raise UserError(f"{source} holds heads for {packaged.hub_id}, not {base}: pass --base {packaged.name}")
+
+
 def output_file(text: str) -> str:
     """A file to write: its folder exists (so a long run does not fail when it saves), and it is no folder."""
     if os.path.isdir(text):

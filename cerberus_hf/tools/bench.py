@@ -677,6 +677,7 @@ def run_cli(args: argparse.Namespace) -> int:
     check_variants(args.variants)
     prompts = load_bench_prompts(args.prompts, args.limit, args.every)  # before the models: a bad file fails fast
     categories = load_bench_categories(args.prompts, args.limit, args.every)
+    arguments.check_heads_base(args.heads, args.base)
     base, tokenizer = load_named_model(args.base, dtype=getattr(torch, args.dtype))
     base.to(args.device)
     assistant = None

@@ -119,23 +119,6 @@ def _timed(fn):
     return out, time.perf_counter() - start
 
 
-def _check_packaged_base(source: str, base: str) -> None:
-    """Refuse, before the base loads and naming the ``--base`` to pass, heads made for another packaged base than the
-    demo's (a folder in another project's layout is left to loading to judge)."""
-    from ..configuration_cerberus import CerberusConfig
-    from ..errors import UserError
-    from ..real_models import PACKAGED_MODELS
-
-    try:
-        wanted = CerberusConfig.from_pretrained(source).base_model_source
-    except (OSError, ValueError):
-        return
-    for packaged in PACKAGED_MODELS.values():
-        if wanted == packaged.source and packaged.name != base:
-            raise UserError(f"{source} holds heads for {packaged.hub_id}, not {PACKAGED_MODELS[base].hub_id}: "
-                            f"cerberus-hf demo --base {packaged.name} --heads {source}")
-
-
 def _load_heads(args: argparse.Namespace, base, setup: str) -> dict:
     """The heads to decode with by name (``--heads``, else those shipped for the base, else fresh ones), each
     announced in one line with why it was chosen and the dtype ``setup``."""
@@ -174,8 +157,7 @@ def run_cli(args: argparse.Namespace) -> int:
         dtype, strict, why = args.dtype, bool(args.strict), "as asked"
     elif args.strict is not None:
         strict = args.strict
-    for source in args.heads or []:
-        _check_packaged_base(source, args.base)
+    arguments.check_heads_base(args.heads or [], args.base)
     base, tokenizer = load_packaged_model(PACKAGED_MODELS[args.base], dtype=getattr(torch, dtype))
     base.to(device)
     models = _load_heads(args, base, f"{dtype}{', strict' if strict else ''}: {why}")
