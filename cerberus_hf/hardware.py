@@ -139,8 +139,8 @@ def reduced_precision_note(device: torch.device | str, dtype: torch.dtype) -> st
         return (f"this CPU has neither AMX nor AVX512-BF16: {name} matrix products run through float32 here and are no "
                 "faster; float32 (the default) is the dtype to use")
     return (f"this CPU has no AMX, only {bf16}: {name} decodes faster than float32 here, but checking several "
-            f"tokens at once may round a near-tie differently from plain {name} decoding; float32 (the default) "
-            "keeps the output identical")
+            f"tokens at once may round a near-tie differently from plain {name} decoding; float32 keeps the output "
+            "identical")
 
 
 @dataclass(frozen=True)
