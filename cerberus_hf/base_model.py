@@ -51,7 +51,7 @@ def _base_location(config: CerberusConfig) -> tuple[str, str, dict]:
     from .real_models import resolve_source  # the packaged-base loader, off the package's import path
 
     try:
-        location, load_kwargs = resolve_source(name)
+        location, source_kwargs = resolve_source(name)
     except (ModuleNotFoundError, FileNotFoundError) as error:
         raise OSError(f"The base model these heads were built for, {name!r}, is not available: {error}") from error
     if location.startswith((os.sep, ".", "~")) and not os.path.exists(os.path.expanduser(location)):
@@ -59,11 +59,12 @@ def _base_location(config: CerberusConfig) -> tuple[str, str, dict]:
             f"The base model these heads were built for, {name!r}, is not there: no such folder. Pass the base "
             "yourself with from_pretrained(..., base_model=model), or fix base_model_name_or_path."
         )
+    load_kwargs = dict(source_kwargs)
     if config.base_model_revision:
         load_kwargs["revision"] = config.base_model_revision
     if config.base_gguf_file:
         load_kwargs["gguf_file"] = config.base_gguf_file
-    return name, location, dict(load_kwargs)
+    return name, location, load_kwargs
 
 
 def base_shape(base: nn.Module) -> tuple[str, int, int]:

